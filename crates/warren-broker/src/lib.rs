@@ -1,0 +1,27 @@
+//! The broker model of Warren, free of any transport.
+//!
+//! This crate holds what an AMQP 0-9-1 broker *is*, independent of sockets: virtual hosts
+//! ([`VHost`]), exchanges and their routing tables ([`exchange`]), queues with their ready lists,
+//! consumers and prefetch accounting ([`queue`]), and the user table ([`auth`]). The server crate
+//! drives it from connection tasks; tests drive it directly.
+//!
+//! Locking discipline: a vhost's topology lock may be held while taking a queue lock, and a queue
+//! lock may be held while calling into a [`queue::DeliveryTarget`] (a channel), never the reverse.
+//! Channels therefore never call back into a queue while holding their own lock.
+
+pub mod auth;
+pub mod error;
+pub mod exchange;
+pub mod headers;
+pub mod message;
+pub mod names;
+pub mod queue;
+pub mod topic;
+pub mod vhost;
+
+pub use auth::{User, Users};
+pub use error::{BrokerError, Result};
+pub use exchange::{Destination, ExchangeKind};
+pub use message::{Message, QueuedMessage};
+pub use queue::{Consumer, DeliveryTarget, Queue};
+pub use vhost::{Broker, VHost};

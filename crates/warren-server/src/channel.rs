@@ -1,0 +1,908 @@
+//! AMQP channels: the per-channel state machine and every channel-level method of classes
+//! channel, exchange, queue, basic, tx and confirm.
+//!
+//! A channel has two halves. [`ChannelShared`] is reached by queues on any task when they
+//! deliver (it implements [`DeliveryTarget`]): delivery tags, the unacked map, channel-wide
+//! prefetch and the consumer list live there behind a mutex. [`Channel`] is owned by the
+//! connection task: content assembly, confirm and transaction state.
+
+use crate::outbox::Outbox;
+use bytes::{Bytes, BytesMut};
+use parking_lot::Mutex;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use warren_amqp::frame::{encode_body_frames, encode_header_frame, encode_method_frame};
+use warren_amqp::generated::*;
+use warren_amqp::properties::BasicProperties;
+use warren_amqp::{constants, Method};
+use warren_broker::exchange::Destination;
+use warren_broker::queue::Settlement;
+use warren_broker::vhost::{ExchangeDeclare as ExchangeSpec, QueueDeclare as QueueSpec};
+use warren_broker::{
+    names, BrokerError, Consumer, DeliveryTarget, Message, Queue, QueuedMessage, VHost,
+};
+
+/// Class id of `basic`, the only content class.
+pub const BASIC_CLASS: u16 = 60;
+
+static CHANNEL_KEYS: AtomicU64 = AtomicU64::new(1);
+
+/// A message delivered on this channel and not yet settled.
+struct Unacked {
+    queue: Arc<Queue>,
+    consumer_tag: Option<Arc<str>>,
+    message: QueuedMessage,
+}
+
+struct ConsumerInfo {
+    queue: Arc<Queue>,
+}
+
+struct SharedState {
+    open: bool,
+    flow: bool,
+    next_tag: u64,
+    unacked: BTreeMap<u64, Unacked>,
+    global_prefetch: u16,
+    consumers: HashMap<Arc<str>, ConsumerInfo>,
+}
+
+/// The part of a channel that queues deliver into.
+pub struct ChannelShared {
+    key: u64,
+    id: u16,
+    outbox: Arc<Outbox>,
+    frame_max: u32,
+    cancel_notify: bool,
+    st: Mutex<SharedState>,
+}
+
+/// Writes a content-bearing method, its content header and body frames.
+pub fn write_content(
+    buf: &mut BytesMut,
+    channel: u16,
+    method: &Method,
+    msg: &Message,
+    frame_max: u32,
+) {
+    encode_method_frame(channel, method, buf);
+    encode_header_frame(
+        channel,
+        BASIC_CLASS,
+        msg.body.len() as u64,
+        &msg.properties,
+        buf,
+    );
+    encode_body_frames(channel, &msg.body, frame_max, buf);
+}
+
+impl DeliveryTarget for ChannelShared {
+    fn channel_key(&self) -> u64 {
+        self.key
+    }
+
+    fn deliver(
+        &self,
+        queue: &Arc<Queue>,
+        consumer_tag: &Arc<str>,
+        no_ack: bool,
+        msg: QueuedMessage,
+    ) -> Result<(), QueuedMessage> {
+        let mut st = self.st.lock();
+        if !st.open || !st.flow {
+            return Err(msg);
+        }
+        if !no_ack && st.global_prefetch != 0 && st.unacked.len() >= usize::from(st.global_prefetch)
+        {
+            return Err(msg);
+        }
+        st.next_tag += 1;
+        let tag = st.next_tag;
+        let method = Method::BasicDeliver(BasicDeliver {
+            consumer_tag: consumer_tag.to_string(),
+            delivery_tag: tag,
+            redelivered: msg.redelivered,
+            exchange: msg.message.exchange.clone(),
+            routing_key: msg.message.routing_key.clone(),
+        });
+        self.outbox
+            .with(|buf| write_content(buf, self.id, &method, &msg.message, self.frame_max));
+        if !no_ack {
+            st.unacked.insert(
+                tag,
+                Unacked {
+                    queue: queue.clone(),
+                    consumer_tag: Some(consumer_tag.clone()),
+                    message: msg,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    fn cancelled_by_broker(&self, consumer_tag: &Arc<str>) {
+        let mut st = self.st.lock();
+        if st.consumers.remove(consumer_tag).is_some() && st.open && self.cancel_notify {
+            self.outbox.send(
+                self.id,
+                &Method::BasicCancel(BasicCancel {
+                    consumer_tag: consumer_tag.to_string(),
+                    nowait: true,
+                }),
+            );
+        }
+    }
+}
+
+/// A message being assembled from basic.publish, its content header and body frames.
+struct PendingContent {
+    publish: BasicPublish,
+    header: Option<(u64, BasicProperties)>,
+    body: BytesMut,
+    single: Option<Bytes>,
+}
+
+/// An acknowledgement operation, deferred until tx.commit in transactional channels.
+#[derive(Debug, Clone, Copy)]
+enum AckOp {
+    Ack {
+        tag: u64,
+        multiple: bool,
+    },
+    Reject {
+        tag: u64,
+        multiple: bool,
+        requeue: bool,
+    },
+}
+
+#[derive(Default)]
+struct TxState {
+    publishes: Vec<(Arc<Message>, bool)>,
+    acks: Vec<AckOp>,
+}
+
+/// Publisher-confirm bookkeeping: the next publish sequence number and the range of sequence
+/// numbers confirmed but not yet acknowledged to the client.
+struct ConfirmState {
+    next_seq: u64,
+    pending_from: u64,
+}
+
+/// What the connection must do after a channel handled a frame.
+pub enum Outcome {
+    /// Nothing more.
+    Done,
+    /// The client closed the channel (close-ok sent): forget it.
+    Closed,
+}
+
+/// The connection-task half of a channel.
+pub struct Channel {
+    shared: Arc<ChannelShared>,
+    /// Set after the server sent channel.close: everything but close-ok is discarded.
+    pub closing: bool,
+    content: Option<PendingContent>,
+    confirm: Option<ConfirmState>,
+    tx: Option<TxState>,
+    consumer_prefetch: u16,
+}
+
+/// The connection context a channel works in.
+pub struct Context<'a> {
+    /// The connection's id (exclusive queue ownership).
+    pub connection_id: u64,
+    /// The connection's vhost.
+    pub vhost: &'a Arc<VHost>,
+    /// Largest accepted message body.
+    pub max_message_size: u64,
+}
+
+type MethodResult = Result<(), BrokerError>;
+
+impl Channel {
+    /// A freshly opened channel.
+    pub fn new(id: u16, outbox: Arc<Outbox>, frame_max: u32, cancel_notify: bool) -> Self {
+        Channel {
+            shared: Arc::new(ChannelShared {
+                key: CHANNEL_KEYS.fetch_add(1, Ordering::Relaxed),
+                id,
+                outbox,
+                frame_max,
+                cancel_notify,
+                st: Mutex::new(SharedState {
+                    open: true,
+                    flow: true,
+                    next_tag: 0,
+                    unacked: BTreeMap::new(),
+                    global_prefetch: 0,
+                    consumers: HashMap::new(),
+                }),
+            }),
+            closing: false,
+            content: None,
+            confirm: None,
+            tx: None,
+            consumer_prefetch: 0,
+        }
+    }
+
+    fn id(&self) -> u16 {
+        self.shared.id
+    }
+
+    fn send(&self, m: impl Into<Method>) {
+        self.shared.outbox.send(self.id(), &m.into());
+    }
+
+    /// True while a content header or body frames are expected.
+    pub fn expects_content(&self) -> bool {
+        self.content.is_some()
+    }
+
+    /// Handles a method frame on this open channel.
+    pub fn handle_method(&mut self, ctx: &Context, method: Method) -> Result<Outcome, BrokerError> {
+        if self.content.is_some() {
+            return Err(BrokerError::new(
+                constants::UNEXPECTED_FRAME,
+                format!(
+                    "expected content header for class {BASIC_CLASS}, got non content header frame instead"
+                ),
+            ));
+        }
+        match method {
+            Method::ChannelOpen(_) => Err(BrokerError::new(
+                constants::CHANNEL_ERROR,
+                "second 'channel.open' seen",
+            )),
+            Method::ChannelClose(_) => {
+                self.cleanup(ctx);
+                self.send(ChannelCloseOk {});
+                Ok(Outcome::Closed)
+            }
+            Method::ChannelCloseOk(_) => Ok(Outcome::Done),
+            Method::ChannelFlow(f) => {
+                let queues = {
+                    let mut st = self.shared.st.lock();
+                    st.flow = f.active;
+                    self.consumer_queues(&st)
+                };
+                self.send(ChannelFlowOk { active: f.active });
+                if f.active {
+                    queues.iter().for_each(|q| q.dispatch());
+                }
+                Ok(Outcome::Done)
+            }
+            Method::ChannelFlowOk(_) => Ok(Outcome::Done),
+            Method::AccessRequest(_) => {
+                self.send(AccessRequestOk { ticket: 1 });
+                Ok(Outcome::Done)
+            }
+            Method::ExchangeDeclare(m) => self.exchange_declare(ctx, m).map(|_| Outcome::Done),
+            Method::ExchangeDelete(m) => {
+                ctx.vhost.delete_exchange(&m.exchange, m.if_unused)?;
+                if !m.nowait {
+                    self.send(ExchangeDeleteOk {});
+                }
+                Ok(Outcome::Done)
+            }
+            Method::ExchangeBind(m) => {
+                ctx.vhost.bind(
+                    &m.source,
+                    Destination::Exchange(m.destination),
+                    &m.routing_key,
+                    &m.arguments,
+                    ctx.connection_id,
+                )?;
+                if !m.nowait {
+                    self.send(ExchangeBindOk {});
+                }
+                Ok(Outcome::Done)
+            }
+            Method::ExchangeUnbind(m) => {
+                ctx.vhost.unbind(
+                    &m.source,
+                    Destination::Exchange(m.destination),
+                    &m.routing_key,
+                    &m.arguments,
+                    ctx.connection_id,
+                )?;
+                if !m.nowait {
+                    self.send(ExchangeUnbindOk {});
+                }
+                Ok(Outcome::Done)
+            }
+            Method::QueueDeclare(m) => self.queue_declare(ctx, m).map(|_| Outcome::Done),
+            Method::QueueBind(m) => {
+                ctx.vhost.bind(
+                    &m.exchange,
+                    Destination::Queue(m.queue),
+                    &m.routing_key,
+                    &m.arguments,
+                    ctx.connection_id,
+                )?;
+                if !m.nowait {
+                    self.send(QueueBindOk {});
+                }
+                Ok(Outcome::Done)
+            }
+            Method::QueueUnbind(m) => {
+                ctx.vhost.unbind(
+                    &m.exchange,
+                    Destination::Queue(m.queue),
+                    &m.routing_key,
+                    &m.arguments,
+                    ctx.connection_id,
+                )?;
+                self.send(QueueUnbindOk {});
+                Ok(Outcome::Done)
+            }
+            Method::QueuePurge(m) => {
+                let n = ctx.vhost.purge_queue(&m.queue, ctx.connection_id)?;
+                if !m.nowait {
+                    self.send(QueuePurgeOk { message_count: n });
+                }
+                Ok(Outcome::Done)
+            }
+            Method::QueueDelete(m) => {
+                let n =
+                    ctx.vhost
+                        .delete_queue(&m.queue, m.if_unused, m.if_empty, ctx.connection_id)?;
+                if !m.nowait {
+                    self.send(QueueDeleteOk { message_count: n });
+                }
+                Ok(Outcome::Done)
+            }
+            Method::BasicQos(m) => self.basic_qos(m).map(|_| Outcome::Done),
+            Method::BasicConsume(m) => self.basic_consume(ctx, m).map(|_| Outcome::Done),
+            Method::BasicCancel(m) => {
+                self.cancel_consumer(ctx, &m.consumer_tag);
+                if !m.nowait {
+                    self.send(BasicCancelOk {
+                        consumer_tag: m.consumer_tag,
+                    });
+                }
+                Ok(Outcome::Done)
+            }
+            Method::BasicPublish(m) => {
+                if m.immediate {
+                    return Err(BrokerError::not_implemented("immediate=true"));
+                }
+                if !m.exchange.is_empty() && !ctx.vhost.exchange_exists(&m.exchange) {
+                    return Err(BrokerError::not_found(format!(
+                        "no exchange '{}' in vhost '{}'",
+                        m.exchange, ctx.vhost.name
+                    )));
+                }
+                self.content = Some(PendingContent {
+                    publish: m,
+                    header: None,
+                    body: BytesMut::new(),
+                    single: None,
+                });
+                Ok(Outcome::Done)
+            }
+            Method::BasicGet(m) => self.basic_get(ctx, m).map(|_| Outcome::Done),
+            Method::BasicAck(m) => self
+                .ack_op(AckOp::Ack {
+                    tag: m.delivery_tag,
+                    multiple: m.multiple,
+                })
+                .map(|_| Outcome::Done),
+            Method::BasicReject(m) => self
+                .ack_op(AckOp::Reject {
+                    tag: m.delivery_tag,
+                    multiple: false,
+                    requeue: m.requeue,
+                })
+                .map(|_| Outcome::Done),
+            Method::BasicNack(m) => self
+                .ack_op(AckOp::Reject {
+                    tag: m.delivery_tag,
+                    multiple: m.multiple,
+                    requeue: m.requeue,
+                })
+                .map(|_| Outcome::Done),
+            Method::BasicRecover(m) => {
+                self.recover(m.requeue)?;
+                self.send(BasicRecoverOk {});
+                Ok(Outcome::Done)
+            }
+            Method::BasicRecoverAsync(m) => self.recover(m.requeue).map(|_| Outcome::Done),
+            Method::TxSelect(_) => {
+                if self.confirm.is_some() {
+                    return Err(BrokerError::precondition_failed(
+                        "cannot switch from confirm to tx mode",
+                    ));
+                }
+                self.tx.get_or_insert_with(TxState::default);
+                self.send(TxSelectOk {});
+                Ok(Outcome::Done)
+            }
+            Method::TxCommit(_) => {
+                let Some(tx) = self.tx.take() else {
+                    return Err(BrokerError::precondition_failed(
+                        "channel is not transactional",
+                    ));
+                };
+                self.tx = Some(TxState::default());
+                for (msg, mandatory) in tx.publishes {
+                    self.route_and_enqueue(ctx, msg, mandatory)?;
+                }
+                for op in tx.acks {
+                    self.apply_ack(op)?;
+                }
+                self.send(TxCommitOk {});
+                Ok(Outcome::Done)
+            }
+            Method::TxRollback(_) => {
+                let Some(tx) = self.tx.as_mut() else {
+                    return Err(BrokerError::precondition_failed(
+                        "channel is not transactional",
+                    ));
+                };
+                *tx = TxState::default();
+                self.send(TxRollbackOk {});
+                Ok(Outcome::Done)
+            }
+            Method::ConfirmSelect(m) => {
+                if self.tx.is_some() {
+                    return Err(BrokerError::precondition_failed(
+                        "cannot switch from tx to confirm mode",
+                    ));
+                }
+                self.confirm.get_or_insert(ConfirmState {
+                    next_seq: 1,
+                    pending_from: 1,
+                });
+                if !m.nowait {
+                    self.send(ConfirmSelectOk {});
+                }
+                Ok(Outcome::Done)
+            }
+            other => Err(BrokerError::command_invalid(format!(
+                "unexpected method {} on channel {}",
+                other.name(),
+                self.id()
+            ))),
+        }
+    }
+
+    fn exchange_declare(&mut self, ctx: &Context, m: ExchangeDeclare) -> MethodResult {
+        ctx.vhost.declare_exchange(&ExchangeSpec {
+            name: m.exchange,
+            kind: m.kind,
+            passive: m.passive,
+            durable: m.durable,
+            auto_delete: m.auto_delete,
+            internal: m.internal,
+            arguments: m.arguments,
+        })?;
+        if !m.nowait {
+            self.send(ExchangeDeclareOk {});
+        }
+        Ok(())
+    }
+
+    fn queue_declare(&mut self, ctx: &Context, m: QueueDeclare) -> MethodResult {
+        let (q, counts) = ctx.vhost.declare_queue(
+            &QueueSpec {
+                name: m.queue,
+                passive: m.passive,
+                durable: m.durable,
+                exclusive: m.exclusive,
+                auto_delete: m.auto_delete,
+                arguments: m.arguments,
+            },
+            ctx.connection_id,
+        )?;
+        if !m.nowait {
+            self.send(QueueDeclareOk {
+                queue: q.name.clone(),
+                message_count: counts.ready,
+                consumer_count: counts.consumers,
+            });
+        }
+        Ok(())
+    }
+
+    fn basic_qos(&mut self, m: BasicQos) -> MethodResult {
+        if m.prefetch_size != 0 {
+            return Err(BrokerError::not_implemented(format!(
+                "prefetch_size!=0 ({})",
+                m.prefetch_size
+            )));
+        }
+        let queues = if m.global {
+            let mut st = self.shared.st.lock();
+            st.global_prefetch = m.prefetch_count;
+            self.consumer_queues(&st)
+        } else {
+            self.consumer_prefetch = m.prefetch_count;
+            Vec::new()
+        };
+        self.send(BasicQosOk {});
+        queues.iter().for_each(|q| q.dispatch());
+        Ok(())
+    }
+
+    fn consumer_queues(&self, st: &SharedState) -> Vec<Arc<Queue>> {
+        let mut out: Vec<Arc<Queue>> = Vec::new();
+        for c in st.consumers.values() {
+            if !out.iter().any(|q| Arc::ptr_eq(q, &c.queue)) {
+                out.push(c.queue.clone());
+            }
+        }
+        out
+    }
+
+    fn basic_consume(&mut self, ctx: &Context, m: BasicConsume) -> MethodResult {
+        let tag: Arc<str> = if m.consumer_tag.is_empty() {
+            names::consumer_tag().into()
+        } else {
+            m.consumer_tag.as_str().into()
+        };
+        if self.shared.st.lock().consumers.contains_key(&tag) {
+            return Err(BrokerError::not_allowed(format!(
+                "attempt to reuse consumer tag '{tag}'"
+            )));
+        }
+        let consumer = Consumer::new(
+            tag.clone(),
+            self.shared.clone(),
+            m.no_ack,
+            m.exclusive,
+            self.consumer_prefetch,
+            m.arguments,
+        );
+        let q = ctx.vhost.consume(&m.queue, consumer, ctx.connection_id)?;
+        self.shared
+            .st
+            .lock()
+            .consumers
+            .insert(tag.clone(), ConsumerInfo { queue: q.clone() });
+        if !m.nowait {
+            self.send(BasicConsumeOk {
+                consumer_tag: tag.to_string(),
+            });
+        }
+        q.dispatch();
+        Ok(())
+    }
+
+    fn cancel_consumer(&mut self, ctx: &Context, tag: &str) {
+        let info = self.shared.st.lock().consumers.remove(tag);
+        if let Some(info) = info {
+            if info.queue.remove_consumer(self.shared.key, tag) {
+                ctx.vhost.remove_queue(&info.queue);
+            }
+        }
+    }
+
+    fn basic_get(&mut self, ctx: &Context, m: BasicGet) -> MethodResult {
+        let q = ctx.vhost.queue(&m.queue, ctx.connection_id)?;
+        // Pop under the queue lock alone, then take the channel lock: queues lock themselves
+        // before channels, never after.
+        let Some((msg, remaining)) = q.get(m.no_ack) else {
+            self.send(BasicGetEmpty {
+                cluster_id: String::new(),
+            });
+            return Ok(());
+        };
+        let mut st = self.shared.st.lock();
+        st.next_tag += 1;
+        let tag = st.next_tag;
+        let method = Method::BasicGetOk(BasicGetOk {
+            delivery_tag: tag,
+            redelivered: msg.redelivered,
+            exchange: msg.message.exchange.clone(),
+            routing_key: msg.message.routing_key.clone(),
+            message_count: remaining,
+        });
+        self.shared.outbox.with(|buf| {
+            write_content(buf, self.id(), &method, &msg.message, self.shared.frame_max)
+        });
+        if !m.no_ack {
+            st.unacked.insert(
+                tag,
+                Unacked {
+                    queue: q.clone(),
+                    consumer_tag: None,
+                    message: msg,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    fn ack_op(&mut self, op: AckOp) -> MethodResult {
+        if let Some(tx) = self.tx.as_mut() {
+            let (tag, multiple) = match op {
+                AckOp::Ack { tag, multiple } | AckOp::Reject { tag, multiple, .. } => {
+                    (tag, multiple)
+                }
+            };
+            let st = self.shared.st.lock();
+            if !(multiple && tag == 0) && !st.unacked.contains_key(&tag) {
+                return Err(unknown_tag(tag));
+            }
+            drop(st);
+            tx.acks.push(op);
+            return Ok(());
+        }
+        self.apply_ack(op)
+    }
+
+    /// Settles unacked deliveries: ack, or reject/nack with or without requeue.
+    fn apply_ack(&mut self, op: AckOp) -> MethodResult {
+        let (tag, multiple, requeue) = match op {
+            AckOp::Ack { tag, multiple } => (tag, multiple, false),
+            AckOp::Reject {
+                tag,
+                multiple,
+                requeue,
+            } => (tag, multiple, requeue),
+        };
+        let taken: Vec<Unacked> = {
+            let mut st = self.shared.st.lock();
+            if multiple {
+                if tag != 0 && !st.unacked.contains_key(&tag) {
+                    return Err(unknown_tag(tag));
+                }
+                let keep = if tag == 0 {
+                    BTreeMap::new()
+                } else {
+                    st.unacked.split_off(&(tag + 1))
+                };
+                std::mem::replace(&mut st.unacked, keep)
+                    .into_values()
+                    .collect()
+            } else {
+                match st.unacked.remove(&tag) {
+                    Some(u) => vec![u],
+                    None => return Err(unknown_tag(tag)),
+                }
+            }
+        };
+        settle(self.shared.key, taken, requeue);
+        // Freed channel-wide credit may let other queues deliver.
+        let queues = {
+            let st = self.shared.st.lock();
+            if st.global_prefetch != 0 {
+                self.consumer_queues(&st)
+            } else {
+                Vec::new()
+            }
+        };
+        queues.iter().for_each(|q| q.dispatch());
+        Ok(())
+    }
+
+    fn recover(&mut self, requeue: bool) -> MethodResult {
+        if !requeue {
+            return Err(BrokerError::not_implemented("requeue=false"));
+        }
+        let taken: Vec<Unacked> = std::mem::take(&mut self.shared.st.lock().unacked)
+            .into_values()
+            .collect();
+        settle(self.shared.key, taken, true);
+        Ok(())
+    }
+
+    /// Handles a content header frame.
+    pub fn handle_header(
+        &mut self,
+        ctx: &Context,
+        class_id: u16,
+        body_size: u64,
+        properties: BasicProperties,
+    ) -> Result<(), BrokerError> {
+        let Some(content) = self.content.as_mut().filter(|c| c.header.is_none()) else {
+            return Err(BrokerError::new(
+                constants::UNEXPECTED_FRAME,
+                "unexpected content header frame",
+            ));
+        };
+        if class_id != BASIC_CLASS {
+            return Err(BrokerError::new(
+                constants::UNEXPECTED_FRAME,
+                format!("content header for class {class_id}, expected class {BASIC_CLASS}"),
+            ));
+        }
+        if body_size > ctx.max_message_size {
+            self.content = None;
+            return Err(BrokerError::precondition_failed(format!(
+                "message size {body_size} is larger than configured max size {}",
+                ctx.max_message_size
+            )));
+        }
+        content.header = Some((body_size, properties));
+        if body_size == 0 {
+            self.finish_publish(ctx)?;
+        }
+        Ok(())
+    }
+
+    /// Handles a body frame.
+    pub fn handle_body(&mut self, ctx: &Context, payload: Bytes) -> Result<(), BrokerError> {
+        let Some(content) = self.content.as_mut() else {
+            return Err(BrokerError::new(
+                constants::UNEXPECTED_FRAME,
+                "unexpected content body frame",
+            ));
+        };
+        let Some((size, _)) = content.header else {
+            return Err(BrokerError::new(
+                constants::UNEXPECTED_FRAME,
+                "expected content header, got content body frame instead",
+            ));
+        };
+        let have = content.single.as_ref().map_or(0, |b| b.len()) + content.body.len();
+        if (have + payload.len()) as u64 > size {
+            return Err(BrokerError::new(
+                constants::FRAME_ERROR,
+                format!(
+                    "content body of {} bytes exceeds the {size} announced in the header",
+                    have + payload.len()
+                ),
+            ));
+        }
+        if have == 0 {
+            content.single = Some(payload);
+        } else {
+            if let Some(first) = content.single.take() {
+                content.body.reserve(size as usize);
+                content.body.extend_from_slice(&first);
+            }
+            content.body.extend_from_slice(&payload);
+        }
+        if payload_len(content) as u64 >= size {
+            self.finish_publish(ctx)?;
+        }
+        Ok(())
+    }
+
+    fn finish_publish(&mut self, ctx: &Context) -> MethodResult {
+        let Some(content) = self.content.take() else {
+            return Ok(());
+        };
+        let (_, properties) = content.header.unwrap_or_default();
+        let body = match content.single {
+            Some(b) => b,
+            None => content.body.freeze(),
+        };
+        let msg = Arc::new(Message {
+            exchange: content.publish.exchange,
+            routing_key: content.publish.routing_key,
+            properties,
+            body,
+        });
+        if let Some(tx) = self.tx.as_mut() {
+            tx.publishes.push((msg, content.publish.mandatory));
+            return Ok(());
+        }
+        self.route_and_enqueue(ctx, msg, content.publish.mandatory)?;
+        if let Some(c) = self.confirm.as_mut() {
+            c.next_seq += 1;
+        }
+        Ok(())
+    }
+
+    fn route_and_enqueue(
+        &mut self,
+        ctx: &Context,
+        msg: Arc<Message>,
+        mandatory: bool,
+    ) -> MethodResult {
+        let mut queues = Vec::new();
+        ctx.vhost.route(
+            &msg.exchange,
+            &msg.routing_key,
+            msg.properties.headers.as_ref(),
+            &mut queues,
+        )?;
+        if queues.is_empty() {
+            if mandatory {
+                let method = Method::BasicReturn(BasicReturn {
+                    reply_code: constants::NO_ROUTE,
+                    reply_text: "NO_ROUTE".into(),
+                    exchange: msg.exchange.clone(),
+                    routing_key: msg.routing_key.clone(),
+                });
+                self.shared.outbox.with(|buf| {
+                    write_content(buf, self.id(), &method, &msg, self.shared.frame_max)
+                });
+            }
+            return Ok(());
+        }
+        for q in &queues {
+            q.publish(msg.clone());
+        }
+        Ok(())
+    }
+
+    /// Sends the publisher confirms owed since the last flush, as one basic.ack with
+    /// `multiple` set when it covers more than one publish.
+    pub fn flush_confirms(&mut self) {
+        let Some(c) = self.confirm.as_mut() else {
+            return;
+        };
+        if c.pending_from >= c.next_seq {
+            return;
+        }
+        let last = c.next_seq - 1;
+        let multiple = last > c.pending_from;
+        c.pending_from = c.next_seq;
+        self.send(BasicAck {
+            delivery_tag: last,
+            multiple,
+        });
+    }
+
+    /// Releases everything the channel holds: consumers are cancelled (auto-delete queues that
+    /// lose their last consumer are deleted) and unacked messages are requeued.
+    pub fn cleanup(&mut self, ctx: &Context) {
+        let (consumers, unacked) = {
+            let mut st = self.shared.st.lock();
+            st.open = false;
+            (
+                std::mem::take(&mut st.consumers),
+                std::mem::take(&mut st.unacked),
+            )
+        };
+        for (tag, info) in consumers {
+            if info.queue.remove_consumer(self.shared.key, &tag) {
+                ctx.vhost.remove_queue(&info.queue);
+            }
+        }
+        settle(self.shared.key, unacked.into_values().collect(), true);
+        self.content = None;
+        self.tx = None;
+    }
+
+    /// Starts a server-initiated close of this channel: cleans up, sends channel.close and
+    /// discards further frames until channel.close-ok.
+    pub fn close_with_error(
+        &mut self,
+        ctx: &Context,
+        err: &BrokerError,
+        class_id: u16,
+        method_id: u16,
+    ) {
+        self.cleanup(ctx);
+        self.closing = true;
+        self.send(ChannelClose {
+            reply_code: err.code,
+            reply_text: err.reply_text(),
+            class_id,
+            method_id,
+        });
+    }
+}
+
+fn payload_len(c: &PendingContent) -> usize {
+    c.single.as_ref().map_or(0, |b| b.len()) + c.body.len()
+}
+
+fn unknown_tag(tag: u64) -> BrokerError {
+    BrokerError::precondition_failed(format!("unknown delivery tag {tag}"))
+}
+
+/// Settles `taken` deliveries with their queues, grouped per queue, requeueing when asked.
+fn settle(channel_key: u64, taken: Vec<Unacked>, requeue: bool) {
+    let mut by_queue: Vec<(Arc<Queue>, Vec<Settlement>)> = Vec::new();
+    for u in taken {
+        let s = Settlement {
+            consumer_tag: u.consumer_tag,
+            requeue: requeue.then_some(u.message),
+        };
+        match by_queue.iter_mut().find(|(q, _)| Arc::ptr_eq(q, &u.queue)) {
+            Some((_, v)) => v.push(s),
+            None => by_queue.push((u.queue, vec![s])),
+        }
+    }
+    for (q, s) in by_queue {
+        q.settle(channel_key, s);
+    }
+}

@@ -1,0 +1,278 @@
+//! Configuration: a TOML file, `WARREN_<SECTION>_<KEY>` environment overrides, then command-line
+//! flags, in increasing order of precedence.
+//!
+//! Every limit the broker enforces is here, with RabbitMQ's default where RabbitMQ has one.
+
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+/// The whole configuration.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// AMQP listener and protocol limits.
+    pub amqp: AmqpConfig,
+    /// Where data lives.
+    pub storage: StorageConfig,
+    /// Logging.
+    pub log: LogConfig,
+    /// Users; when empty, the default `guest`/`guest` (loopback only) is created.
+    pub users: Vec<UserConfig>,
+}
+
+/// `[amqp]`: the AMQP 0-9-1 listener.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct AmqpConfig {
+    /// Address to listen on (RabbitMQ's `listeners.tcp.default`), default `0.0.0.0:5672`.
+    pub listen: SocketAddr,
+    /// Largest frame in bytes offered in connection.tune, headers included (RabbitMQ
+    /// `frame_max`, default 131072). Clients may lower it, not raise it.
+    pub frame_max: u32,
+    /// Highest channel number offered in connection.tune (RabbitMQ `channel_max`, default 2047).
+    pub channel_max: u16,
+    /// Heartbeat interval in seconds offered in connection.tune (RabbitMQ `heartbeat`, default
+    /// 60); 0 disables heartbeats unless the client asks for them.
+    pub heartbeat: u16,
+    /// Largest message body in bytes (RabbitMQ `max_message_size`, default 16 MiB in 4.x).
+    pub max_message_size: u64,
+    /// Most concurrent client connections; further ones are refused at accept.
+    pub max_connections: usize,
+    /// Deepest nesting of field tables and arrays accepted from clients.
+    pub max_table_depth: usize,
+    /// Seconds a client has to complete the handshake (RabbitMQ `handshake_timeout`, 10 s).
+    pub handshake_timeout: u64,
+}
+
+/// `[storage]`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct StorageConfig {
+    /// Data directory, default `./warren-data`.
+    pub data_dir: PathBuf,
+}
+
+/// `[log]`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogConfig {
+    /// Level or `tracing` filter directive: `error`, `warn`, `info`, `debug`, `trace`.
+    pub level: String,
+}
+
+/// One `[[users]]` entry.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct UserConfig {
+    /// Login name.
+    pub name: String,
+    /// Password.
+    pub password: String,
+    /// Management tags.
+    #[serde(default)]
+    pub tags: Vec<String>,
+    /// Only allowed from loopback addresses.
+    #[serde(default)]
+    pub loopback_only: bool,
+}
+
+impl Default for AmqpConfig {
+    fn default() -> Self {
+        AmqpConfig {
+            listen: "0.0.0.0:5672".parse().expect("valid literal address"),
+            frame_max: 131_072,
+            channel_max: 2047,
+            heartbeat: 60,
+            max_message_size: 16 * 1024 * 1024,
+            max_connections: 65_536,
+            max_table_depth: 16,
+            handshake_timeout: 10,
+        }
+    }
+}
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        StorageConfig {
+            data_dir: PathBuf::from("warren-data"),
+        }
+    }
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            level: "info".into(),
+        }
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            amqp: AmqpConfig::default(),
+            storage: StorageConfig::default(),
+            log: LogConfig::default(),
+            users: Vec::new(),
+        }
+    }
+}
+
+/// Errors loading configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// File path.
+        path: PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// The TOML (after environment overrides) did not fit the schema.
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+const SECTIONS: &[&str] = &["amqp", "storage", "log"];
+
+impl Config {
+    /// Loads `path` (if given), then applies `WARREN_<SECTION>_<KEY>` variables from `env`.
+    ///
+    /// An environment value is read as a TOML value when it parses as one (`60`, `true`), and as
+    /// a string otherwise (`0.0.0.0:5672`).
+    pub fn load(
+        path: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Config, ConfigError> {
+        let mut root: toml::Table = match path {
+            Some(p) => {
+                let text = std::fs::read_to_string(p).map_err(|source| ConfigError::Read {
+                    path: p.to_path_buf(),
+                    source,
+                })?;
+                text.parse()
+                    .map_err(|e: toml::de::Error| ConfigError::Invalid(e.to_string()))?
+            }
+            None => toml::Table::new(),
+        };
+        for (k, v) in env {
+            let Some(rest) = k.strip_prefix("WARREN_") else {
+                continue;
+            };
+            let rest = rest.to_ascii_lowercase();
+            let Some(section) = SECTIONS.iter().find(|s| rest.starts_with(&format!("{s}_"))) else {
+                continue;
+            };
+            let key = &rest[section.len() + 1..];
+            // `v = <value>` parses values like `60` or `true`; anything else is a string.
+            let value = format!("v = {v}")
+                .parse::<toml::Table>()
+                .ok()
+                .and_then(|mut t| t.remove("v"))
+                .filter(|x| !x.is_table())
+                .unwrap_or(toml::Value::String(v));
+            root.entry(section.to_string())
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+                .as_table_mut()
+                .ok_or_else(|| ConfigError::Invalid(format!("[{section}] is not a table")))?
+                .insert(key.to_string(), value);
+        }
+        Config::deserialize(toml::Value::Table(root))
+            .map_err(|e| ConfigError::Invalid(e.to_string()))
+    }
+
+    /// A commented TOML file with every setting at its default, for `--generate-config`.
+    pub fn commented_default() -> String {
+        let d = Config::default();
+        format!(
+            r#"# Warren configuration. Every setting is shown with its default.
+# Environment variables override the file: WARREN_<SECTION>_<KEY>, e.g. WARREN_AMQP_LISTEN.
+# Command-line flags override both.
+
+[amqp]
+# Address of the AMQP 0-9-1 listener.
+listen = "{listen}"
+# Largest frame in bytes offered in connection.tune (clients may lower it).
+frame_max = {frame_max}
+# Highest channel number per connection.
+channel_max = {channel_max}
+# Heartbeat interval offered in connection.tune, seconds (0 = none unless the client asks).
+heartbeat = {heartbeat}
+# Largest message body in bytes.
+max_message_size = {max_message_size}
+# Most concurrent client connections.
+max_connections = {max_connections}
+# Deepest nesting of field tables and arrays accepted from clients.
+max_table_depth = {max_table_depth}
+# Seconds a client has to complete the AMQP handshake.
+handshake_timeout = {handshake_timeout}
+
+[storage]
+# Data directory (durable definitions and messages).
+data_dir = "{data_dir}"
+
+[log]
+# error, warn, info, debug, trace, or a tracing filter such as "warren_server=debug".
+level = "{level}"
+
+# Users. With none listed, guest/guest is created and may only log in from localhost.
+# [[users]]
+# name = "admin"
+# password = "change-me"
+# tags = ["administrator"]
+# loopback_only = false
+"#,
+            listen = d.amqp.listen,
+            frame_max = d.amqp.frame_max,
+            channel_max = d.amqp.channel_max,
+            heartbeat = d.amqp.heartbeat,
+            max_message_size = d.amqp.max_message_size,
+            max_connections = d.amqp.max_connections,
+            max_table_depth = d.amqp.max_table_depth,
+            handshake_timeout = d.amqp.handshake_timeout,
+            data_dir = d.storage.data_dir.display(),
+            level = d.log.level,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commented_default_parses_to_default() {
+        let dir = std::env::temp_dir().join(format!("warren-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("warren.toml");
+        std::fs::write(&p, Config::commented_default()).unwrap();
+        let c = Config::load(Some(&p), Vec::new()).unwrap();
+        assert_eq!(c, Config::default());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn env_overrides() {
+        let env = vec![
+            (
+                "WARREN_AMQP_LISTEN".to_string(),
+                "127.0.0.1:5999".to_string(),
+            ),
+            ("WARREN_AMQP_FRAME_MAX".to_string(), "8192".to_string()),
+            ("WARREN_LOG_LEVEL".to_string(), "debug".to_string()),
+            ("OTHER".to_string(), "x".to_string()),
+        ];
+        let c = Config::load(None, env).unwrap();
+        assert_eq!(c.amqp.listen.port(), 5999);
+        assert_eq!(c.amqp.frame_max, 8192);
+        assert_eq!(c.log.level, "debug");
+    }
+
+    #[test]
+    fn unknown_keys_are_errors() {
+        let env = vec![("WARREN_AMQP_NOPE".to_string(), "1".to_string())];
+        assert!(Config::load(None, env).is_err());
+    }
+}

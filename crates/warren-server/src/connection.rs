@@ -1,0 +1,745 @@
+//! One AMQP 0-9-1 client connection: the handshake (protocol header, connection.start / start-ok
+//! with SASL, tune / tune-ok, open), the frame loop that routes frames to channels, heartbeat
+//! checking, and the close handshakes in both directions.
+//!
+//! Everything a connection does to the broker model runs on its own task, synchronously; only
+//! socket writes are left to the writer task that drains the [`Outbox`].
+
+use crate::channel::{Channel, Context, Outcome, BASIC_CLASS};
+use crate::outbox::Outbox;
+use crate::server::ServerState;
+use bytes::{Bytes, BytesMut};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+use warren_amqp::frame::{
+    encode_method_frame, parse_frame, Frame, Limits, FRAME_MIN_SIZE, PROTOCOL_HEADER,
+};
+use warren_amqp::generated::*;
+use warren_amqp::table::{Decoder, FieldTable, FieldValue};
+use warren_amqp::{constants, Method};
+use warren_broker::{BrokerError, VHost};
+
+/// How long the server waits for connection.close-ok after sending connection.close.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A connection-level error: sent as connection.close, then the socket is closed.
+#[derive(Debug)]
+struct ConnError {
+    code: u16,
+    text: String,
+    class_id: u16,
+    method_id: u16,
+}
+
+impl ConnError {
+    fn new(code: u16, text: impl Into<String>) -> Self {
+        ConnError {
+            code,
+            text: format!("{} - {}", constants::reply_code_name(code), text.into()),
+            class_id: 0,
+            method_id: 0,
+        }
+    }
+    fn from_broker(e: BrokerError, class_id: u16, method_id: u16) -> Self {
+        ConnError {
+            code: e.code,
+            text: e.reply_text(),
+            class_id,
+            method_id,
+        }
+    }
+}
+
+/// Why the frame loop ended.
+enum End {
+    /// The peer went away or the socket failed.
+    Eof,
+    /// The client sent connection.close (close-ok already queued).
+    ClientClosed,
+    /// The server must close the connection with this error.
+    Error(ConnError),
+}
+
+/// Serves one accepted socket until it closes.
+pub async fn serve<S>(
+    state: Arc<ServerState>,
+    stream: S,
+    peer: SocketAddr,
+    shutdown: watch::Receiver<bool>,
+) where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
+    let id = state.next_connection_id();
+    let span = tracing::info_span!("conn", id, %peer);
+    let _e = span.enter();
+    drop(_e);
+    let (rd, wr) = tokio::io::split(stream);
+    let fut = async move {
+        match run(state.clone(), id, rd, wr, peer, shutdown).await {
+            Ok(()) => debug!("connection closed"),
+            Err(e) => debug!(error = %e, "connection ended"),
+        }
+    };
+    tracing::Instrument::instrument(fut, span).await;
+}
+
+async fn read_more<R: AsyncRead + Unpin>(rd: &mut R, buf: &mut BytesMut) -> std::io::Result<()> {
+    if buf.capacity() - buf.len() < 4096 {
+        buf.reserve(64 * 1024);
+    }
+    match rd.read_buf(buf).await? {
+        0 => Err(std::io::ErrorKind::UnexpectedEof.into()),
+        _ => Ok(()),
+    }
+}
+
+/// Reads the next frame during the handshake (before the writer task exists).
+async fn handshake_frame<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    buf: &mut BytesMut,
+    limits: &Limits,
+) -> Result<Frame, ConnError> {
+    loop {
+        match parse_frame(buf, limits) {
+            Ok(Some(Frame::Heartbeat { .. })) => continue,
+            Ok(Some(f)) => return Ok(f),
+            Ok(None) => read_more(rd, buf)
+                .await
+                .map_err(|e| ConnError::new(constants::CONNECTION_FORCED, e.to_string()))?,
+            Err(e) => return Err(ConnError::new(e.reply_code(), e.to_string())),
+        }
+    }
+}
+
+fn expect_method<T>(
+    frame: Frame,
+    pick: impl FnOnce(Method) -> Option<T>,
+    what: &str,
+) -> Result<T, ConnError> {
+    match frame {
+        Frame::Method { channel: 0, method } => {
+            let name = method.name();
+            pick(method).ok_or_else(|| {
+                ConnError::new(
+                    constants::COMMAND_INVALID,
+                    format!("expected '{what}', got '{name}'"),
+                )
+            })
+        }
+        _ => Err(ConnError::new(
+            constants::UNEXPECTED_FRAME,
+            format!("expected '{what}' on channel 0"),
+        )),
+    }
+}
+
+fn server_properties() -> FieldTable {
+    let s = |v: &str| FieldValue::LongString(Bytes::copy_from_slice(v.as_bytes()));
+    let mut caps = FieldTable::new();
+    for c in [
+        "publisher_confirms",
+        "exchange_exchange_bindings",
+        "basic.nack",
+        "consumer_cancel_notify",
+        "connection.blocked",
+        "consumer_priorities",
+        "authentication_failure_close",
+        "per_consumer_qos",
+        "direct_reply_to",
+    ] {
+        caps.insert(c, FieldValue::Bool(true));
+    }
+    let mut t = FieldTable::new();
+    t.insert("capabilities", FieldValue::Table(caps));
+    t.insert("cluster_name", s("warren"));
+    t.insert("copyright", s("Copyright (c) the Warren developers"));
+    t.insert("information", s("Licensed under the MPL 2.0"));
+    t.insert("platform", s("Rust"));
+    t.insert("product", s("Warren"));
+    t.insert("version", s(env!("CARGO_PKG_VERSION")));
+    t
+}
+
+/// Extracts (user, password) from a SASL response: PLAIN is `authzid \0 authcid \0 passwd`,
+/// AMQPLAIN is a field table without its length prefix holding LOGIN and PASSWORD.
+fn sasl_credentials(mechanism: &str, response: &[u8]) -> Option<(String, String)> {
+    match mechanism {
+        "PLAIN" => {
+            let mut parts = response.split(|b| *b == 0);
+            let _authz = parts.next()?;
+            let user = std::str::from_utf8(parts.next()?).ok()?;
+            let pass = std::str::from_utf8(parts.next()?).ok()?;
+            if parts.next().is_some() {
+                return None;
+            }
+            Some((user.to_string(), pass.to_string()))
+        }
+        "AMQPLAIN" => {
+            let mut framed = Vec::with_capacity(response.len() + 4);
+            framed.extend_from_slice(&(response.len() as u32).to_be_bytes());
+            framed.extend_from_slice(response);
+            let table = warren_amqp::table::decode_table(&mut Decoder::new(&framed), 4).ok()?;
+            let user = table.get("LOGIN")?.as_str()?.to_string();
+            let pass = table.get("PASSWORD")?.as_str()?.to_string();
+            Some((user, pass))
+        }
+        _ => None,
+    }
+}
+
+struct Tuned {
+    frame_max: u32,
+    channel_max: u16,
+    heartbeat: u16,
+}
+
+async fn run<R, W>(
+    state: Arc<ServerState>,
+    id: u64,
+    mut rd: R,
+    mut wr: W,
+    peer: SocketAddr,
+    mut shutdown: watch::Receiver<bool>,
+) -> std::io::Result<()>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let cfg = &state.config.amqp;
+    let mut rbuf = BytesMut::with_capacity(64 * 1024);
+    let handshake = Duration::from_secs(cfg.handshake_timeout.max(1));
+
+    // Protocol header.
+    let header_ok = tokio::time::timeout(handshake, async {
+        while rbuf.len() < 8 {
+            read_more(&mut rd, &mut rbuf).await?;
+        }
+        Ok::<_, std::io::Error>(&rbuf[..8] == PROTOCOL_HEADER)
+    })
+    .await
+    .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+    if !header_ok {
+        wr.write_all(PROTOCOL_HEADER).await?;
+        wr.shutdown().await?;
+        debug!("bad protocol header; sent ours back");
+        return Ok(());
+    }
+    let _ = rbuf.split_to(8);
+
+    let negotiated = tokio::time::timeout(
+        handshake,
+        handshake_steps(&state, &mut rd, &mut wr, &mut rbuf, peer),
+    )
+    .await
+    .unwrap_or_else(|_| {
+        Err(ConnError::new(
+            constants::CONNECTION_FORCED,
+            "handshake timed out",
+        ))
+    });
+    let (tuned, vhost, cancel_notify) = match negotiated {
+        Ok(v) => v,
+        Err(e) => {
+            warn!(code = e.code, text = %e.text, "handshake failed");
+            let mut out = BytesMut::new();
+            encode_method_frame(
+                0,
+                &Method::ConnectionClose(ConnectionClose {
+                    reply_code: e.code,
+                    reply_text: e.text,
+                    class_id: e.class_id,
+                    method_id: e.method_id,
+                }),
+                &mut out,
+            );
+            let _ = wr.write_all(&out).await;
+            // Give the client a moment to read the close before the socket goes.
+            let _ = tokio::time::timeout(Duration::from_secs(1), rd.read_buf(&mut rbuf)).await;
+            let _ = wr.shutdown().await;
+            return Ok(());
+        }
+    };
+
+    let outbox = Arc::new(Outbox::new());
+    let heartbeat = (tuned.heartbeat > 0).then(|| Duration::from_secs(u64::from(tuned.heartbeat)));
+    let writer = {
+        let outbox = outbox.clone();
+        tokio::spawn(async move {
+            if let Err(e) = outbox.run_writer(wr, heartbeat).await {
+                debug!(error = %e, "socket write failed");
+            }
+            outbox.close_after_flush();
+        })
+    };
+
+    let mut conn = Conn {
+        id,
+        vhost,
+        outbox: outbox.clone(),
+        channels: HashMap::new(),
+        frame_max: tuned.frame_max,
+        channel_max: tuned.channel_max,
+        cancel_notify,
+        max_message_size: cfg.max_message_size,
+    };
+    let limits = Limits {
+        frame_max: tuned.frame_max,
+        max_table_depth: cfg.max_table_depth,
+    };
+    let idle_limit = heartbeat.map(|h| h * 2);
+
+    let end = 'outer: loop {
+        loop {
+            match parse_frame(&mut rbuf, &limits) {
+                Ok(Some(frame)) => {
+                    if let Some(end) = conn.handle_frame(frame) {
+                        break 'outer end;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    break 'outer End::Error(ConnError::new(e.reply_code(), e.to_string()));
+                }
+            }
+        }
+        conn.flush_confirms();
+        if outbox.is_closing() {
+            break End::Eof;
+        }
+        let read = async {
+            match idle_limit {
+                Some(limit) => tokio::time::timeout(limit, read_more(&mut rd, &mut rbuf))
+                    .await
+                    .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into())),
+                None => read_more(&mut rd, &mut rbuf).await,
+            }
+        };
+        tokio::select! {
+            r = read => match r {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+                    warn!("missed heartbeats from client, timeout: {}s", tuned.heartbeat);
+                    break End::Eof;
+                }
+                Err(_) => break End::Eof,
+            },
+            _ = shutdown.changed() => {
+                break End::Error(ConnError::new(
+                    constants::CONNECTION_FORCED,
+                    "broker forced connection closure with reason 'shutdown'",
+                ));
+            }
+        }
+    };
+
+    conn.cleanup();
+    match end {
+        End::Eof => {}
+        End::ClientClosed => {}
+        End::Error(e) => {
+            info!(code = e.code, text = %e.text, "closing connection");
+            outbox.send(
+                0,
+                &Method::ConnectionClose(ConnectionClose {
+                    reply_code: e.code,
+                    reply_text: e.text,
+                    class_id: e.class_id,
+                    method_id: e.method_id,
+                }),
+            );
+            // Discard everything until connection.close-ok (or close), or time out.
+            let wait_close_ok = async {
+                loop {
+                    while let Ok(Some(frame)) = parse_frame(&mut rbuf, &limits) {
+                        if let Frame::Method {
+                            channel: 0,
+                            method: Method::ConnectionCloseOk(_) | Method::ConnectionClose(_),
+                        } = frame
+                        {
+                            return;
+                        }
+                    }
+                    rbuf.clear();
+                    if read_more(&mut rd, &mut rbuf).await.is_err() {
+                        return;
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(CLOSE_TIMEOUT, wait_close_ok).await;
+        }
+    }
+    outbox.close_after_flush();
+    let _ = tokio::time::timeout(Duration::from_secs(5), writer).await;
+    Ok(())
+}
+
+/// connection.start → start-ok → tune → tune-ok → open → open-ok. Returns the negotiated
+/// tuning, the vhost and whether the client wants basic.cancel notifications.
+async fn handshake_steps<R, W>(
+    state: &ServerState,
+    rd: &mut R,
+    wr: &mut W,
+    rbuf: &mut BytesMut,
+    peer: SocketAddr,
+) -> Result<(Tuned, Arc<VHost>, bool), ConnError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let cfg = &state.config.amqp;
+    let io_err = |e: std::io::Error| ConnError::new(constants::CONNECTION_FORCED, e.to_string());
+    let limits = Limits {
+        frame_max: cfg.frame_max.max(FRAME_MIN_SIZE),
+        max_table_depth: cfg.max_table_depth,
+    };
+    let mut out = BytesMut::new();
+    encode_method_frame(
+        0,
+        &Method::ConnectionStart(ConnectionStart {
+            version_major: 0,
+            version_minor: 9,
+            server_properties: server_properties(),
+            mechanisms: Bytes::from_static(b"PLAIN AMQPLAIN"),
+            locales: Bytes::from_static(b"en_US"),
+        }),
+        &mut out,
+    );
+    wr.write_all(&out).await.map_err(io_err)?;
+
+    let start_ok = expect_method(
+        handshake_frame(rd, rbuf, &limits).await?,
+        |m| match m {
+            Method::ConnectionStartOk(s) => Some(s),
+            _ => None,
+        },
+        "connection.start-ok",
+    )?;
+    let caps = start_ok
+        .client_properties
+        .get("capabilities")
+        .and_then(|c| c.as_table());
+    let cap = |name: &str| {
+        caps.and_then(|c| c.get(name))
+            .and_then(|v| v.as_bool())
+            .unwrap_or(false)
+    };
+    let cancel_notify = cap("consumer_cancel_notify");
+    let mechanism = start_ok.mechanism.as_str();
+    if mechanism != "PLAIN" && mechanism != "AMQPLAIN" {
+        return Err(ConnError::new(
+            constants::COMMAND_INVALID,
+            format!("unknown authentication mechanism '{mechanism}'"),
+        ));
+    }
+    let refused = || {
+        ConnError::new(
+            constants::ACCESS_REFUSED,
+            format!(
+                "Login was refused using authentication mechanism {mechanism}. For details see the broker logfile."
+            ),
+        )
+    };
+    let (user, pass) = sasl_credentials(mechanism, &start_ok.response).ok_or_else(refused)?;
+    if let Err(e) = state
+        .broker
+        .users
+        .read()
+        .authenticate(&user, &pass, peer.ip().is_loopback())
+    {
+        warn!(%e, mechanism, "login refused");
+        return Err(refused());
+    }
+
+    out.clear();
+    encode_method_frame(
+        0,
+        &Method::ConnectionTune(ConnectionTune {
+            channel_max: cfg.channel_max,
+            frame_max: cfg.frame_max,
+            heartbeat: cfg.heartbeat,
+        }),
+        &mut out,
+    );
+    wr.write_all(&out).await.map_err(io_err)?;
+    let tune_ok = expect_method(
+        handshake_frame(rd, rbuf, &limits).await?,
+        |m| match m {
+            Method::ConnectionTuneOk(t) => Some(t),
+            _ => None,
+        },
+        "connection.tune-ok",
+    )?;
+    let frame_max = match tune_ok.frame_max {
+        0 => cfg.frame_max,
+        f if f > cfg.frame_max => {
+            return Err(ConnError::new(
+                constants::NOT_ALLOWED,
+                format!("frame_max={f} > {} max size", cfg.frame_max),
+            ))
+        }
+        f if f < FRAME_MIN_SIZE => {
+            return Err(ConnError::new(
+                constants::NOT_ALLOWED,
+                format!("frame_max={f} < {FRAME_MIN_SIZE} min size"),
+            ))
+        }
+        f => f,
+    };
+    let channel_max = match tune_ok.channel_max {
+        0 => cfg.channel_max,
+        c if c > cfg.channel_max => {
+            return Err(ConnError::new(
+                constants::NOT_ALLOWED,
+                format!("channel_max={c} > {} max", cfg.channel_max),
+            ))
+        }
+        c => c,
+    };
+    let tuned = Tuned {
+        frame_max,
+        channel_max,
+        heartbeat: tune_ok.heartbeat,
+    };
+
+    let open = expect_method(
+        handshake_frame(
+            rd,
+            rbuf,
+            &Limits {
+                frame_max,
+                ..limits
+            },
+        )
+        .await?,
+        |m| match m {
+            Method::ConnectionOpen(o) => Some(o),
+            _ => None,
+        },
+        "connection.open",
+    )?;
+    let vhost = state.broker.vhost(&open.virtual_host).ok_or_else(|| {
+        ConnError::new(
+            constants::NOT_ALLOWED,
+            format!("vhost {} not found", open.virtual_host),
+        )
+    })?;
+    out.clear();
+    encode_method_frame(
+        0,
+        &Method::ConnectionOpenOk(ConnectionOpenOk {
+            known_hosts: String::new(),
+        }),
+        &mut out,
+    );
+    wr.write_all(&out).await.map_err(io_err)?;
+    info!(user = %user, vhost = %open.virtual_host, "connection open");
+    Ok((tuned, vhost, cancel_notify))
+}
+
+struct Conn {
+    id: u64,
+    vhost: Arc<VHost>,
+    outbox: Arc<Outbox>,
+    channels: HashMap<u16, Channel>,
+    frame_max: u32,
+    channel_max: u16,
+    cancel_notify: bool,
+    max_message_size: u64,
+}
+
+impl Conn {
+    fn handle_frame(&mut self, frame: Frame) -> Option<End> {
+        let ctx = Context {
+            connection_id: self.id,
+            vhost: &self.vhost,
+            max_message_size: self.max_message_size,
+        };
+        match frame {
+            Frame::Heartbeat { .. } => None,
+            Frame::Method { channel: 0, method } => self.connection_method(method),
+            Frame::Method { channel, method } => {
+                if channel > self.channel_max {
+                    return Some(End::Error(ConnError::new(
+                        constants::CHANNEL_ERROR,
+                        format!(
+                            "channel number {channel} exceeds channel_max {}",
+                            self.channel_max
+                        ),
+                    )));
+                }
+                let (class_id, method_id) = (method.class_id(), method.method_id());
+                let Some(ch) = self.channels.get_mut(&channel) else {
+                    return match method {
+                        Method::ChannelOpen(_) => {
+                            let ch = Channel::new(
+                                channel,
+                                self.outbox.clone(),
+                                self.frame_max,
+                                self.cancel_notify,
+                            );
+                            self.outbox.send(
+                                channel,
+                                &Method::ChannelOpenOk(ChannelOpenOk {
+                                    channel_id: Bytes::new(),
+                                }),
+                            );
+                            self.channels.insert(channel, ch);
+                            None
+                        }
+                        _ => Some(End::Error(ConnError {
+                            class_id,
+                            method_id,
+                            ..ConnError::new(constants::CHANNEL_ERROR, "expected 'channel.open'")
+                        })),
+                    };
+                };
+                if ch.closing {
+                    match method {
+                        Method::ChannelCloseOk(_) => {
+                            self.channels.remove(&channel);
+                        }
+                        Method::ChannelClose(_) => {
+                            self.outbox
+                                .send(channel, &Method::ChannelCloseOk(ChannelCloseOk {}));
+                            self.channels.remove(&channel);
+                        }
+                        _ => {}
+                    }
+                    return None;
+                }
+                match ch.handle_method(&ctx, method) {
+                    Ok(Outcome::Done) => None,
+                    Ok(Outcome::Closed) => {
+                        self.channels.remove(&channel);
+                        None
+                    }
+                    Err(e) => self.channel_error(channel, e, class_id, method_id),
+                }
+            }
+            Frame::Header {
+                channel,
+                class_id,
+                body_size,
+                properties,
+            } => {
+                let ch = match content_channel(&mut self.channels, channel) {
+                    Ok(Some(ch)) => ch,
+                    Ok(None) => return None,
+                    Err(e) => return Some(End::Error(e)),
+                };
+                match ch.handle_header(&ctx, class_id, body_size, properties) {
+                    Ok(()) => None,
+                    Err(e) => self.channel_error(channel, e, BASIC_CLASS, 40),
+                }
+            }
+            Frame::Body { channel, payload } => {
+                let ch = match content_channel(&mut self.channels, channel) {
+                    Ok(Some(ch)) => ch,
+                    Ok(None) => return None,
+                    Err(e) => return Some(End::Error(e)),
+                };
+                match ch.handle_body(&ctx, payload) {
+                    Ok(()) => None,
+                    Err(e) => self.channel_error(channel, e, BASIC_CLASS, 40),
+                }
+            }
+        }
+    }
+
+    /// Soft errors close the channel; hard ones the connection.
+    fn channel_error(
+        &mut self,
+        channel: u16,
+        e: BrokerError,
+        class_id: u16,
+        method_id: u16,
+    ) -> Option<End> {
+        if e.is_hard() {
+            return Some(End::Error(ConnError::from_broker(e, class_id, method_id)));
+        }
+        debug!(channel, code = e.code, text = %e.text, "closing channel");
+        let ctx = Context {
+            connection_id: self.id,
+            vhost: &self.vhost,
+            max_message_size: self.max_message_size,
+        };
+        if let Some(ch) = self.channels.get_mut(&channel) {
+            ch.close_with_error(&ctx, &e, class_id, method_id);
+        }
+        None
+    }
+
+    fn connection_method(&mut self, method: Method) -> Option<End> {
+        match method {
+            Method::ConnectionClose(_) => {
+                self.cleanup();
+                self.outbox
+                    .send(0, &Method::ConnectionCloseOk(ConnectionCloseOk {}));
+                Some(End::ClientClosed)
+            }
+            Method::ConnectionCloseOk(_) => Some(End::Eof),
+            Method::ConnectionUpdateSecret(_) => {
+                self.outbox.send(
+                    0,
+                    &Method::ConnectionUpdateSecretOk(ConnectionUpdateSecretOk {}),
+                );
+                None
+            }
+            other => Some(End::Error(ConnError {
+                class_id: other.class_id(),
+                method_id: other.method_id(),
+                ..ConnError::new(
+                    constants::COMMAND_INVALID,
+                    format!("unexpected method {} on channel 0", other.name()),
+                )
+            })),
+        }
+    }
+
+    fn flush_confirms(&mut self) {
+        for ch in self.channels.values_mut() {
+            ch.flush_confirms();
+        }
+    }
+
+    /// Releases every channel's consumers and unacked messages, and this connection's
+    /// exclusive queues. Idempotent.
+    fn cleanup(&mut self) {
+        let ctx = Context {
+            connection_id: self.id,
+            vhost: &self.vhost,
+            max_message_size: self.max_message_size,
+        };
+        for (_, mut ch) in self.channels.drain() {
+            ch.cleanup(&ctx);
+        }
+        self.vhost.remove_exclusive_queues(self.id);
+    }
+}
+
+/// The open channel a content frame belongs to; `Ok(None)` when the channel is closing
+/// (the frame is discarded).
+fn content_channel(
+    channels: &mut HashMap<u16, Channel>,
+    channel: u16,
+) -> Result<Option<&mut Channel>, ConnError> {
+    if channel == 0 {
+        return Err(ConnError::new(
+            constants::COMMAND_INVALID,
+            "content frame on channel 0",
+        ));
+    }
+    match channels.get_mut(&channel) {
+        None => Err(ConnError::new(
+            constants::CHANNEL_ERROR,
+            "expected 'channel.open'",
+        )),
+        Some(ch) if ch.closing => Ok(None),
+        Some(ch) => Ok(Some(ch)),
+    }
+}

@@ -1,0 +1,16 @@
+//! Warren's server: AMQP 0-9-1 over TCP on tokio, configuration, and the embeddable
+//! [`Broker`].
+//!
+//! Layout: [`server`] accepts connections and owns the shared state; [`connection`] runs one
+//! client connection (handshake, frame loop, heartbeats, close); [`channel`] implements the
+//! channel-level methods on top of the `warren-broker` model; [`outbox`] batches outgoing
+//! frames into few socket writes; [`config`] loads settings.
+
+pub mod channel;
+pub mod config;
+pub mod connection;
+pub mod outbox;
+pub mod server;
+
+pub use config::Config;
+pub use server::{Broker, BrokerBuilder, RunningBroker, ServerState};

@@ -1,0 +1,98 @@
+//! The outgoing side of a connection: one buffer that every producer of frames (the connection's
+//! own task, and queues delivering from other connections' tasks) encodes into, and one writer
+//! task that drains it to the socket.
+//!
+//! Encoding straight into a shared buffer batches writes for free: whatever accumulated while
+//! the previous `write_all` ran goes out in the next single syscall. The writer also sends
+//! heartbeats when the connection has been quiet for half the negotiated interval.
+
+use bytes::BytesMut;
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::sync::Notify;
+use warren_amqp::frame::{encode_heartbeat, encode_method_frame};
+use warren_amqp::Method;
+
+/// A connection's pending output.
+#[derive(Debug, Default)]
+pub struct Outbox {
+    buf: Mutex<BytesMut>,
+    notify: Notify,
+    closing: AtomicBool,
+}
+
+impl Outbox {
+    /// An empty outbox.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Runs `f` on the pending-output buffer and wakes the writer.
+    pub fn with<R>(&self, f: impl FnOnce(&mut BytesMut) -> R) -> R {
+        let r = f(&mut self.buf.lock());
+        self.notify.notify_one();
+        r
+    }
+
+    /// Queues one method frame.
+    pub fn send(&self, channel: u16, method: &Method) {
+        self.with(|buf| encode_method_frame(channel, method, buf));
+    }
+
+    /// Asks the writer to flush what is queued, then shut the socket down.
+    pub fn close_after_flush(&self) {
+        self.closing.store(true, Ordering::Release);
+        self.notify.notify_one();
+    }
+
+    /// True once [`Outbox::close_after_flush`] was called.
+    pub fn is_closing(&self) -> bool {
+        self.closing.load(Ordering::Acquire)
+    }
+
+    /// Bytes waiting to be written.
+    pub fn pending(&self) -> usize {
+        self.buf.lock().len()
+    }
+
+    /// Drains the outbox into `sink` until closed or the socket fails. `heartbeat` is the
+    /// negotiated interval (`None` when disabled); a heartbeat frame is sent whenever nothing
+    /// else was written for half of it.
+    pub async fn run_writer<W: AsyncWrite + Unpin>(
+        &self,
+        mut sink: W,
+        heartbeat: Option<Duration>,
+    ) -> std::io::Result<()> {
+        let tick = heartbeat.map(|h| (h / 2).max(Duration::from_millis(500)));
+        let mut wrote_since_tick = false;
+        loop {
+            let timed_out = match tick {
+                Some(t) => tokio::time::timeout(t, self.notify.notified())
+                    .await
+                    .is_err(),
+                None => {
+                    self.notify.notified().await;
+                    false
+                }
+            };
+            if timed_out {
+                if !wrote_since_tick {
+                    self.with(encode_heartbeat);
+                }
+                wrote_since_tick = false;
+            }
+            let data = self.buf.lock().split();
+            if !data.is_empty() {
+                sink.write_all(&data).await?;
+                wrote_since_tick = true;
+            }
+            if self.is_closing() && self.buf.lock().is_empty() {
+                sink.flush().await?;
+                let _ = sink.shutdown().await;
+                return Ok(());
+            }
+        }
+    }
+}

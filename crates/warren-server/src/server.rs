@@ -1,0 +1,190 @@
+//! The embeddable broker: start it on an address inside any Rust program, get the bound address
+//! back, and shut it down gracefully.
+//!
+//! ```no_run
+//! # async fn demo() -> std::io::Result<()> {
+//! let broker = warren_server::Broker::builder().bind("127.0.0.1:0").start().await?;
+//! println!("AMQP on {}", broker.amqp_addr());
+//! broker.shutdown().await;
+//! # Ok(()) }
+//! ```
+
+use crate::config::Config;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tracing::{info, warn};
+use warren_broker::{User, Users};
+
+/// State shared by every connection of a running broker.
+pub struct ServerState {
+    /// The broker model: vhosts, queues, users.
+    pub broker: warren_broker::Broker,
+    /// Configuration in force.
+    pub config: Config,
+    next_connection: AtomicU64,
+    connections: AtomicUsize,
+}
+
+impl ServerState {
+    /// A fresh state for `config`: users from the config, or guest/guest (loopback only).
+    pub fn new(config: Config) -> Self {
+        let users = if config.users.is_empty() {
+            Users::with_default_guest()
+        } else {
+            let mut u = Users::new();
+            for c in &config.users {
+                u.add(User {
+                    name: c.name.clone(),
+                    password: c.password.clone(),
+                    tags: c.tags.clone(),
+                    loopback_only: c.loopback_only,
+                });
+            }
+            u
+        };
+        ServerState {
+            broker: warren_broker::Broker::new(users),
+            config,
+            next_connection: AtomicU64::new(1),
+            connections: AtomicUsize::new(0),
+        }
+    }
+
+    /// A new process-unique connection id.
+    pub fn next_connection_id(&self) -> u64 {
+        self.next_connection.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Connections currently open.
+    pub fn connection_count(&self) -> usize {
+        self.connections.load(Ordering::Relaxed)
+    }
+}
+
+/// Entry point of the embedding API.
+pub struct Broker;
+
+impl Broker {
+    /// A builder with the default configuration ([`Config::default`]).
+    pub fn builder() -> BrokerBuilder {
+        BrokerBuilder {
+            config: Config::default(),
+        }
+    }
+}
+
+/// Configures and starts a broker.
+pub struct BrokerBuilder {
+    config: Config,
+}
+
+impl BrokerBuilder {
+    /// Replaces the whole configuration.
+    pub fn config(mut self, config: Config) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Sets the AMQP listen address (`"127.0.0.1:0"` picks a free port).
+    ///
+    /// # Panics
+    /// When `addr` is not a socket address literal.
+    pub fn bind(mut self, addr: &str) -> Self {
+        self.config.amqp.listen = addr.parse().expect("bind() takes an IP:port literal");
+        self
+    }
+
+    /// Binds the listener and starts accepting connections on the current tokio runtime.
+    ///
+    /// Errors: the listener could not be bound.
+    pub async fn start(self) -> std::io::Result<RunningBroker> {
+        let listener = TcpListener::bind(self.config.amqp.listen).await?;
+        let addr = listener.local_addr()?;
+        let state = Arc::new(ServerState::new(self.config));
+        let (tx, rx) = watch::channel(false);
+        let task = tokio::spawn(accept_loop(listener, state.clone(), rx));
+        info!(%addr, "AMQP listener started");
+        Ok(RunningBroker {
+            amqp_addr: addr,
+            state,
+            shutdown: tx,
+            task,
+        })
+    }
+}
+
+/// A running broker.
+pub struct RunningBroker {
+    amqp_addr: SocketAddr,
+    state: Arc<ServerState>,
+    shutdown: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RunningBroker {
+    /// The address the AMQP listener is bound to.
+    pub fn amqp_addr(&self) -> SocketAddr {
+        self.amqp_addr
+    }
+
+    /// The shared state (broker model and configuration).
+    pub fn state(&self) -> &Arc<ServerState> {
+        &self.state
+    }
+
+    /// Stops accepting, closes every connection with 320 CONNECTION_FORCED and waits (up to a
+    /// few seconds) for them to finish.
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(true);
+        let _ = tokio::time::timeout(Duration::from_secs(15), self.task).await;
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    state: Arc<ServerState>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut tasks = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (stream, peer) = match accepted {
+                    Ok(x) => x,
+                    Err(e) => {
+                        warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                if state.connection_count() >= state.config.amqp.max_connections {
+                    warn!(%peer, "connection refused: max_connections reached");
+                    drop(stream);
+                    continue;
+                }
+                let _ = stream.set_nodelay(true);
+                let st = state.clone();
+                let rx = shutdown.clone();
+                st.connections.fetch_add(1, Ordering::Relaxed);
+                tasks.spawn(async move {
+                    crate::connection::serve(st.clone(), stream, peer, rx).await;
+                    st.connections.fetch_sub(1, Ordering::Relaxed);
+                });
+            }
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            _ = shutdown.changed() => break,
+        }
+    }
+    drop(listener);
+    let _ = tokio::time::timeout(Duration::from_secs(12), async {
+        while tasks.join_next().await.is_some() {}
+    })
+    .await;
+    tasks.abort_all();
+    info!("broker stopped");
+}
