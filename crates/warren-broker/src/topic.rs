@@ -2,7 +2,8 @@
 //!
 //! Binding keys are dot-separated words where `*` matches exactly one word and `#` matches zero
 //! or more words (AMQP 0-9-1 section 3.1.3.3, RabbitMQ's tutorial 5). Empty words are words too:
-//! `a..b` has three words, the middle one empty, and `*` matches it.
+//! `a..b` has three words, the middle one empty, and `*` matches it. The empty key, though, has
+//! no words (RabbitMQ's `split_topic_key`): `*` does not match it, `#` does.
 //!
 //! Matching walks the trie once per routing key; the cost depends on the key's length and the
 //! number of `#` branches, not on the number of bindings.
@@ -52,7 +53,7 @@ impl<V: Clone + Eq + Hash> TopicTrie<V> {
     /// Adds `value` under binding key `pattern`. Adding the same pair twice stores it once.
     pub fn insert(&mut self, pattern: &str, value: V) {
         let mut node = &mut self.root;
-        for word in pattern.split('.') {
+        for word in split_words(pattern) {
             node = match word {
                 "*" => node.star.get_or_insert_with(Default::default),
                 "#" => node.hash.get_or_insert_with(Default::default),
@@ -67,16 +68,22 @@ impl<V: Clone + Eq + Hash> TopicTrie<V> {
     /// Removes `value` from binding key `pattern`; returns whether it was there. Empty branches
     /// are pruned.
     pub fn remove(&mut self, pattern: &str, value: &V) -> bool {
-        let words: Vec<&str> = pattern.split('.').collect();
+        let words: Vec<&str> = split_words(pattern).collect();
         remove_rec(&mut self.root, &words, value)
     }
 
     /// Calls `out` for every value whose binding key matches `routing_key`. A value bound under
     /// several matching patterns is reported once per pattern; callers deduplicate.
     pub fn matches(&self, routing_key: &str, out: &mut impl FnMut(&V)) {
-        let words: Vec<&str> = routing_key.split('.').collect();
+        let words: Vec<&str> = split_words(routing_key).collect();
         match_rec(&self.root, &words, out);
     }
+}
+
+/// The words of a key. As in RabbitMQ, the empty key has no words at all (so `*` does not match
+/// it, `#` does), while `a.` or `.` have empty words.
+fn split_words(key: &str) -> impl Iterator<Item = &str> {
+    key.split('.').filter(move |_| !key.is_empty())
 }
 
 fn remove_rec<V: Eq>(node: &mut Node<V>, words: &[&str], value: &V) -> bool {
@@ -190,7 +197,9 @@ mod tests {
         assert!(routed(&["a.*.c"], "a.c").is_empty());
         assert!(routed(&["a.*.c"], "a.b.b.c").is_empty());
         assert_eq!(routed(&["a.*.c"], "a..c"), vec!["a.*.c"]);
-        assert_eq!(routed(&["*"], ""), vec!["*"]);
+        assert!(routed(&["*"], "").is_empty());
+        assert_eq!(routed(&["*"], "."), Vec::<String>::new());
+        assert_eq!(routed(&["*.*"], "."), vec!["*.*"]);
         assert!(routed(&["*"], "a.b").is_empty());
     }
 
