@@ -1,0 +1,592 @@
+//! Warren's durable message store.
+//!
+//! One append-only log for all queues, cut into numbered segment files
+//! (`<data>/messages/00000001.seg`, …). Callers append records under a short mutex, which
+//! assigns each record its final [`Location`] at once; a dedicated writer thread takes
+//! everything appended since its last round, writes it with one `write` per segment, covers it
+//! with one `fdatasync` and only then runs the completions (publisher confirms, tx.commit-ok).
+//! Whatever arrives while an fsync runs is covered by the next one: the batch grows with load
+//! (group commit).
+//!
+//! A message routed to several durable queues is written once, with the list of queues. Each
+//! queue's settlement of it (ack, reject, purge, delete) is an `ACK` record. Per segment the
+//! store counts (message, queue) pairs still live; segments are deleted oldest first once their
+//! count is zero, so an `ACK` record is never deleted while the message it settles survives in
+//! an older segment.
+//!
+//! Recovery ([`Store::open`]) scans every segment in order, checks each record's CRC, truncates
+//! a torn tail, skips corrupt records and reports what it dropped.
+//!
+//! I/O errors (e.g. ENOSPC) put the store into a failed state: appends are refused with
+//! [`StoreError::Unavailable`] so publishers can be told, the unwritten batch is kept and
+//! retried every second, and once a retry succeeds the store serves again. Nothing already
+//! confirmed is touched by a failed write: the file is cut back to its last good length first.
+
+pub mod record;
+mod recovery;
+pub mod spill;
+
+use bytes::{Bytes, BytesMut};
+use parking_lot::{Condvar, Mutex};
+use std::collections::VecDeque;
+use std::collections::{BTreeMap, HashMap};
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tracing::{error, info, warn};
+use warren_amqp::properties::BasicProperties;
+
+pub use record::StoredMessage;
+pub use recovery::{RecoveredEntry, RecoveryReport};
+
+/// Where a record lives: segment number, byte offset of its header, and total length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Location {
+    /// Segment file number.
+    pub segment: u32,
+    /// Offset of the record's header in the segment, bytes.
+    pub offset: u64,
+    /// Length of the whole record including its 8-byte header, bytes.
+    pub len: u32,
+}
+
+/// Store settings.
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    /// Directory for segment files (created if missing).
+    pub dir: PathBuf,
+    /// A segment is closed and a new one started once it reaches this size, bytes.
+    pub segment_size: u64,
+    /// Largest batch, bytes, written under one fsync; appenders wait when this much is pending.
+    pub max_batch_bytes: usize,
+    /// How long the writer waits for more appends before writing a batch that is still small
+    /// (0 = write as soon as anything is pending; the batch still grows during each fsync).
+    pub fsync_delay: Duration,
+}
+
+impl StoreConfig {
+    /// Defaults for `dir`: 64 MiB segments, 16 MiB batches, no delay.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        StoreConfig {
+            dir: dir.into(),
+            segment_size: 64 * 1024 * 1024,
+            max_batch_bytes: 16 * 1024 * 1024,
+            fsync_delay: Duration::ZERO,
+        }
+    }
+}
+
+/// Store errors.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// An I/O error.
+    #[error("message store I/O error: {0}")]
+    Io(#[from] std::io::Error),
+    /// A write failed and the store is refusing appends until a retry succeeds.
+    #[error("message store unavailable: {0}")]
+    Unavailable(String),
+    /// A record read back does not decode.
+    #[error("message store record at segment {segment} offset {offset} is unreadable: {reason}")]
+    Corrupt {
+        /// Segment number.
+        segment: u32,
+        /// Offset.
+        offset: u64,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Receives completions from the writer thread: `tokens` were covered by an fsync (`ok`), or
+/// could not be written (`!ok`). Called on the writer thread, once per sink per batch.
+pub trait Completion: Send + Sync {
+    /// Tokens are the values given to [`Store::append_publish`] / [`Store::sync`], in append
+    /// order.
+    fn complete(&self, tokens: &[u64], ok: bool);
+}
+
+type Waiter = (Arc<dyn Completion>, u64);
+
+struct State {
+    segment: u32,
+    position: u64,
+    /// Appended, not yet taken by the writer: (segment, start offset, bytes).
+    pending: Vec<(u32, u64, BytesMut)>,
+    pending_bytes: usize,
+    /// Taken by the writer and not yet known to be written.
+    writing: Vec<(u32, u64, Bytes)>,
+    waiters: Vec<Waiter>,
+    /// Live (message, queue) pairs per segment.
+    live: BTreeMap<u32, i64>,
+    failed: Option<String>,
+    shutdown: bool,
+}
+
+struct Inner {
+    cfg: StoreConfig,
+    state: Mutex<State>,
+    wake_writer: Condvar,
+    wake_appenders: Condvar,
+    readers: Mutex<HashMap<u32, Arc<File>>>,
+    next_id: AtomicU64,
+    failed: AtomicBool,
+}
+
+/// The message store. Cheap to clone; the writer thread stops when [`Store::close`] is called
+/// or every clone is dropped.
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<Inner>,
+    writer: Arc<Mutex<Option<std::thread::JoinHandle<()>>>>,
+}
+
+/// What recovery found: each durable queue's messages in publish order.
+pub struct Recovered {
+    /// Queue name → its live messages, ordered by id.
+    pub queues: HashMap<String, Vec<RecoveredEntry>>,
+    /// What was scanned, dropped and how long it took.
+    pub report: RecoveryReport,
+}
+
+fn segment_path(dir: &Path, n: u32) -> PathBuf {
+    dir.join(format!("{n:08}.seg"))
+}
+
+impl Store {
+    /// Opens (creating if needed) the store in `cfg.dir`, recovers its contents and starts the
+    /// writer thread. New records go to a fresh segment after the last existing one.
+    pub fn open(cfg: StoreConfig) -> Result<(Store, Recovered), StoreError> {
+        std::fs::create_dir_all(&cfg.dir)?;
+        let rec = recovery::recover(&cfg.dir)?;
+        let segment = rec.last_segment + 1;
+        let inner = Arc::new(Inner {
+            state: Mutex::new(State {
+                segment,
+                position: 0,
+                pending: Vec::new(),
+                pending_bytes: 0,
+                writing: Vec::new(),
+                waiters: Vec::new(),
+                live: rec.live,
+                failed: None,
+                shutdown: false,
+            }),
+            cfg,
+            wake_writer: Condvar::new(),
+            wake_appenders: Condvar::new(),
+            readers: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(rec.next_id),
+            failed: AtomicBool::new(false),
+        });
+        let w = inner.clone();
+        let handle = std::thread::Builder::new()
+            .name("warren-store-writer".into())
+            .spawn(move || writer_loop(w))?;
+        let store = Store {
+            inner,
+            writer: Arc::new(Mutex::new(Some(handle))),
+        };
+        // Segments that recovery found fully settled can go now.
+        store.inner.delete_dead_segments();
+        Ok((
+            store,
+            Recovered {
+                queues: rec.queues,
+                report: rec.report,
+            },
+        ))
+    }
+
+    /// A fresh message id (increasing; ids order messages within every queue).
+    pub fn next_id(&self) -> u64 {
+        self.inner.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// True while writes are failing and appends are refused.
+    pub fn is_failed(&self) -> bool {
+        self.inner.failed.load(Ordering::Relaxed)
+    }
+
+    fn append(
+        &self,
+        pairs: i64,
+        waiter: Option<Waiter>,
+        encode: impl FnOnce(&mut BytesMut),
+    ) -> Result<Location, StoreError> {
+        let inner = &self.inner;
+        let mut st = inner.state.lock();
+        while st.pending_bytes >= inner.cfg.max_batch_bytes && st.failed.is_none() && !st.shutdown {
+            inner.wake_appenders.wait(&mut st);
+        }
+        if let Some(reason) = &st.failed {
+            return Err(StoreError::Unavailable(reason.clone()));
+        }
+        if st.position >= inner.cfg.segment_size {
+            st.segment += 1;
+            st.position = 0;
+        }
+        let segment = st.segment;
+        if st.pending.last().map(|(s, _, _)| *s) != Some(segment) {
+            let start = st.position;
+            st.pending
+                .push((segment, start, BytesMut::with_capacity(64 * 1024)));
+        }
+        let buf = &mut st.pending.last_mut().expect("pushed above").2;
+        let before = buf.len();
+        encode(buf);
+        let len = buf.len() - before;
+        let loc = Location {
+            segment,
+            offset: st.position,
+            len: len as u32,
+        };
+        st.position += len as u64;
+        st.pending_bytes += len;
+        if pairs != 0 {
+            *st.live.entry(segment).or_insert(0) += pairs;
+        }
+        if let Some(w) = waiter {
+            st.waiters.push(w);
+        }
+        drop(st);
+        inner.wake_writer.notify_one();
+        Ok(loc)
+    }
+
+    /// Appends a persistent message routed to the durable `queues`. `waiter` is completed after
+    /// the fsync that covers the record. Errors: [`StoreError::Unavailable`] while writes fail.
+    pub fn append_publish(
+        &self,
+        id: u64,
+        exchange: &str,
+        routing_key: &str,
+        properties: &BasicProperties,
+        body: &[u8],
+        queues: &[&str],
+        waiter: Option<(Arc<dyn Completion>, u64)>,
+    ) -> Result<Location, StoreError> {
+        self.append(queues.len() as i64, waiter, |buf| {
+            record::encode_publish(
+                buf,
+                id,
+                exchange,
+                routing_key,
+                properties,
+                body,
+                queues,
+                false,
+            )
+        })
+    }
+
+    /// Pages a transient message out to disk; it is never recovered. Release it with
+    /// [`Store::release`] when it leaves its queue.
+    pub fn append_transient(
+        &self,
+        id: u64,
+        exchange: &str,
+        routing_key: &str,
+        properties: &BasicProperties,
+        body: &[u8],
+    ) -> Result<Location, StoreError> {
+        self.append(1, None, |buf| {
+            record::encode_publish(buf, id, exchange, routing_key, properties, body, &[], true)
+        })
+    }
+
+    /// Records that message `id` (stored at `loc`) left durable queue `queue`.
+    pub fn ack(&self, queue: &str, id: u64, loc: Location) {
+        let r = self.append(0, None, |buf| {
+            record::encode_queue_event(buf, record::kind::ACK, id, queue)
+        });
+        if r.is_err() {
+            // The ack record is lost; the message may come back after a crash (at-least-once),
+            // but its space is released now.
+        }
+        self.release(loc);
+    }
+
+    /// Records that message `id` was delivered from `queue` (recovered as redelivered).
+    pub fn delivered(&self, queue: &str, id: u64) {
+        let _ = self.append(0, None, |buf| {
+            record::encode_queue_event(buf, record::kind::DELIVERED, id, queue)
+        });
+    }
+
+    /// Releases one (message, queue) pair stored at `loc` without writing a record (transient
+    /// pages, or pairs whose `ACK` was already written).
+    pub fn release(&self, loc: Location) {
+        let mut st = self.inner.state.lock();
+        if let Some(n) = st.live.get_mut(&loc.segment) {
+            *n -= 1;
+        }
+    }
+
+    /// Completes `waiter` after everything appended so far is fsynced (a barrier, for
+    /// tx.commit).
+    pub fn sync(&self, waiter: (Arc<dyn Completion>, u64)) {
+        let mut st = self.inner.state.lock();
+        st.waiters.push(waiter);
+        drop(st);
+        self.inner.wake_writer.notify_one();
+    }
+
+    /// Reads back the message stored at `loc`.
+    pub fn read(&self, loc: Location) -> Result<StoredMessage, StoreError> {
+        // Not yet written to the file?
+        {
+            let st = self.inner.state.lock();
+            let hit = st
+                .pending
+                .iter()
+                .map(|(seg, start, b)| (*seg, *start, &b[..]))
+                .chain(
+                    st.writing
+                        .iter()
+                        .map(|(seg, start, b)| (*seg, *start, &b[..])),
+                )
+                .find(|(seg, start, b)| {
+                    *seg == loc.segment
+                        && loc.offset >= *start
+                        && loc.offset + u64::from(loc.len) <= start + b.len() as u64
+                });
+            if let Some((_, start, b)) = hit {
+                let off = (loc.offset - start) as usize;
+                return decode_at(&b[off..off + loc.len as usize], loc);
+            }
+        }
+        let file = self.inner.reader(loc.segment)?;
+        let mut raw = vec![0u8; loc.len as usize];
+        file.read_exact_at(&mut raw, loc.offset)?;
+        decode_at(&raw, loc)
+    }
+
+    /// Stops the writer after it has written and synced everything pending.
+    pub fn close(&self) {
+        self.inner.state.lock().shutdown = true;
+        self.inner.wake_writer.notify_all();
+        if let Some(h) = self.writer.lock().take() {
+            let _ = h.join();
+        }
+    }
+
+    /// Number of segment files currently holding live data or pending deletion.
+    pub fn segment_count(&self) -> usize {
+        std::fs::read_dir(&self.inner.cfg.dir)
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .filter(|e| e.path().extension().is_some_and(|x| x == "seg"))
+                    .count()
+            })
+            .unwrap_or(0)
+    }
+}
+
+fn decode_at(raw: &[u8], loc: Location) -> Result<StoredMessage, StoreError> {
+    let corrupt = |reason: String| StoreError::Corrupt {
+        segment: loc.segment,
+        offset: loc.offset,
+        reason,
+    };
+    if raw.len() < record::HEADER_LEN {
+        return Err(corrupt("short record".into()));
+    }
+    let crc = u32::from_be_bytes([raw[4], raw[5], raw[6], raw[7]]);
+    match record::decode(&raw[record::HEADER_LEN..], crc) {
+        Ok(record::Record::Publish { message, .. }) => Ok(message),
+        Ok(other) => Err(corrupt(format!("not a message record: {other:?}"))),
+        Err(e) => Err(corrupt(e.to_string())),
+    }
+}
+
+impl Inner {
+    fn reader(&self, segment: u32) -> Result<Arc<File>, StoreError> {
+        let mut r = self.readers.lock();
+        if let Some(f) = r.get(&segment) {
+            return Ok(f.clone());
+        }
+        let f = Arc::new(File::open(segment_path(&self.cfg.dir, segment))?);
+        r.insert(segment, f.clone());
+        Ok(f)
+    }
+
+    /// Deletes settled segments, oldest first, stopping at the first one still live (or the
+    /// one being written).
+    fn delete_dead_segments(&self) {
+        let mut doomed = Vec::new();
+        {
+            let mut st = self.state.lock();
+            let current = st.segment;
+            let unwritten: Vec<u32> = st
+                .pending
+                .iter()
+                .map(|(s, _, _)| *s)
+                .chain(st.writing.iter().map(|(s, _, _)| *s))
+                .collect();
+            while let Some((&seg, &n)) = st.live.iter().next() {
+                if n > 0 || seg >= current || unwritten.contains(&seg) {
+                    break;
+                }
+                st.live.remove(&seg);
+                doomed.push(seg);
+            }
+        }
+        for seg in doomed {
+            self.readers.lock().remove(&seg);
+            match std::fs::remove_file(segment_path(&self.cfg.dir, seg)) {
+                Ok(()) => tracing::debug!(segment = seg, "deleted settled segment"),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => warn!(segment = seg, error = %e, "cannot delete segment"),
+            }
+        }
+    }
+}
+
+struct OpenSegment {
+    number: u32,
+    file: File,
+    /// Length known to be written and synced.
+    synced_len: u64,
+    /// Chunks written after `synced_len` and not yet synced.
+    unsynced: Vec<(u32, u64, Bytes)>,
+}
+
+fn writer_loop(inner: Arc<Inner>) {
+    let mut open: Option<OpenSegment> = None;
+    let mut retry: Option<(VecDeque<(u32, u64, Bytes)>, Vec<Waiter>)> = None;
+    loop {
+        let (mut batch, waiters, shutdown) = match retry.take() {
+            Some((b, w)) => {
+                std::thread::sleep(Duration::from_secs(1));
+                (b, w, inner.state.lock().shutdown)
+            }
+            None => {
+                let mut st = inner.state.lock();
+                while st.pending.is_empty() && st.waiters.is_empty() && !st.shutdown {
+                    inner.wake_writer.wait(&mut st);
+                }
+                if !inner.cfg.fsync_delay.is_zero()
+                    && st.pending_bytes < inner.cfg.max_batch_bytes / 2
+                    && !st.shutdown
+                {
+                    let deadline = Instant::now() + inner.cfg.fsync_delay;
+                    let _ = inner.wake_writer.wait_until(&mut st, deadline);
+                }
+                let batch: VecDeque<(u32, u64, Bytes)> = std::mem::take(&mut st.pending)
+                    .into_iter()
+                    .map(|(seg, start, b)| (seg, start, b.freeze()))
+                    .collect();
+                st.writing = batch.iter().cloned().collect();
+                st.pending_bytes = 0;
+                let waiters = std::mem::take(&mut st.waiters);
+                let shutdown = st.shutdown;
+                drop(st);
+                inner.wake_appenders.notify_all();
+                (batch, waiters, shutdown)
+            }
+        };
+        if batch.is_empty() && waiters.is_empty() && shutdown {
+            return;
+        }
+        match write_batch(&inner.cfg.dir, &mut open, &mut batch) {
+            Ok(()) => {
+                let mut st = inner.state.lock();
+                st.writing.clear();
+                if inner.failed.swap(false, Ordering::Relaxed) {
+                    info!("message store writes succeed again");
+                    st.failed = None;
+                }
+                drop(st);
+                complete(&waiters, true);
+                inner.delete_dead_segments();
+            }
+            Err(e) => {
+                if !inner.failed.swap(true, Ordering::Relaxed) {
+                    error!(error = %e, "message store write failed; refusing publishes until it succeeds");
+                }
+                inner.state.lock().failed = Some(e.to_string());
+                inner.wake_appenders.notify_all();
+                if shutdown {
+                    complete(&waiters, false);
+                    return;
+                }
+                retry = Some((batch, waiters));
+            }
+        }
+    }
+}
+
+/// Writes `batch` and syncs it. On error, whatever was written but not synced is cut from the
+/// file and put back at the front of `batch`, so a retry writes each record exactly once.
+fn write_batch(
+    dir: &Path,
+    open: &mut Option<OpenSegment>,
+    batch: &mut VecDeque<(u32, u64, Bytes)>,
+) -> std::io::Result<()> {
+    let result = (|| {
+        while let Some((seg, _, _)) = batch.front() {
+            let seg = *seg;
+            if open.as_ref().map(|o| o.number) != Some(seg) {
+                if let Some(prev) = open.as_mut() {
+                    prev.file.sync_data()?;
+                    prev.synced_len += prev.unsynced.iter().map(|c| c.2.len() as u64).sum::<u64>();
+                    prev.unsynced.clear();
+                }
+                let file = OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(segment_path(dir, seg))?;
+                let synced_len = file.metadata()?.len();
+                if let Ok(d) = File::open(dir) {
+                    let _ = d.sync_all();
+                }
+                *open = Some(OpenSegment {
+                    number: seg,
+                    file,
+                    synced_len,
+                    unsynced: Vec::new(),
+                });
+            }
+            let o = open.as_mut().expect("opened above");
+            let chunk = batch.pop_front().expect("front checked");
+            let r = o.file.write_all(&chunk.2);
+            o.unsynced.push(chunk);
+            r?;
+        }
+        if let Some(o) = open.as_mut() {
+            o.file.sync_data()?;
+            o.synced_len += o.unsynced.iter().map(|c| c.2.len() as u64).sum::<u64>();
+            o.unsynced.clear();
+        }
+        Ok(())
+    })();
+    if result.is_err() {
+        if let Some(o) = open.as_mut() {
+            let _ = o.file.set_len(o.synced_len);
+            for chunk in o.unsynced.drain(..).rev() {
+                batch.push_front(chunk);
+            }
+        }
+    }
+    result
+}
+
+fn complete(waiters: &[Waiter], ok: bool) {
+    let mut i = 0;
+    let mut tokens = Vec::new();
+    while i < waiters.len() {
+        let sink = &waiters[i].0;
+        tokens.clear();
+        let mut j = i;
+        while j < waiters.len() && Arc::ptr_eq(&waiters[j].0, sink) {
+            tokens.push(waiters[j].1);
+            j += 1;
+        }
+        sink.complete(&tokens, ok);
+        i = j;
+    }
+}

@@ -1,0 +1,233 @@
+//! Store behaviour across reopenings: recovery order, acks, redelivered flags, group-commit
+//! completions, segment reclaim and damaged files.
+
+use parking_lot::Mutex;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use warren_amqp::properties::BasicProperties;
+use warren_store::{Completion, Location, Store, StoreConfig};
+
+struct Done(Mutex<Vec<(u64, bool)>>);
+impl Completion for Done {
+    fn complete(&self, tokens: &[u64], ok: bool) {
+        self.0.lock().extend(tokens.iter().map(|t| (*t, ok)));
+    }
+}
+
+fn tempdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("warren-store-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn cfg(dir: &Path) -> StoreConfig {
+    StoreConfig {
+        segment_size: 4096,
+        ..StoreConfig::new(dir)
+    }
+}
+
+fn persistent() -> BasicProperties {
+    BasicProperties {
+        delivery_mode: Some(2),
+        ..Default::default()
+    }
+}
+
+fn publish(store: &Store, body: &str, queues: &[&str]) -> (u64, Location) {
+    let id = store.next_id();
+    let loc = store
+        .append_publish(id, "", "k", &persistent(), body.as_bytes(), queues, None)
+        .unwrap();
+    (id, loc)
+}
+
+fn ids(rec: &warren_store::Recovered, q: &str) -> Vec<u64> {
+    rec.queues
+        .get(q)
+        .map(|v| v.iter().map(|e| e.id).collect())
+        .unwrap_or_default()
+}
+
+#[test]
+fn recovers_unacked_messages_in_order_per_queue() {
+    let dir = tempdir("order");
+    let (store, rec) = Store::open(cfg(&dir)).unwrap();
+    assert!(rec.queues.is_empty());
+    let mut sent = Vec::new();
+    for i in 0..100 {
+        sent.push(publish(&store, &format!("m{i}"), &["a", "b"]));
+    }
+    // a acks the even ones, b acks the first half.
+    for (i, (id, loc)) in sent.iter().enumerate() {
+        if i % 2 == 0 {
+            store.ack("a", *id, *loc);
+        }
+        if i < 50 {
+            store.ack("b", *id, *loc);
+        }
+    }
+    store.delivered("a", sent[1].0);
+    store.close();
+
+    let (store, rec) = Store::open(cfg(&dir)).unwrap();
+    let want_a: Vec<u64> = sent.iter().skip(1).step_by(2).map(|s| s.0).collect();
+    let want_b: Vec<u64> = sent.iter().skip(50).map(|s| s.0).collect();
+    assert_eq!(ids(&rec, "a"), want_a);
+    assert_eq!(ids(&rec, "b"), want_b);
+    assert!(rec.queues["a"][0].redelivered);
+    assert!(!rec.queues["a"][1].redelivered);
+    let m = store.read(rec.queues["a"][0].location).unwrap();
+    assert_eq!(&m.body[..], b"m1");
+    assert_eq!(m.properties.delivery_mode, Some(2));
+    // New ids continue after the recovered ones.
+    assert!(store.next_id() > sent.last().unwrap().0);
+    store.close();
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn completions_follow_the_fsync() {
+    let dir = tempdir("confirm");
+    let (store, _) = Store::open(cfg(&dir)).unwrap();
+    let done = Arc::new(Done(Mutex::new(Vec::new())));
+    for t in 1..=50u64 {
+        let id = store.next_id();
+        store
+            .append_publish(
+                id,
+                "",
+                "k",
+                &persistent(),
+                b"x",
+                &["q"],
+                Some((done.clone(), t)),
+            )
+            .unwrap();
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while done.0.lock().len() < 50 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let got = done.0.lock().clone();
+    assert_eq!(got, (1..=50).map(|t| (t, true)).collect::<Vec<_>>());
+    store.close();
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn settled_segments_are_deleted_as_queues_drain() {
+    let dir = tempdir("reclaim");
+    let (store, _) = Store::open(cfg(&dir)).unwrap();
+    let body = "y".repeat(500);
+    let sent: Vec<_> = (0..100).map(|_| publish(&store, &body, &["q"])).collect();
+    store.close();
+    let (store, rec) = Store::open(cfg(&dir)).unwrap();
+    assert_eq!(ids(&rec, "q").len(), 100);
+    let before = store.segment_count();
+    assert!(before > 5, "{before} segments");
+    for (id, loc) in &sent {
+        store.ack("q", *id, *loc);
+    }
+    // Reclaim happens after the writer's next round.
+    let sync = Arc::new(Done(Mutex::new(Vec::new())));
+    store.sync((sync.clone(), 0));
+    store.sync((sync.clone(), 1));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while store.segment_count() > 2 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+        store.sync((sync.clone(), 2));
+    }
+    assert!(
+        store.segment_count() <= 2,
+        "{} segments left",
+        store.segment_count()
+    );
+    store.close();
+    let (store, rec) = Store::open(cfg(&dir)).unwrap();
+    assert!(ids(&rec, "q").is_empty());
+    store.close();
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+fn segments(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "seg"))
+        .collect();
+    v.sort();
+    v
+}
+
+fn fill(dir: &Path, n: usize) -> Vec<u64> {
+    let (store, _) = Store::open(cfg(dir)).unwrap();
+    let ids = (0..n)
+        .map(|i| publish(&store, &format!("{i:0>300}"), &["q"]).0)
+        .collect();
+    store.close();
+    ids
+}
+
+#[test]
+fn torn_tail_is_truncated() {
+    let dir = tempdir("torn");
+    let sent = fill(&dir, 30);
+    let last = segments(&dir).pop().unwrap();
+    let len = std::fs::metadata(&last).unwrap().len();
+    let f = std::fs::OpenOptions::new().write(true).open(&last).unwrap();
+    f.set_len(len - 10).unwrap();
+    drop(f);
+    let (store, rec) = Store::open(cfg(&dir)).unwrap();
+    assert_eq!(ids(&rec, "q"), sent[..29].to_vec());
+    assert!(rec.report.truncated_bytes > 0);
+    store.close();
+    // The truncation is permanent and clean: a second recovery reports nothing.
+    let (store, rec) = Store::open(cfg(&dir)).unwrap();
+    assert_eq!(rec.report.truncated_bytes, 0);
+    assert_eq!(ids(&rec, "q").len(), 29);
+    store.close();
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn flipped_byte_loses_one_record() {
+    let dir = tempdir("flip");
+    let sent = fill(&dir, 30);
+    let first = segments(&dir).remove(0);
+    let mut data = std::fs::read(&first).unwrap();
+    let mid = data.len() / 2;
+    data[mid] ^= 0xff;
+    std::fs::write(&first, &data).unwrap();
+    let (store, rec) = Store::open(cfg(&dir)).unwrap();
+    let got = ids(&rec, "q");
+    assert_eq!(
+        rec.report.corrupt_records + u64::from(rec.report.truncated_bytes > 0),
+        1
+    );
+    assert!(got.len() >= 20 && got.len() < 30, "{} recovered", got.len());
+    assert!(got.iter().all(|id| sent.contains(id)));
+    for e in &rec.queues["q"] {
+        store.read(e.location).unwrap();
+    }
+    store.close();
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn missing_segment_is_reported() {
+    let dir = tempdir("missing");
+    let sent = fill(&dir, 30);
+    let segs = segments(&dir);
+    assert!(segs.len() >= 3);
+    std::fs::remove_file(&segs[1]).unwrap();
+    let (store, rec) = Store::open(cfg(&dir)).unwrap();
+    assert_eq!(rec.report.missing_segments.len(), 1);
+    let got = ids(&rec, "q");
+    assert!(got.len() < 30 && !got.is_empty());
+    assert!(got.contains(&sent[0]) && got.contains(sent.last().unwrap()));
+    store.close();
+    std::fs::remove_dir_all(dir).unwrap();
+}
