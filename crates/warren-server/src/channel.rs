@@ -698,16 +698,24 @@ impl Channel {
         body_size: u64,
         properties: BasicProperties,
     ) -> Result<(), BrokerError> {
-        let Some(content) = self.content.as_mut().filter(|c| c.header.is_none()) else {
+        let Some(content) = self.content.as_mut() else {
             return Err(BrokerError::new(
                 constants::UNEXPECTED_FRAME,
-                "unexpected content header frame",
+                "expected method frame, got non method frame instead",
             ));
         };
+        if content.header.is_some() {
+            return Err(BrokerError::new(
+                constants::UNEXPECTED_FRAME,
+                "expected content body, got non content body frame instead",
+            ));
+        }
         if class_id != BASIC_CLASS {
             return Err(BrokerError::new(
                 constants::UNEXPECTED_FRAME,
-                format!("content header for class {class_id}, expected class {BASIC_CLASS}"),
+                format!(
+                    "expected content header for class {BASIC_CLASS}, got one for class {class_id} instead"
+                ),
             ));
         }
         if body_size > ctx.max_message_size {
@@ -729,13 +737,15 @@ impl Channel {
         let Some(content) = self.content.as_mut() else {
             return Err(BrokerError::new(
                 constants::UNEXPECTED_FRAME,
-                "unexpected content body frame",
+                "expected method frame, got non method frame instead",
             ));
         };
         let Some((size, _)) = content.header else {
             return Err(BrokerError::new(
                 constants::UNEXPECTED_FRAME,
-                "expected content header, got content body frame instead",
+                format!(
+                    "expected content header for class {BASIC_CLASS}, got non content header frame instead"
+                ),
             ));
         };
         let have = content.single.as_ref().map_or(0, |b| b.len()) + content.body.len();

@@ -522,12 +522,18 @@ where
         },
         "connection.open",
     )?;
-    let vhost = state.broker.vhost(&open.virtual_host).ok_or_else(|| {
-        ConnError::new(
-            constants::NOT_ALLOWED,
-            format!("vhost {} not found", open.virtual_host),
-        )
-    })?;
+    let vhost = state
+        .broker
+        .vhost(&open.virtual_host)
+        .ok_or_else(|| ConnError {
+            // RabbitMQ names connection.open (10, 40) in this close.
+            class_id: ConnectionOpen::CLASS_ID,
+            method_id: ConnectionOpen::METHOD_ID,
+            ..ConnError::new(
+                constants::NOT_ALLOWED,
+                format!("vhost {} not found", open.virtual_host),
+            )
+        })?;
     out.clear();
     encode_method_frame(
         0,
@@ -598,6 +604,12 @@ impl Conn {
                         })),
                     };
                 };
+                // A method where content was expected: RabbitMQ names the pending basic.publish.
+                let (class_id, method_id) = if ch.expects_content() {
+                    (BASIC_CLASS, BasicPublish::METHOD_ID)
+                } else {
+                    (class_id, method_id)
+                };
                 if ch.closing {
                     match method {
                         Method::ChannelCloseOk(_) => {
@@ -632,9 +644,10 @@ impl Conn {
                     Ok(None) => return None,
                     Err(e) => return Some(End::Error(e)),
                 };
+                let (c, m) = content_error_ids(ch);
                 match ch.handle_header(&ctx, class_id, body_size, properties) {
                     Ok(()) => None,
-                    Err(e) => self.channel_error(channel, e, BASIC_CLASS, 40),
+                    Err(e) => self.channel_error(channel, e, c, m),
                 }
             }
             Frame::Body { channel, payload } => {
@@ -643,9 +656,10 @@ impl Conn {
                     Ok(None) => return None,
                     Err(e) => return Some(End::Error(e)),
                 };
+                let (c, m) = content_error_ids(ch);
                 match ch.handle_body(&ctx, payload) {
                     Ok(()) => None,
-                    Err(e) => self.channel_error(channel, e, BASIC_CLASS, 40),
+                    Err(e) => self.channel_error(channel, e, c, m),
                 }
             }
         }
@@ -690,12 +704,13 @@ impl Conn {
                 );
                 None
             }
+            // RabbitMQ (rabbit_reader:handle_method0) answers CHANNEL_ERROR here.
             other => Some(End::Error(ConnError {
                 class_id: other.class_id(),
                 method_id: other.method_id(),
                 ..ConnError::new(
-                    constants::COMMAND_INVALID,
-                    format!("unexpected method {} on channel 0", other.name()),
+                    constants::CHANNEL_ERROR,
+                    "unexpected method in connection state running",
                 )
             })),
         }
@@ -719,6 +734,16 @@ impl Conn {
             ch.cleanup(&ctx);
         }
         self.vhost.remove_exclusive_queues(self.id);
+    }
+}
+
+/// Class and method ids for an error caused by a content frame: the pending basic.publish, or
+/// none when no content was expected (as RabbitMQ reports them).
+fn content_error_ids(ch: &Channel) -> (u16, u16) {
+    if ch.expects_content() {
+        (BASIC_CLASS, BasicPublish::METHOD_ID)
+    } else {
+        (0, 0)
     }
 }
 

@@ -1,0 +1,951 @@
+//! Raw-socket protocol tests: frames built and parsed with the `warren-amqp` codec, for the
+//! behaviour client libraries never let a test provoke (bad headers, malformed frames, protocol
+//! violations). RabbitMQ's replies — codes, texts, class and method ids — are the reference.
+
+use bytes::{BufMut, BytesMut};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::timeout;
+use warren_amqp::frame::{
+    encode_body_frames, encode_header_frame, encode_heartbeat, encode_method_frame, parse_frame,
+    Frame, Limits, FRAME_BODY, FRAME_END, FRAME_METHOD, PROTOCOL_HEADER,
+};
+use warren_amqp::generated::*;
+use warren_amqp::table::{encode_table, FieldTable, FieldValue};
+use warren_amqp::{BasicProperties, Bytes, Method};
+use warren_server::{Broker, Config, RunningBroker};
+
+/// Upper bound for any single wait on the broker.
+const WAIT: Duration = Duration::from_secs(5);
+
+async fn broker() -> RunningBroker {
+    broker_with(Config::default()).await
+}
+
+async fn broker_with(cfg: Config) -> RunningBroker {
+    timeout(
+        WAIT,
+        Broker::builder().config(cfg).bind("127.0.0.1:0").start(),
+    )
+    .await
+    .expect("broker start timed out")
+    .expect("broker start")
+}
+
+async fn stop(b: RunningBroker) {
+    timeout(Duration::from_secs(20), b.shutdown())
+        .await
+        .expect("broker shutdown timed out");
+}
+
+/// A client speaking raw frames.
+struct Raw {
+    sock: TcpStream,
+    buf: BytesMut,
+    frame_max: u32,
+}
+
+impl Raw {
+    async fn connect(addr: SocketAddr) -> Raw {
+        let sock = timeout(WAIT, TcpStream::connect(addr))
+            .await
+            .expect("connect timed out")
+            .expect("connect");
+        Raw {
+            sock,
+            buf: BytesMut::new(),
+            frame_max: 131_072,
+        }
+    }
+
+    async fn write(&mut self, bytes: &[u8]) {
+        timeout(WAIT, self.sock.write_all(bytes))
+            .await
+            .expect("write timed out")
+            .expect("write");
+    }
+
+    async fn send(&mut self, channel: u16, m: impl Into<Method>) {
+        let mut b = BytesMut::new();
+        encode_method_frame(channel, &m.into(), &mut b);
+        self.write(&b).await;
+    }
+
+    /// basic.publish with its content header and body frames, in one write.
+    async fn publish(&mut self, channel: u16, exchange: &str, routing_key: &str, body: &[u8]) {
+        let mut b = BytesMut::new();
+        encode_method_frame(
+            channel,
+            &Method::BasicPublish(BasicPublish {
+                exchange: exchange.into(),
+                routing_key: routing_key.into(),
+                ..Default::default()
+            }),
+            &mut b,
+        );
+        encode_header_frame(
+            channel,
+            60,
+            body.len() as u64,
+            &BasicProperties::default(),
+            &mut b,
+        );
+        encode_body_frames(channel, body, self.frame_max, &mut b);
+        self.write(&b).await;
+    }
+
+    /// The next frame, heartbeats included; `None` once the broker closed the socket.
+    async fn next_frame_within(&mut self, limit: Duration) -> Option<Frame> {
+        timeout(limit, async {
+            loop {
+                if let Some(f) = parse_frame(&mut self.buf, &Limits::new(0))
+                    .expect("the broker sent a malformed frame")
+                {
+                    return Some(f);
+                }
+                match self.sock.read_buf(&mut self.buf).await {
+                    Ok(0) | Err(_) => return None,
+                    Ok(_) => {}
+                }
+            }
+        })
+        .await
+        .expect("timed out waiting for the broker")
+    }
+
+    async fn next_frame(&mut self) -> Option<Frame> {
+        self.next_frame_within(WAIT).await
+    }
+
+    /// The next frame that is not a heartbeat.
+    async fn recv(&mut self) -> Frame {
+        loop {
+            match self.next_frame().await {
+                Some(Frame::Heartbeat { .. }) => continue,
+                Some(f) => return f,
+                None => panic!("the broker closed the connection"),
+            }
+        }
+    }
+
+    async fn recv_method(&mut self, channel: u16) -> Method {
+        match self.recv().await {
+            Frame::Method { channel: c, method } if c == channel => method,
+            other => panic!("expected a method on channel {channel}, got {other:?}"),
+        }
+    }
+
+    /// Waits for the broker to close the socket, ignoring heartbeats.
+    async fn expect_eof(&mut self) {
+        loop {
+            match self.next_frame().await {
+                None => return,
+                Some(Frame::Heartbeat { .. }) => {}
+                Some(f) => panic!("expected the socket to close, got {f:?}"),
+            }
+        }
+    }
+
+    /// True when nothing but heartbeats arrives for `d` and the socket stays open.
+    async fn quiet_for(&mut self, d: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + d;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                return true;
+            }
+            let read = async {
+                loop {
+                    if let Some(f) = parse_frame(&mut self.buf, &Limits::new(0))
+                        .expect("the broker sent a malformed frame")
+                    {
+                        return Some(f);
+                    }
+                    match self.sock.read_buf(&mut self.buf).await {
+                        Ok(0) | Err(_) => return None,
+                        Ok(_) => {}
+                    }
+                }
+            };
+            match timeout(left, read).await {
+                Err(_) => return true,
+                Ok(Some(Frame::Heartbeat { .. })) => {}
+                Ok(_) => return false,
+            }
+        }
+    }
+
+    async fn open_channel(&mut self, channel: u16) {
+        self.send(channel, ChannelOpen::default()).await;
+        match self.recv_method(channel).await {
+            Method::ChannelOpenOk(_) => {}
+            m => panic!("expected channel.open-ok, got {m:?}"),
+        }
+    }
+
+    async fn declare_queue(&mut self, channel: u16, name: &str) {
+        self.send(
+            channel,
+            QueueDeclare {
+                queue: name.into(),
+                ..Default::default()
+            },
+        )
+        .await;
+        match self.recv_method(channel).await {
+            Method::QueueDeclareOk(ok) => assert_eq!(ok.queue, name),
+            m => panic!("expected queue.declare-ok, got {m:?}"),
+        }
+    }
+
+    /// Expects connection.close with this code, class and method; returns its reply text.
+    async fn expect_connection_close(
+        &mut self,
+        code: u16,
+        class_id: u16,
+        method_id: u16,
+    ) -> String {
+        match self.recv_method(0).await {
+            Method::ConnectionClose(c) => {
+                assert_eq!(
+                    (c.reply_code, c.class_id, c.method_id),
+                    (code, class_id, method_id),
+                    "connection.close was {c:?}"
+                );
+                c.reply_text
+            }
+            m => panic!("expected connection.close, got {m:?}"),
+        }
+    }
+
+    /// After a server connection.close: the broker keeps the socket open until close-ok, then
+    /// closes it.
+    async fn finish_server_close(&mut self) {
+        assert!(
+            self.quiet_for(Duration::from_millis(300)).await,
+            "the broker must wait for connection.close-ok"
+        );
+        self.send(0, ConnectionCloseOk {}).await;
+        self.expect_eof().await;
+    }
+}
+
+fn client_properties() -> FieldTable {
+    let mut caps = FieldTable::new();
+    caps.insert("authentication_failure_close", FieldValue::Bool(true));
+    caps.insert("consumer_cancel_notify", FieldValue::Bool(true));
+    let mut t = FieldTable::new();
+    t.insert("capabilities", FieldValue::Table(caps));
+    t.insert(
+        "product",
+        FieldValue::LongString(Bytes::from_static(b"raw")),
+    );
+    t
+}
+
+fn plain(user: &str, pass: &str) -> Bytes {
+    Bytes::from(format!("\0{user}\0{pass}").into_bytes())
+}
+
+/// AMQPLAIN: a field table without its 4-byte length prefix.
+fn amqplain(user: &str, pass: &str) -> Bytes {
+    let mut t = FieldTable::new();
+    t.insert(
+        "LOGIN",
+        FieldValue::LongString(Bytes::copy_from_slice(user.as_bytes())),
+    );
+    t.insert(
+        "PASSWORD",
+        FieldValue::LongString(Bytes::copy_from_slice(pass.as_bytes())),
+    );
+    let mut b = BytesMut::new();
+    encode_table(&t, &mut b);
+    Bytes::copy_from_slice(&b[4..])
+}
+
+/// Sends the protocol header and returns connection.start.
+async fn start(addr: SocketAddr) -> (Raw, ConnectionStart) {
+    let mut raw = Raw::connect(addr).await;
+    raw.write(PROTOCOL_HEADER).await;
+    match raw.recv_method(0).await {
+        Method::ConnectionStart(s) => (raw, s),
+        m => panic!("expected connection.start, got {m:?}"),
+    }
+}
+
+async fn start_ok(raw: &mut Raw, mechanism: &str, response: Bytes) {
+    raw.send(
+        0,
+        ConnectionStartOk {
+            client_properties: client_properties(),
+            mechanism: mechanism.into(),
+            response,
+            locale: "en_US".into(),
+        },
+    )
+    .await;
+}
+
+async fn expect_tune(raw: &mut Raw) -> ConnectionTune {
+    match raw.recv_method(0).await {
+        Method::ConnectionTune(t) => t,
+        m => panic!("expected connection.tune, got {m:?}"),
+    }
+}
+
+/// tune-ok with these values, then connection.open of `vhost`; returns the broker's answer.
+async fn tune_and_open(raw: &mut Raw, tune_ok: ConnectionTuneOk, vhost: &str) -> Method {
+    raw.frame_max = tune_ok.frame_max;
+    raw.send(0, tune_ok).await;
+    raw.send(
+        0,
+        ConnectionOpen {
+            virtual_host: vhost.into(),
+            ..Default::default()
+        },
+    )
+    .await;
+    raw.recv_method(0).await
+}
+
+/// A fully opened connection (guest/guest, PLAIN, vhost "/") with the given tune-ok values.
+async fn open_with(addr: SocketAddr, channel_max: u16, frame_max: u32, heartbeat: u16) -> Raw {
+    let (mut raw, _) = start(addr).await;
+    start_ok(&mut raw, "PLAIN", plain("guest", "guest")).await;
+    expect_tune(&mut raw).await;
+    let tune_ok = ConnectionTuneOk {
+        channel_max,
+        frame_max,
+        heartbeat,
+    };
+    match tune_and_open(&mut raw, tune_ok, "/").await {
+        Method::ConnectionOpenOk(_) => raw,
+        m => panic!("expected connection.open-ok, got {m:?}"),
+    }
+}
+
+/// An opened connection without heartbeats and with channel 1 open.
+async fn open(addr: SocketAddr) -> Raw {
+    let mut raw = open_with(addr, 2047, 131_072, 0).await;
+    raw.open_channel(1).await;
+    raw
+}
+
+fn raw_frame(kind: u8, channel: u16, payload: &[u8], end: u8) -> Vec<u8> {
+    let mut b = BytesMut::new();
+    b.put_u8(kind);
+    b.put_u16(channel);
+    b.put_u32(payload.len() as u32);
+    b.put_slice(payload);
+    b.put_u8(end);
+    b.to_vec()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Protocol header and connection.start
+
+#[tokio::test]
+async fn wrong_protocol_header_gets_ours_back_and_close() {
+    let b = broker().await;
+    for header in [
+        &b"AMQP\x00\x00\x08\x00"[..],
+        b"AMQP\x01\x01\x00\x0a",
+        b"GET / HTTP/1.1\r\n",
+    ] {
+        let mut raw = Raw::connect(b.amqp_addr()).await;
+        raw.write(header).await;
+        let mut got = Vec::new();
+        timeout(WAIT, raw.sock.read_to_end(&mut got))
+            .await
+            .expect("the broker must close the socket")
+            .expect("read");
+        assert_eq!(got, PROTOCOL_HEADER, "for header {header:?}");
+    }
+    stop(b).await;
+}
+
+#[tokio::test]
+async fn connection_start_advertises_version_capabilities_and_mechanisms() {
+    let b = broker().await;
+    let (_raw, s) = start(b.amqp_addr()).await;
+    assert_eq!((s.version_major, s.version_minor), (0, 9));
+    let caps = s
+        .server_properties
+        .get("capabilities")
+        .and_then(|c| c.as_table())
+        .expect("capabilities table");
+    for cap in [
+        "publisher_confirms",
+        "exchange_exchange_bindings",
+        "basic.nack",
+        "consumer_cancel_notify",
+        "connection.blocked",
+        "authentication_failure_close",
+        "per_consumer_qos",
+    ] {
+        assert_eq!(
+            caps.get(cap).and_then(|v| v.as_bool()),
+            Some(true),
+            "capability {cap}"
+        );
+    }
+    for key in ["product", "version", "platform"] {
+        assert!(
+            s.server_properties
+                .get(key)
+                .and_then(|v| v.as_str())
+                .is_some_and(|v| !v.is_empty()),
+            "server property {key}"
+        );
+    }
+    let mechanisms = std::str::from_utf8(&s.mechanisms).unwrap();
+    let mechanisms: Vec<&str> = mechanisms.split(' ').collect();
+    assert!(mechanisms.contains(&"PLAIN"), "{mechanisms:?}");
+    assert!(mechanisms.contains(&"AMQPLAIN"), "{mechanisms:?}");
+    assert!(std::str::from_utf8(&s.locales).unwrap().contains("en_US"));
+    stop(b).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Login, tuning, vhost
+
+#[tokio::test]
+async fn plain_login_default_tune_and_client_close_handshake() {
+    let b = broker().await;
+    let (mut raw, _) = start(b.amqp_addr()).await;
+    start_ok(&mut raw, "PLAIN", plain("guest", "guest")).await;
+    let t = expect_tune(&mut raw).await;
+    assert_eq!(
+        (t.channel_max, t.frame_max, t.heartbeat),
+        (2047, 131_072, 60)
+    );
+    let tune_ok = ConnectionTuneOk {
+        channel_max: t.channel_max,
+        frame_max: t.frame_max,
+        heartbeat: 0,
+    };
+    match tune_and_open(&mut raw, tune_ok, "/").await {
+        Method::ConnectionOpenOk(_) => {}
+        m => panic!("expected open-ok, got {m:?}"),
+    }
+    raw.open_channel(1).await;
+    raw.send(
+        0,
+        ConnectionClose {
+            reply_code: 200,
+            reply_text: "bye".into(),
+            ..Default::default()
+        },
+    )
+    .await;
+    match raw.recv_method(0).await {
+        Method::ConnectionCloseOk(_) => {}
+        m => panic!("expected connection.close-ok, got {m:?}"),
+    }
+    raw.expect_eof().await;
+    stop(b).await;
+}
+
+#[tokio::test]
+async fn amqplain_login() {
+    let b = broker().await;
+    let (mut raw, _) = start(b.amqp_addr()).await;
+    start_ok(&mut raw, "AMQPLAIN", amqplain("guest", "guest")).await;
+    let t = expect_tune(&mut raw).await;
+    let tune_ok = ConnectionTuneOk {
+        channel_max: t.channel_max,
+        frame_max: t.frame_max,
+        heartbeat: 0,
+    };
+    match tune_and_open(&mut raw, tune_ok, "/").await {
+        Method::ConnectionOpenOk(_) => {}
+        m => panic!("expected open-ok, got {m:?}"),
+    }
+    raw.open_channel(1).await;
+    stop(b).await;
+}
+
+#[tokio::test]
+async fn bad_password_is_refused_with_403() {
+    let b = broker().await;
+    for (mechanism, response) in [
+        ("PLAIN", plain("guest", "wrong")),
+        ("AMQPLAIN", amqplain("guest", "wrong")),
+        ("PLAIN", plain("nobody", "guest")),
+    ] {
+        let (mut raw, _) = start(b.amqp_addr()).await;
+        start_ok(&mut raw, mechanism, response).await;
+        let text = raw.expect_connection_close(403, 0, 0).await;
+        assert_eq!(
+            text,
+            format!(
+                "ACCESS_REFUSED - Login was refused using authentication mechanism {mechanism}. \
+                 For details see the broker logfile."
+            )
+        );
+        raw.send(0, ConnectionCloseOk {}).await;
+        raw.expect_eof().await;
+    }
+    stop(b).await;
+}
+
+#[tokio::test]
+async fn unknown_vhost_is_not_allowed() {
+    let b = broker().await;
+    let (mut raw, _) = start(b.amqp_addr()).await;
+    start_ok(&mut raw, "PLAIN", plain("guest", "guest")).await;
+    expect_tune(&mut raw).await;
+    let tune_ok = ConnectionTuneOk {
+        channel_max: 2047,
+        frame_max: 131_072,
+        heartbeat: 0,
+    };
+    match tune_and_open(&mut raw, tune_ok, "nope").await {
+        Method::ConnectionClose(c) => {
+            assert_eq!(
+                (c.reply_code, c.class_id, c.method_id),
+                (530, 10, 40),
+                "{c:?}"
+            );
+            assert_eq!(c.reply_text, "NOT_ALLOWED - vhost nope not found");
+        }
+        m => panic!("expected connection.close, got {m:?}"),
+    }
+    raw.send(0, ConnectionCloseOk {}).await;
+    raw.expect_eof().await;
+    stop(b).await;
+}
+
+#[tokio::test]
+async fn client_lower_frame_max_wins() {
+    let b = broker().await;
+    let mut raw = open_with(b.amqp_addr(), 10, 4096, 0).await;
+    raw.open_channel(1).await;
+    raw.declare_queue(1, "big").await;
+    let body: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+    raw.publish(1, "", "big", &body).await;
+    raw.send(
+        1,
+        BasicGet {
+            queue: "big".into(),
+            no_ack: true,
+            ..Default::default()
+        },
+    )
+    .await;
+    match raw.recv_method(1).await {
+        Method::BasicGetOk(_) => {}
+        m => panic!("expected basic.get-ok, got {m:?}"),
+    }
+    match raw.recv().await {
+        Frame::Header { body_size, .. } => assert_eq!(body_size, 10_000),
+        f => panic!("expected a content header, got {f:?}"),
+    }
+    let mut got = Vec::new();
+    let mut frames = 0;
+    while got.len() < body.len() {
+        match raw.recv().await {
+            Frame::Body {
+                channel: 1,
+                payload,
+            } => {
+                assert!(payload.len() + 8 <= 4096, "body frame of {}", payload.len());
+                got.extend_from_slice(&payload);
+                frames += 1;
+            }
+            f => panic!("expected a body frame, got {f:?}"),
+        }
+    }
+    assert_eq!(got, body);
+    assert_eq!(frames, 3);
+    stop(b).await;
+}
+
+#[tokio::test]
+async fn frame_larger_than_negotiated_frame_max_is_frame_error() {
+    let b = broker().await;
+    let mut raw = open_with(b.amqp_addr(), 2047, 4096, 0).await;
+    raw.open_channel(1).await;
+    let mut b2 = BytesMut::new();
+    encode_method_frame(
+        1,
+        &Method::BasicPublish(BasicPublish {
+            routing_key: "q".into(),
+            ..Default::default()
+        }),
+        &mut b2,
+    );
+    encode_header_frame(1, 60, 5000, &BasicProperties::default(), &mut b2);
+    raw.write(&b2).await;
+    // One 5008-byte body frame where 4096 was negotiated.
+    raw.write(&raw_frame(FRAME_BODY, 1, &[7u8; 5000], FRAME_END))
+        .await;
+    let text = raw.expect_connection_close(501, 0, 0).await;
+    assert!(text.starts_with("FRAME_ERROR - "), "{text}");
+    raw.finish_server_close().await;
+    stop(b).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hard errors: connection.close with RabbitMQ's code, text, class and method
+
+#[tokio::test]
+async fn method_frame_where_content_header_expected_is_unexpected_frame() {
+    let b = broker().await;
+    let mut raw = open(b.amqp_addr()).await;
+    raw.send(
+        1,
+        BasicPublish {
+            routing_key: "q".into(),
+            ..Default::default()
+        },
+    )
+    .await;
+    raw.send(
+        1,
+        QueueDeclare {
+            queue: "q".into(),
+            ..Default::default()
+        },
+    )
+    .await;
+    // RabbitMQ names the method whose content was expected: basic.publish.
+    let text = raw.expect_connection_close(505, 60, 40).await;
+    assert_eq!(
+        text,
+        "UNEXPECTED_FRAME - expected content header for class 60, got non content header frame instead"
+    );
+    raw.finish_server_close().await;
+    stop(b).await;
+}
+
+#[tokio::test]
+async fn body_frame_without_publish_is_unexpected_frame() {
+    let b = broker().await;
+    let mut raw = open(b.amqp_addr()).await;
+    raw.write(&raw_frame(FRAME_BODY, 1, b"stray", FRAME_END))
+        .await;
+    let text = raw.expect_connection_close(505, 0, 0).await;
+    assert_eq!(
+        text,
+        "UNEXPECTED_FRAME - expected method frame, got non method frame instead"
+    );
+    raw.finish_server_close().await;
+    stop(b).await;
+}
+
+#[tokio::test]
+async fn method_on_unopened_channel_is_channel_error() {
+    let b = broker().await;
+    let mut raw = open(b.amqp_addr()).await;
+    raw.send(
+        7,
+        QueueDeclare {
+            queue: "q".into(),
+            ..Default::default()
+        },
+    )
+    .await;
+    let text = raw.expect_connection_close(504, 50, 10).await;
+    assert_eq!(text, "CHANNEL_ERROR - expected 'channel.open'");
+    raw.finish_server_close().await;
+    stop(b).await;
+}
+
+#[tokio::test]
+async fn second_channel_open_is_channel_error() {
+    let b = broker().await;
+    let mut raw = open(b.amqp_addr()).await;
+    raw.send(1, ChannelOpen::default()).await;
+    let text = raw.expect_connection_close(504, 20, 10).await;
+    assert_eq!(text, "CHANNEL_ERROR - second 'channel.open' seen");
+    raw.finish_server_close().await;
+    stop(b).await;
+}
+
+#[tokio::test]
+async fn channel_method_on_channel_zero_is_channel_error() {
+    // RabbitMQ (rabbit_reader:handle_method0): CHANNEL_ERROR, naming the offending method.
+    let b = broker().await;
+    let mut raw = open(b.amqp_addr()).await;
+    raw.send(0, ChannelOpen::default()).await;
+    let text = raw.expect_connection_close(504, 20, 10).await;
+    assert_eq!(
+        text,
+        "CHANNEL_ERROR - unexpected method in connection state running"
+    );
+    raw.finish_server_close().await;
+    stop(b).await;
+}
+
+#[tokio::test]
+async fn bad_frame_end_is_frame_error() {
+    let b = broker().await;
+    let mut raw = open(b.amqp_addr()).await;
+    let mut payload = BytesMut::new();
+    Method::ChannelFlow(ChannelFlow { active: true }).encode(&mut payload);
+    raw.write(&raw_frame(FRAME_METHOD, 1, &payload, 0x00)).await;
+    let text = raw.expect_connection_close(501, 0, 0).await;
+    assert!(text.starts_with("FRAME_ERROR - "), "{text}");
+    raw.finish_server_close().await;
+    stop(b).await;
+}
+
+#[tokio::test]
+async fn unknown_method_id_is_command_invalid() {
+    let b = broker().await;
+    let mut raw = open(b.amqp_addr()).await;
+    // class basic (60), method 999: not in the protocol.
+    raw.write(&raw_frame(FRAME_METHOD, 1, &[0, 60, 3, 231], FRAME_END))
+        .await;
+    let text = raw.expect_connection_close(503, 0, 0).await;
+    assert!(text.starts_with("COMMAND_INVALID - "), "{text}");
+    raw.finish_server_close().await;
+    stop(b).await;
+}
+
+#[tokio::test]
+async fn reused_consumer_tag_is_not_allowed() {
+    let b = broker().await;
+    let mut raw = open(b.amqp_addr()).await;
+    raw.declare_queue(1, "q").await;
+    let consume = BasicConsume {
+        queue: "q".into(),
+        consumer_tag: "tag-1".into(),
+        ..Default::default()
+    };
+    raw.send(1, consume.clone()).await;
+    match raw.recv_method(1).await {
+        Method::BasicConsumeOk(ok) => assert_eq!(ok.consumer_tag, "tag-1"),
+        m => panic!("expected consume-ok, got {m:?}"),
+    }
+    raw.send(1, consume).await;
+    let text = raw.expect_connection_close(530, 60, 20).await;
+    assert_eq!(text, "NOT_ALLOWED - attempt to reuse consumer tag 'tag-1'");
+    raw.finish_server_close().await;
+    stop(b).await;
+}
+
+#[tokio::test]
+async fn publish_immediate_is_not_implemented() {
+    let b = broker().await;
+    let mut raw = open(b.amqp_addr()).await;
+    raw.declare_queue(1, "q").await;
+    let mut bytes = BytesMut::new();
+    encode_method_frame(
+        1,
+        &Method::BasicPublish(BasicPublish {
+            routing_key: "q".into(),
+            immediate: true,
+            ..Default::default()
+        }),
+        &mut bytes,
+    );
+    encode_header_frame(1, 60, 2, &BasicProperties::default(), &mut bytes);
+    encode_body_frames(1, b"hi", 131_072, &mut bytes);
+    raw.write(&bytes).await;
+    let text = raw.expect_connection_close(540, 60, 40).await;
+    assert_eq!(text, "NOT_IMPLEMENTED - immediate=true");
+    raw.finish_server_close().await;
+    stop(b).await;
+}
+
+#[tokio::test]
+async fn qos_prefetch_size_is_not_implemented() {
+    let b = broker().await;
+    let mut raw = open(b.amqp_addr()).await;
+    raw.send(
+        1,
+        BasicQos {
+            prefetch_size: 10,
+            prefetch_count: 1,
+            global: false,
+        },
+    )
+    .await;
+    let text = raw.expect_connection_close(540, 60, 10).await;
+    assert_eq!(text, "NOT_IMPLEMENTED - prefetch_size!=0 (10)");
+    raw.finish_server_close().await;
+    stop(b).await;
+}
+
+#[tokio::test]
+async fn misbehaving_connection_does_not_affect_another() {
+    let b = broker().await;
+    let mut good = open(b.amqp_addr()).await;
+    good.declare_queue(1, "shared").await;
+    good.send(
+        1,
+        BasicConsume {
+            queue: "shared".into(),
+            consumer_tag: "c".into(),
+            no_ack: true,
+            ..Default::default()
+        },
+    )
+    .await;
+    assert!(matches!(
+        good.recv_method(1).await,
+        Method::BasicConsumeOk(_)
+    ));
+
+    let mut bad = open(b.amqp_addr()).await;
+    bad.write(&raw_frame(FRAME_METHOD, 1, &[0, 60], 0xAB)).await;
+    bad.expect_connection_close(501, 0, 0).await;
+
+    // The good connection still publishes and receives while the bad one awaits close-ok.
+    good.publish(1, "", "shared", b"still here").await;
+    match good.recv_method(1).await {
+        Method::BasicDeliver(d) => assert_eq!(d.consumer_tag, "c"),
+        m => panic!("expected basic.deliver, got {m:?}"),
+    }
+    assert!(matches!(good.recv().await, Frame::Header { .. }));
+    match good.recv().await {
+        Frame::Body { payload, .. } => assert_eq!(&payload[..], b"still here"),
+        f => panic!("expected body, got {f:?}"),
+    }
+    bad.finish_server_close().await;
+    good.open_channel(2).await;
+    stop(b).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Heartbeats
+
+#[tokio::test]
+async fn heartbeats_are_sent_and_a_silent_client_is_disconnected() {
+    let b = broker().await;
+    // The broker offers 60 s; the client's lower value wins.
+    let mut raw = open_with(b.amqp_addr(), 2047, 131_072, 1).await;
+    let since = Instant::now();
+    let mut heartbeats = 0;
+    loop {
+        match raw.next_frame_within(Duration::from_secs(6)).await {
+            Some(Frame::Heartbeat { channel: 0 }) => heartbeats += 1,
+            Some(f) => panic!("unexpected frame {f:?}"),
+            None => break,
+        }
+    }
+    let silent = since.elapsed();
+    assert!(heartbeats >= 1, "no heartbeat within {silent:?}");
+    assert!(
+        silent >= Duration::from_millis(1500),
+        "disconnected after only {silent:?}"
+    );
+    assert!(silent <= Duration::from_secs(5), "took {silent:?}");
+    stop(b).await;
+}
+
+#[tokio::test]
+async fn client_heartbeats_keep_the_connection_alive() {
+    let b = broker().await;
+    let mut raw = open_with(b.amqp_addr(), 2047, 131_072, 1).await;
+    let mut hb = BytesMut::new();
+    encode_heartbeat(&mut hb);
+    for _ in 0..8 {
+        raw.write(&hb).await;
+        assert!(raw.quiet_for(Duration::from_millis(450)).await);
+    }
+    // 3.6 s later, well past two missed intervals, the connection still works.
+    raw.open_channel(1).await;
+    stop(b).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Channel flow and channel close
+
+#[tokio::test]
+async fn channel_flow_pauses_and_resumes_deliveries() {
+    let b = broker().await;
+    let mut raw = open(b.amqp_addr()).await;
+    raw.declare_queue(1, "flowq").await;
+    raw.send(
+        1,
+        BasicConsume {
+            queue: "flowq".into(),
+            consumer_tag: "f".into(),
+            no_ack: true,
+            ..Default::default()
+        },
+    )
+    .await;
+    assert!(matches!(
+        raw.recv_method(1).await,
+        Method::BasicConsumeOk(_)
+    ));
+    raw.send(1, ChannelFlow { active: false }).await;
+    match raw.recv_method(1).await {
+        Method::ChannelFlowOk(ok) => assert!(!ok.active),
+        m => panic!("expected channel.flow-ok, got {m:?}"),
+    }
+    raw.publish(1, "", "flowq", b"held").await;
+    assert!(
+        raw.quiet_for(Duration::from_millis(400)).await,
+        "delivered while flow was off"
+    );
+    raw.send(1, ChannelFlow { active: true }).await;
+    match raw.recv_method(1).await {
+        Method::ChannelFlowOk(ok) => assert!(ok.active),
+        m => panic!("expected channel.flow-ok, got {m:?}"),
+    }
+    assert!(matches!(raw.recv_method(1).await, Method::BasicDeliver(_)));
+    assert!(matches!(raw.recv().await, Frame::Header { .. }));
+    match raw.recv().await {
+        Frame::Body { payload, .. } => assert_eq!(&payload[..], b"held"),
+        f => panic!("expected body, got {f:?}"),
+    }
+    stop(b).await;
+}
+
+#[tokio::test]
+async fn server_channel_close_then_close_ok_and_reopen() {
+    let b = broker().await;
+    let mut raw = open(b.amqp_addr()).await;
+    raw.send(
+        1,
+        QueueDeclare {
+            queue: "missing".into(),
+            passive: true,
+            ..Default::default()
+        },
+    )
+    .await;
+    match raw.recv_method(1).await {
+        Method::ChannelClose(c) => {
+            assert_eq!((c.reply_code, c.class_id, c.method_id), (404, 50, 10));
+            assert_eq!(c.reply_text, "NOT_FOUND - no queue 'missing' in vhost '/'");
+        }
+        m => panic!("expected channel.close, got {m:?}"),
+    }
+    // Until close-ok, methods on the closing channel are discarded.
+    raw.send(
+        1,
+        QueueDeclare {
+            queue: "ignored".into(),
+            ..Default::default()
+        },
+    )
+    .await;
+    raw.send(1, ChannelCloseOk {}).await;
+    raw.open_channel(1).await;
+    raw.declare_queue(1, "after").await;
+    // "ignored" was never declared.
+    raw.send(
+        1,
+        QueueDeclare {
+            queue: "ignored".into(),
+            passive: true,
+            ..Default::default()
+        },
+    )
+    .await;
+    match raw.recv_method(1).await {
+        Method::ChannelClose(c) => assert_eq!(c.reply_code, 404),
+        m => panic!("expected channel.close, got {m:?}"),
+    }
+    raw.send(1, ChannelCloseOk {}).await;
+    raw.open_channel(1).await;
+    stop(b).await;
+}
