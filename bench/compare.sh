@@ -90,8 +90,9 @@ command -v jq >/dev/null || { log "installing jq"; apt-get update -qq && apt-get
 # ---- build ---------------------------------------------------------------
 log "building warren-server and warren-perf (release)"
 (cd "$ROOT" && cargo build --release -p warren-server -p warren-perf) >&2
-PERF="$ROOT/target/release/warren-perf"
-WARREN="$ROOT/target/release/warren"
+TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+PERF="$TARGET_DIR/release/warren-perf"
+WARREN="$TARGET_DIR/release/warren"
 
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
