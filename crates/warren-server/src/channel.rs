@@ -405,8 +405,13 @@ impl Channel {
                 })
                 .map(|_| Outcome::Done),
             Method::BasicRecover(m) => {
-                self.recover(m.requeue)?;
+                // As in RabbitMQ, recover-ok goes out before the redeliveries: clients (lapin)
+                // discard deliveries buffered before recover-ok.
+                if !m.requeue {
+                    return Err(BrokerError::not_implemented("requeue=false"));
+                }
                 self.send(BasicRecoverOk {});
+                self.recover(true)?;
                 Ok(Outcome::Done)
             }
             Method::BasicRecoverAsync(m) => self.recover(m.requeue).map(|_| Outcome::Done),
