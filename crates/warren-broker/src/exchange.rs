@@ -223,7 +223,7 @@ impl Exchange {
         match &self.table {
             Table::Direct(map) => {
                 if let Some(dests) = map.get(routing_key) {
-                    dests.iter().for_each(|d| out(d));
+                    dests.iter().for_each(&mut *out);
                 }
             }
             Table::Fanout => self.bindings.iter().for_each(|b| out(&b.destination)),

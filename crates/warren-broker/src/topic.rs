@@ -142,7 +142,7 @@ fn match_rec<V>(node: &Node<V>, words: &[&str], out: &mut impl FnMut(&V)) {
         }
     }
     let Some((first, rest)) = words.split_first() else {
-        node.values.iter().for_each(|v| out(v));
+        node.values.iter().for_each(&mut *out);
         return;
     };
     if let Some(child) = node.words.get(*first) {
