@@ -617,3 +617,48 @@ async fn closing_a_channel_requeues_its_unacked_messages() {
     assert_eq!(got, vec!["0", "1", "2"]);
     env.stop().await;
 }
+
+#[tokio::test]
+async fn per_consumer_and_channel_wide_limits_both_apply() {
+    let env = Env::start().await;
+    let ch = env.channel().await;
+    declare_queue(&ch, "a").await;
+    declare_queue(&ch, "b").await;
+    publish_n(&ch, "a", 5).await;
+    publish_n(&ch, "b", 5).await;
+    // Each consumer may hold 2, the channel 3 in all.
+    qos(&ch, 2, false).await;
+    qos(&ch, 3, true).await;
+    let ca = consume(&ch, "a", "ca", false).await;
+    let cb = consume(&ch, "b", "cb", false).await;
+    let mut rx = merge(vec![ca, cb]);
+    let mut per = [0usize; 2];
+    for _ in 0..3 {
+        per[recv(&mut rx).await.0] += 1;
+    }
+    assert_rx_quiet(&mut rx).await;
+    assert!(
+        per[0] <= 2 && per[1] <= 2,
+        "per-consumer limit exceeded: {per:?}"
+    );
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn changing_prefetch_does_not_affect_existing_consumers() {
+    let env = Env::start().await;
+    let ch = env.channel().await;
+    declare_queue(&ch, "q").await;
+    publish_n(&ch, "q", 5).await;
+    qos(&ch, 1, false).await;
+    let mut c = consume(&ch, "q", "c", false).await;
+    let d = next(&mut c).await;
+    assert_eq!(text(&d), "0");
+    // A per-consumer basic.qos applies to consumers started afterwards only.
+    qos(&ch, 5, false).await;
+    assert_quiet(&mut c).await;
+    ack(&ch, d.delivery_tag, false).await;
+    assert_eq!(text(&next(&mut c).await), "1");
+    assert_quiet(&mut c).await;
+    env.stop().await;
+}
