@@ -38,6 +38,7 @@ want() { case " $BROKERS " in *" $1 "*) return 0 ;; esac; return 1; }
 log() { echo "[compare] $*" >&2; }
 
 STAMP=$(date +%Y-%m-%dT%H%M%S)
+WARREN_REV=$(cd "$ROOT" && git describe --always --dirty 2>/dev/null || echo unknown)
 WORK=$(mktemp -d /tmp/warren-bench.XXXXXX)
 mkdir -p "$ROOT/bench/results"
 RESULT_MD="$ROOT/bench/results/$STAMP.md"
@@ -122,8 +123,18 @@ start_rabbit() {
         return 0
     fi
     log "starting RabbitMQ on 127.0.0.1:$RABBIT_PORT"
-    RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 RABBITMQ_NODE_PORT=$RABBIT_PORT \
-        setsid rabbitmq-server >>"$WORK/rabbitmq.log" 2>&1 </dev/null &
+    # Debian's /usr/sbin/rabbitmq-server switches user through su, whose PAM
+    # limits cut the open-file limit to 1024 (~830 AMQP connections). Drop
+    # privileges with setpriv instead so the raised limit above is kept.
+    local cmd=(rabbitmq-server)
+    if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null && id rabbitmq >/dev/null 2>&1 \
+        && [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ]; then
+        cmd=(setpriv --reuid rabbitmq --regid rabbitmq --init-groups
+            env HOME=/var/lib/rabbitmq /usr/lib/rabbitmq/bin/rabbitmq-server)
+    fi
+    (cd /var/lib/rabbitmq 2>/dev/null || cd /tmp
+        RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 RABBITMQ_NODE_PORT=$RABBIT_PORT \
+            exec setsid "${cmd[@]}" >>"$WORK/rabbitmq.log" 2>&1 </dev/null) &
     STARTED_RABBIT=1
     if ! wait_port "$RABBIT_PORT" 120; then
         log "RabbitMQ did not start; log:"
@@ -236,7 +247,13 @@ run_one() {
 
 for b in $BROKERS; do ensure_broker "$b"; done
 
-for w in $WORKLOADS; do
+# The idle-connection memory test runs first, on freshly started brokers:
+# after a throughput workload the allocators keep freed memory, and new
+# connections would reuse it without raising RSS.
+RUN_ORDER=""
+case " $WORKLOADS " in *" h "*) RUN_ORDER="h" ;; esac
+for w in $WORKLOADS; do [ "$w" = h ] || RUN_ORDER="$RUN_ORDER $w"; done
+for w in $RUN_ORDER; do
     for b in $BROKERS; do
         run_one "$b" "$w"
     done
@@ -289,11 +306,11 @@ cell_check() {
     echo "# Warren vs RabbitMQ — $STAMP"
     echo
     echo "- machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(free -g | awk '/^Mem:/ {print $2}') GiB RAM"
-    echo "- warren: $(cd "$ROOT" && git describe --always --dirty 2>/dev/null || echo unknown) ($("$WARREN" --version 2>/dev/null || echo warren))"
+    echo "- warren: $WARREN_REV ($("$WARREN" --version 2>/dev/null || echo warren))"
     if want rabbitmq; then
         echo "- rabbitmq: $(dpkg-query -W -f '${Version}' rabbitmq-server 2>/dev/null || echo unknown), erlang $(dpkg-query -W -f '${Version}' erlang-base 2>/dev/null || echo unknown)"
     fi
-    echo "- duration per workload: ${DURATION} s, 1 KB messages unless noted; runs alternate brokers per workload"
+    echo "- duration per workload: ${DURATION} s, 1 KB messages unless noted; runs alternate brokers per workload; (h) runs first, on fresh brokers"
     echo "- msg/s = median of per-second consumed rate (first and last second dropped); latency = end-to-end publish->deliver, µs"
     echo "- RSS = peak VmRSS of the broker during the workload (RabbitMQ: sum of beam.smp), MB; missing/dup = exactly-once check"
     echo

@@ -93,9 +93,13 @@ struct Args {
     /// Only open N idle connections (one channel each) and hold them for --duration.
     #[arg(long, default_value_t = 0)]
     idle_connections: usize,
-    /// Maximum time consumers may drain after producers stop, in seconds.
+    /// After producers stop, consumers drain until everything published has
+    /// arrived; they give up after this many seconds without any delivery.
     #[arg(long, default_value_t = 5)]
     drain: u64,
+    /// Upper bound on the whole drain phase, in seconds.
+    #[arg(long, default_value_t = 120)]
+    drain_max: u64,
     /// Keep the queues (and exchange) at the end instead of deleting them.
     #[arg(long)]
     keep_queues: bool,
@@ -647,6 +651,8 @@ struct Report {
     missing: u64,
     duplicates: u64,
     unexpected: u64,
+    drain_s: f64,
+    drain_incomplete: bool,
     idle_connections_requested: usize,
     idle_connections_opened: usize,
     idle_connect_time_ms: u64,
@@ -879,11 +885,29 @@ async fn run(args: Args) -> Result<Report, String> {
         .iter()
         .map(|r| r.published * topo.targets(r.id as usize).len() as u64)
         .sum();
-    let deadline = Instant::now() + Duration::from_secs(args.drain);
-    while ctx.counters.consumed.load(Ordering::Relaxed) < expected_all && Instant::now() < deadline
-    {
+    // Consumers keep going while they make progress (a transient workload
+    // without confirms can leave a large backlog), up to --drain-max; they
+    // stop after --drain seconds without a single delivery.
+    let hard_deadline = Instant::now() + Duration::from_secs(args.drain_max.max(args.drain));
+    let idle_limit = Duration::from_secs(args.drain);
+    let mut last_count = ctx.counters.consumed.load(Ordering::Relaxed);
+    let mut last_progress = Instant::now();
+    loop {
+        let n = ctx.counters.consumed.load(Ordering::Relaxed);
+        if n >= expected_all {
+            break;
+        }
+        if n != last_count {
+            last_count = n;
+            last_progress = Instant::now();
+        }
+        if last_progress.elapsed() >= idle_limit || Instant::now() >= hard_deadline {
+            report.drain_incomplete = true;
+            break;
+        }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    report.drain_s = (t0.elapsed().as_secs_f64() - produce_secs).max(0.0);
     let consume_secs = t0.elapsed().as_secs_f64();
     let _ = stop_tx.send(true);
     let mut cresults = Vec::new();
@@ -1017,8 +1041,16 @@ fn print_summary(r: &Report) {
             );
         }
         println!(
-            "missing {}  duplicates {}  unexpected {}",
-            r.missing, r.duplicates, r.unexpected
+            "missing {}  duplicates {}  unexpected {}  (drained for {:.1} s{})",
+            r.missing,
+            r.duplicates,
+            r.unexpected,
+            r.drain_s,
+            if r.drain_incomplete {
+                ", gave up: no deliveries for --drain seconds or --drain-max reached"
+            } else {
+                ""
+            }
         );
     }
     for e in &r.errors {
