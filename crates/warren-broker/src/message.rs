@@ -38,4 +38,6 @@ pub struct QueuedMessage {
     /// Set once the message has been delivered and returned (nack/reject with requeue, channel
     /// close with unacked messages, basic.recover).
     pub redelivered: bool,
+    /// Where the message store holds it, for a persistent message in a durable queue.
+    pub stored: Option<warren_store::Location>,
 }

@@ -13,8 +13,12 @@ use crate::error::{resource, BrokerError, Result};
 use crate::message::{Message, QueuedMessage};
 use parking_lot::Mutex;
 use std::collections::VecDeque;
+use std::path::PathBuf;
 use std::sync::Arc;
+use tracing::warn;
 use warren_amqp::table::FieldTable;
+use warren_store::spill::{SpillEntry, SpillFile};
+use warren_store::{Location, Store};
 
 /// The side of a channel that receives deliveries from queues.
 ///
@@ -87,9 +91,28 @@ impl Consumer {
 pub struct Settlement {
     /// Consumer the message was delivered to (`None` for basic.get).
     pub consumer_tag: Option<Arc<str>>,
-    /// `Some` to put the message back in the queue (nack/reject with requeue, channel close,
-    /// basic.recover); `None` when it was acknowledged or dropped.
-    pub requeue: Option<QueuedMessage>,
+    /// The message.
+    pub message: QueuedMessage,
+    /// Put the message back in the queue (nack/reject with requeue, channel close,
+    /// basic.recover) rather than dropping it (ack, reject without requeue).
+    pub requeue: bool,
+}
+
+/// Where a queue keeps what does not fit in memory.
+///
+/// A queue holds at most `window` ready messages in memory. Beyond that, new messages go to a
+/// spill file of 32-byte entries pointing into the message store (persistent messages are
+/// there already; transient ones are paged there), and come back into memory in chunks as
+/// consumers drain the window. Memory per queue is therefore bounded however deep it grows.
+pub struct Backing {
+    /// The message store.
+    pub store: Store,
+    /// Most ready messages held in memory.
+    pub window: usize,
+    /// Most bytes of ready message bodies held in memory.
+    pub window_bytes: usize,
+    /// Path of this queue's spill file (created on first use).
+    pub spill_path: PathBuf,
 }
 
 /// A queue's declared properties and live state.
@@ -106,17 +129,49 @@ pub struct Queue {
     pub auto_delete: bool,
     /// Declared arguments (`x-…`).
     pub arguments: FieldTable,
+    /// The queue's name in store records: vhost and name joined by U+001F.
+    store_key: String,
+    backing: Option<Backing>,
     state: Mutex<State>,
 }
 
 #[derive(Default)]
 struct State {
     ready: VecDeque<QueuedMessage>,
-    next_seq: u64,
+    /// Body bytes of `ready`.
+    ready_bytes: usize,
+    spill: Option<SpillFile>,
     consumers: Vec<Consumer>,
     round_robin: usize,
     unacked: u32,
     deleted: bool,
+}
+
+impl State {
+    fn spilled(&self) -> usize {
+        self.spill.as_ref().map_or(0, |s| s.len() as usize)
+    }
+    fn push_back(&mut self, qm: QueuedMessage) {
+        self.ready_bytes += qm.message.body.len();
+        self.ready.push_back(qm);
+    }
+    fn push_front(&mut self, qm: QueuedMessage) {
+        self.ready_bytes += qm.message.body.len();
+        self.ready.push_front(qm);
+    }
+    fn pop_front(&mut self) -> Option<QueuedMessage> {
+        let qm = self.ready.pop_front()?;
+        self.ready_bytes -= qm.message.body.len();
+        Some(qm)
+    }
+    fn insert_ordered(&mut self, qm: QueuedMessage) {
+        self.ready_bytes += qm.message.body.len();
+        insert_ordered(&mut self.ready, qm);
+    }
+    fn take_ready(&mut self) -> VecDeque<QueuedMessage> {
+        self.ready_bytes = 0;
+        std::mem::take(&mut self.ready)
+    }
 }
 
 /// Counts reported by queue.declare-ok and the management API.
@@ -146,15 +201,38 @@ impl Queue {
         auto_delete: bool,
         arguments: FieldTable,
     ) -> Self {
+        let (name, vhost) = (name.into(), vhost.into());
         Queue {
-            name: name.into(),
-            vhost: vhost.into(),
+            store_key: store_key(&vhost, &name),
+            name,
+            vhost,
             durable,
             exclusive_owner,
             auto_delete,
             arguments,
+            backing: None,
             state: Mutex::new(State::default()),
         }
+    }
+
+    /// Gives the queue a store to page to beyond `backing.window` ready messages, and (for a
+    /// durable queue) to record settlements of persistent messages in.
+    pub fn with_backing(mut self, backing: Backing) -> Self {
+        self.backing = Some(backing);
+        self
+    }
+
+    /// The queue's name in the message store's records.
+    pub fn store_key(&self) -> &str {
+        &self.store_key
+    }
+
+    /// The store this queue records persistent messages in: durable queues with a backing.
+    pub fn store(&self) -> Option<&Store> {
+        self.backing
+            .as_ref()
+            .filter(|_| self.durable)
+            .map(|b| &b.store)
     }
 
     /// `queue 'name' in vhost 'v'`, as RabbitMQ names a queue in reply texts.
@@ -179,7 +257,7 @@ impl Queue {
     pub fn counts(&self) -> QueueCounts {
         let st = self.state.lock();
         QueueCounts {
-            ready: st.ready.len() as u32,
+            ready: (st.ready.len() + st.spilled()) as u32,
             unacked: st.unacked,
             consumers: st.consumers.len() as u32,
         }
@@ -190,20 +268,193 @@ impl Queue {
         self.state.lock().deleted
     }
 
-    /// Appends a message and delivers what consumers can take. A deleted queue drops it.
-    pub fn publish(self: &Arc<Self>, message: Arc<Message>) {
+    /// Appends message `seq` (ids increase across the broker, so they order every queue) and
+    /// delivers what consumers can take. `stored` is where the store holds the message when it
+    /// is persistent and this queue durable. A deleted queue drops it.
+    pub fn publish(self: &Arc<Self>, message: Arc<Message>, seq: u64, stored: Option<Location>) {
         let mut st = self.state.lock();
         if st.deleted {
+            drop(st);
+            self.forget(seq, stored);
             return;
         }
-        let seq = st.next_seq;
-        st.next_seq += 1;
-        st.ready.push_back(QueuedMessage {
+        let qm = QueuedMessage {
             seq,
             message,
             redelivered: false,
-        });
+            stored,
+        };
+        if !self.spill_if_full(&mut st, &qm) {
+            st.push_back(qm);
+        }
         self.dispatch_locked(&mut st);
+    }
+
+    /// Adds messages recovered from the store, in id order, as ready: the first window's worth
+    /// is read into memory, the rest goes to the spill file unread.
+    pub fn recover(self: &Arc<Self>, entries: impl IntoIterator<Item = SpillEntry>) {
+        let Some(b) = &self.backing else {
+            return;
+        };
+        let mut st = self.state.lock();
+        for e in entries {
+            if st.spilled() == 0 && st.ready.len() < b.window && st.ready_bytes < b.window_bytes {
+                self.load_spilled(&mut st, b, e);
+                continue;
+            }
+            if st.spill.is_none() {
+                match SpillFile::create(b.spill_path.clone()) {
+                    Ok(f) => st.spill = Some(f),
+                    Err(err) => {
+                        warn!(queue = %self.name, error = %err, "cannot create spill file");
+                        self.load_spilled(&mut st, b, e);
+                        continue;
+                    }
+                }
+            }
+            if let Some(Err(err)) = st.spill.as_mut().map(|s| s.push(&[e])) {
+                warn!(queue = %self.name, error = %err, "cannot spill recovered message");
+            }
+        }
+    }
+
+    /// When the in-memory window is full (or messages are already spilled, to keep order),
+    /// writes `qm` to the spill file and returns true.
+    fn spill_if_full(&self, st: &mut State, qm: &QueuedMessage) -> bool {
+        let Some(b) = &self.backing else {
+            return false;
+        };
+        if st.ready.len() < b.window && st.ready_bytes < b.window_bytes && st.spilled() == 0 {
+            return false;
+        }
+        let (location, transient) = match qm.stored {
+            Some(loc) => (loc, false),
+            None => {
+                let m = &qm.message;
+                match b.store.append_transient(
+                    qm.seq,
+                    &m.exchange,
+                    &m.routing_key,
+                    &m.properties,
+                    &m.body,
+                ) {
+                    Ok(loc) => (loc, true),
+                    Err(e) => {
+                        warn!(queue = %self.name, error = %e, "cannot page message out; keeping it in memory");
+                        return false;
+                    }
+                }
+            }
+        };
+        if st.spill.is_none() {
+            match SpillFile::create(b.spill_path.clone()) {
+                Ok(f) => st.spill = Some(f),
+                Err(e) => {
+                    warn!(queue = %self.name, error = %e, "cannot create spill file; keeping message in memory");
+                    if transient {
+                        b.store.release(location);
+                    }
+                    return false;
+                }
+            }
+        }
+        let entry = SpillEntry {
+            seq: qm.seq,
+            id: qm.seq,
+            location,
+            redelivered: qm.redelivered,
+            transient,
+        };
+        match st.spill.as_mut().map(|s| s.push(&[entry])) {
+            Some(Ok(())) => true,
+            _ => {
+                if transient {
+                    b.store.release(location);
+                }
+                false
+            }
+        }
+    }
+
+    /// Brings spilled messages back once the in-memory window is half empty.
+    fn refill(&self, st: &mut State) {
+        let Some(b) = &self.backing else {
+            return;
+        };
+        if st.ready.len() > b.window / 2 || st.ready_bytes > b.window_bytes / 2 || st.spilled() == 0
+        {
+            return;
+        }
+        while st.ready.len() < b.window && st.ready_bytes < b.window_bytes && st.spilled() > 0 {
+            let want = (b.window - st.ready.len()).clamp(1, 64);
+            let entries = match st.spill.as_mut().map(|s| s.pop(want)) {
+                Some(Ok(e)) => e,
+                Some(Err(e)) => {
+                    warn!(queue = %self.name, error = %e, "cannot read spill file");
+                    return;
+                }
+                None => return,
+            };
+            for e in entries {
+                self.load_spilled(st, b, e);
+            }
+        }
+    }
+
+    fn load_spilled(&self, st: &mut State, b: &Backing, e: SpillEntry) {
+        match b.store.read(e.location) {
+            Ok(m) => {
+                if e.transient {
+                    b.store.release(e.location);
+                }
+                st.push_back(QueuedMessage {
+                    seq: e.seq,
+                    message: Arc::new(Message {
+                        exchange: m.exchange,
+                        routing_key: m.routing_key,
+                        properties: m.properties,
+                        body: m.body,
+                    }),
+                    redelivered: e.redelivered,
+                    stored: (!e.transient).then_some(e.location),
+                });
+            }
+            Err(err) => {
+                warn!(queue = %self.name, error = %err, "dropping unreadable stored message");
+                if e.transient {
+                    b.store.release(e.location);
+                } else {
+                    self.forget(e.seq, Some(e.location));
+                }
+            }
+        }
+    }
+
+    /// The message leaves this queue for good: record it in the store when it was stored.
+    fn forget(&self, seq: u64, stored: Option<Location>) {
+        if let (Some(store), Some(loc)) = (self.store(), stored) {
+            store.ack(&self.store_key, seq, loc);
+        }
+    }
+
+    /// Drops every ready message, in memory and spilled; returns how many.
+    fn drop_ready(&self, st: &mut State) -> u32 {
+        let mut n = 0u32;
+        for qm in st.take_ready() {
+            self.forget(qm.seq, qm.stored);
+            n += 1;
+        }
+        if let Some(spill) = st.spill.as_mut() {
+            let entries = spill.clear().unwrap_or_default();
+            for e in entries {
+                n += 1;
+                match (&self.backing, e.transient) {
+                    (Some(b), true) => b.store.release(e.location),
+                    _ => self.forget(e.seq, Some(e.location)),
+                }
+            }
+        }
+        n
     }
 
     /// Registers a consumer without delivering yet (so that basic.consume-ok can be sent first);
@@ -252,7 +503,11 @@ impl Queue {
     }
 
     fn dispatch_locked(self: &Arc<Self>, st: &mut State) {
-        while !st.ready.is_empty() && !st.consumers.is_empty() {
+        while !st.consumers.is_empty() {
+            self.refill(st);
+            if st.ready.is_empty() {
+                break;
+            }
             let n = st.consumers.len();
             let mut delivered = false;
             for i in 0..n {
@@ -260,21 +515,29 @@ impl Queue {
                 if !st.consumers[idx].has_credit() {
                     continue;
                 }
-                let Some(msg) = st.ready.pop_front() else {
+                let Some(msg) = st.pop_front() else {
                     return;
                 };
+                let (seq, stored, first) = (msg.seq, msg.stored, !msg.redelivered);
                 let c = &mut st.consumers[idx];
                 match c.target.deliver(self, &c.tag, c.no_ack, msg) {
                     Ok(()) => {
-                        if !c.no_ack {
+                        if c.no_ack {
+                            self.forget(seq, stored);
+                        } else {
                             c.in_flight += 1;
                             st.unacked += 1;
+                            if let (Some(store), true, true) =
+                                (self.store(), first, stored.is_some())
+                            {
+                                store.delivered(&self.store_key, seq);
+                            }
                         }
                         st.round_robin = (idx + 1) % n;
                         delivered = true;
                         break;
                     }
-                    Err(msg) => st.ready.push_front(msg),
+                    Err(msg) => st.push_front(msg),
                 }
             }
             if !delivered {
@@ -287,18 +550,31 @@ impl Queue {
     /// unacknowledged until settled. Returns the message and the number of messages still ready.
     pub fn get(&self, no_ack: bool) -> Option<(QueuedMessage, u32)> {
         let mut st = self.state.lock();
-        let msg = st.ready.pop_front()?;
-        if !no_ack {
+        self.refill(&mut st);
+        let msg = st.pop_front()?;
+        if no_ack {
+            self.forget(msg.seq, msg.stored);
+        } else {
             st.unacked += 1;
+            if let (Some(store), false, true) =
+                (self.store(), msg.redelivered, msg.stored.is_some())
+            {
+                store.delivered(&self.store_key, msg.seq);
+            }
         }
-        Some((msg, st.ready.len() as u32))
+        let remaining = (st.ready.len() + st.spilled()) as u32;
+        Some((msg, remaining))
     }
 
     /// Settles delivered messages (ack, reject, requeue), then delivers what the freed credit
-    /// allows. Settling on a deleted queue is a no-op.
+    /// allows. On a deleted queue, settling only releases the messages' storage.
     pub fn settle(self: &Arc<Self>, channel_key: u64, settlements: Vec<Settlement>) {
         let mut st = self.state.lock();
         if st.deleted {
+            drop(st);
+            for s in settlements {
+                self.forget(s.message.seq, s.message.stored);
+            }
             return;
         }
         for s in settlements {
@@ -312,9 +588,12 @@ impl Queue {
                     c.in_flight = c.in_flight.saturating_sub(1);
                 }
             }
-            if let Some(mut m) = s.requeue {
+            if s.requeue {
+                let mut m = s.message;
                 m.redelivered = true;
-                insert_ordered(&mut st.ready, m);
+                st.insert_ordered(m);
+            } else {
+                self.forget(s.message.seq, s.message.stored);
             }
         }
         self.dispatch_locked(&mut st);
@@ -323,9 +602,7 @@ impl Queue {
     /// queue.purge: drops every ready message (unacknowledged ones stay); returns how many.
     pub fn purge(&self) -> u32 {
         let mut st = self.state.lock();
-        let n = st.ready.len() as u32;
-        st.ready.clear();
-        n
+        self.drop_ready(&mut st)
     }
 
     /// Marks the queue deleted and drops its messages. Returns the ready-message count it had
@@ -333,10 +610,15 @@ impl Queue {
     pub fn mark_deleted(&self) -> (u32, Vec<Consumer>) {
         let mut st = self.state.lock();
         st.deleted = true;
-        let n = st.ready.len() as u32;
-        st.ready.clear();
+        let n = self.drop_ready(&mut st);
+        st.spill = None;
         (n, std::mem::take(&mut st.consumers))
     }
+}
+
+/// The key a queue's messages carry in the store: `vhost` U+001F `name`.
+pub fn store_key(vhost: &str, name: &str) -> String {
+    format!("{vhost}\u{1f}{name}")
 }
 
 /// Inserts a message at its original position by sequence number. Requeued messages are
@@ -436,7 +718,7 @@ mod tests {
         ))
         .unwrap();
         for i in 0..5 {
-            q.publish(msg(&i.to_string()));
+            q.publish(msg(&i.to_string()), i, None);
         }
         // a gets 0 and 2 (prefetch 2), b gets 1 (prefetch 1); 3 and 4 wait.
         let seqs = |s: &Sink| s.got.lock().iter().map(|g| g.1).collect::<Vec<_>>();
@@ -454,7 +736,13 @@ mod tests {
             b.key,
             vec![Settlement {
                 consumer_tag: Some("b".into()),
-                requeue: None,
+                message: QueuedMessage {
+                    seq: 1,
+                    message: msg("1"),
+                    redelivered: false,
+                    stored: None,
+                },
+                requeue: false,
             }],
         );
         assert_eq!(seqs(&b), vec![1, 3]);
@@ -464,7 +752,7 @@ mod tests {
     fn requeue_returns_to_original_position() {
         let q = queue();
         for i in 0..3 {
-            q.publish(msg(&i.to_string()));
+            q.publish(msg(&i.to_string()), i, None);
         }
         let (m0, left) = q.get(false).unwrap();
         assert_eq!(left, 2);
@@ -473,14 +761,16 @@ mod tests {
             0,
             vec![Settlement {
                 consumer_tag: None,
-                requeue: Some(m1),
+                message: m1,
+                requeue: true,
             }],
         );
         q.settle(
             0,
             vec![Settlement {
                 consumer_tag: None,
-                requeue: Some(m0),
+                message: m0,
+                requeue: true,
             }],
         );
         let order: Vec<(u64, bool)> = std::iter::from_fn(|| q.get(true))
@@ -502,8 +792,8 @@ mod tests {
             FieldTable::new(),
         ))
         .unwrap();
-        q.publish(msg("x"));
-        q.publish(msg("y"));
+        q.publish(msg("x"), 0, None);
+        q.publish(msg("y"), 1, None);
         assert_eq!(q.counts().ready, 1);
         assert_eq!(a.got.lock().len(), 1);
     }

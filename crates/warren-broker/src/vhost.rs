@@ -7,12 +7,17 @@
 use crate::auth::Users;
 use crate::error::{resource, BrokerError, Result};
 use crate::exchange::{Binding, Destination, Exchange, ExchangeKind};
+use crate::message::Message;
 use crate::names;
-use crate::queue::{Consumer, Queue, QueueCounts};
+use crate::persist::{get_bool, get_str, get_table, s, Persistence, StorageOptions};
+use crate::queue::{Backing, Consumer, Queue, QueueCounts};
 use parking_lot::RwLock;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use warren_amqp::table::{FieldTable, FieldValue};
+use warren_store::spill::SpillEntry;
+use warren_store::{Completion, RecoveryReport, Store};
 
 /// Queue arguments whose values must match when a queue is redeclared (RabbitMQ compares these
 /// and ignores any other argument).
@@ -39,17 +44,85 @@ pub struct Broker {
     vhosts: RwLock<HashMap<String, Arc<VHost>>>,
     /// The user table.
     pub users: RwLock<Users>,
+    persist: Option<Arc<Persistence>>,
+    ids: Arc<AtomicU64>,
+}
+
+/// Why a durable broker could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The message store failed to open or recover.
+    #[error(transparent)]
+    Store(#[from] warren_store::StoreError),
 }
 
 impl Broker {
-    /// A broker with the default vhost `/` and the given users.
+    /// An in-memory broker with the default vhost `/` and the given users: nothing survives a
+    /// restart and queues are bounded by memory only.
     pub fn new(users: Users) -> Self {
         let b = Broker {
             vhosts: RwLock::new(HashMap::new()),
             users: RwLock::new(users),
+            persist: None,
+            ids: Arc::new(AtomicU64::new(1)),
         };
         b.add_vhost("/");
         b
+    }
+
+    /// A durable broker on `options.data_dir`: recovers durable definitions and the messages
+    /// of durable queues, and pages every queue beyond its in-memory window to disk.
+    pub fn open(
+        users: Users,
+        options: StorageOptions,
+    ) -> std::result::Result<(Broker, RecoveryReport), OpenError> {
+        let (store, recovered) = Store::open(options.store_config())?;
+        let _ = std::fs::remove_dir_all(options.data_dir.join("spill"));
+        let persist = Arc::new(Persistence::new(store.clone(), options));
+        let b = Broker {
+            vhosts: RwLock::new(HashMap::new()),
+            users: RwLock::new(users),
+            persist: Some(persist.clone()),
+            ids: Arc::new(AtomicU64::new(0)),
+        };
+        for defs in persist.load_definitions() {
+            let vh = b.add_vhost(get_str(&defs, "name"));
+            vh.load_definitions(&defs);
+        }
+        b.add_vhost("/");
+        for (key, entries) in recovered.queues {
+            let queue = key
+                .split_once('\u{1f}')
+                .and_then(|(v, q)| b.vhost(v)?.topology.read().queues.get(q).cloned())
+                .filter(|q| q.durable);
+            match queue {
+                Some(q) => q.recover(entries.into_iter().map(|e| SpillEntry {
+                    seq: e.id,
+                    id: e.id,
+                    location: e.location,
+                    redelivered: e.redelivered,
+                    transient: false,
+                })),
+                None => {
+                    for e in entries {
+                        store.ack(&key, e.id, e.location);
+                    }
+                }
+            }
+        }
+        Ok((b, recovered.report))
+    }
+
+    /// The message store, for a durable broker.
+    pub fn store(&self) -> Option<&Store> {
+        self.persist.as_ref().map(|p| &p.store)
+    }
+
+    /// Stops the message store's writer after a final fsync.
+    pub fn close(&self) {
+        if let Some(p) = &self.persist {
+            p.store.close();
+        }
     }
 
     /// Creates a vhost with the standard exchanges if it does not exist; returns it.
@@ -57,7 +130,12 @@ impl Broker {
         self.vhosts
             .write()
             .entry(name.to_string())
-            .or_insert_with(|| Arc::new(VHost::new(name)))
+            .or_insert_with(|| {
+                let mut v = VHost::new(name);
+                v.persist = self.persist.clone();
+                v.ids = self.ids.clone();
+                Arc::new(v)
+            })
             .clone()
     }
 
@@ -77,6 +155,29 @@ pub struct VHost {
     /// The vhost's name (`/` by default).
     pub name: String,
     topology: RwLock<Topology>,
+    persist: Option<Arc<Persistence>>,
+    ids: Arc<AtomicU64>,
+}
+
+/// What became of a publish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Published {
+    /// At least one queue received the message.
+    pub routed: bool,
+    /// The message was written to the store (with the caller's completion, if one was given,
+    /// to run after the fsync that covers it); otherwise nothing is pending.
+    pub stored: bool,
+}
+
+/// Why a publish failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    /// Routing failed (404 no exchange, 403 internal exchange).
+    #[error(transparent)]
+    Broker(#[from] BrokerError),
+    /// The message store refuses writes (disk full or failing); the message went nowhere.
+    #[error("{0}")]
+    StoreUnavailable(String),
 }
 
 #[derive(Default)]
@@ -142,6 +243,159 @@ impl VHost {
         VHost {
             name: name.to_string(),
             topology: RwLock::new(topo),
+            persist: None,
+            ids: Arc::new(AtomicU64::new(1)),
+        }
+    }
+
+    /// A fresh message id, increasing across the broker.
+    fn next_id(&self) -> u64 {
+        match &self.persist {
+            Some(p) => p.store.next_id(),
+            None => self.ids.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
+    /// Routes and enqueues a published message. A persistent message routed to durable queues
+    /// of a durable broker is written to the store once, with `waiter` to be completed after
+    /// its fsync (publisher confirms, tx.commit).
+    pub fn publish(
+        &self,
+        msg: Arc<Message>,
+        waiter: Option<(Arc<dyn Completion>, u64)>,
+    ) -> std::result::Result<Published, PublishError> {
+        let mut queues = Vec::new();
+        self.route(
+            &msg.exchange,
+            &msg.routing_key,
+            msg.properties.headers.as_ref(),
+            &mut queues,
+        )?;
+        if queues.is_empty() {
+            return Ok(Published {
+                routed: false,
+                stored: false,
+            });
+        }
+        let id = self.next_id();
+        let mut location = None;
+        if let (Some(p), true) = (&self.persist, msg.is_persistent()) {
+            let durable: Vec<&str> = queues
+                .iter()
+                .filter(|q| q.store().is_some())
+                .map(|q| q.store_key())
+                .collect();
+            if !durable.is_empty() {
+                let loc = p
+                    .store
+                    .append_publish(
+                        id,
+                        &msg.exchange,
+                        &msg.routing_key,
+                        &msg.properties,
+                        &msg.body,
+                        &durable,
+                        waiter,
+                    )
+                    .map_err(|e| PublishError::StoreUnavailable(e.to_string()))?;
+                location = Some(loc);
+            }
+        }
+        for q in &queues {
+            let stored = if q.store().is_some() { location } else { None };
+            q.publish(msg.clone(), id, stored);
+        }
+        Ok(Published {
+            routed: true,
+            stored: location.is_some(),
+        })
+    }
+
+    /// Completes `waiter` once everything written to the store so far is fsynced; returns
+    /// false (and drops the waiter) for an in-memory broker.
+    pub fn sync(&self, waiter: (Arc<dyn Completion>, u64)) -> bool {
+        match &self.persist {
+            Some(p) => {
+                p.store.sync(waiter);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn backing(&self) -> Option<Backing> {
+        self.persist.as_ref().map(|p| Backing {
+            store: p.store.clone(),
+            window: p.options.queue_window,
+            window_bytes: p.options.queue_window_bytes,
+            spill_path: p.spill_path(),
+        })
+    }
+
+    /// Saves this vhost's durable definitions (called with the topology lock held, so saves
+    /// happen in the order of the changes).
+    fn save(&self, topo: &Topology) {
+        let Some(p) = &self.persist else {
+            return;
+        };
+        if let Err(e) = p.save_definitions(&self.name, &topo.snapshot(&self.name)) {
+            tracing::error!(vhost = %self.name, error = %e, "cannot save durable definitions");
+        }
+    }
+
+    fn load_definitions(&self, defs: &FieldTable) {
+        let mut topo = self.topology.write();
+        let list = |k: &str| -> Vec<FieldTable> {
+            defs.get(k)
+                .and_then(|v| v.as_array())
+                .map(|a| a.iter().filter_map(|v| v.as_table().cloned()).collect())
+                .unwrap_or_default()
+        };
+        for x in list("exchanges") {
+            let name = get_str(&x, "name").to_string();
+            let Some(kind) = ExchangeKind::parse(get_str(&x, "type")) else {
+                continue;
+            };
+            topo.exchanges.entry(name.clone()).or_insert_with(|| {
+                Exchange::new(
+                    name,
+                    kind,
+                    true,
+                    get_bool(&x, "auto_delete"),
+                    get_bool(&x, "internal"),
+                    get_table(&x, "arguments"),
+                )
+            });
+        }
+        for q in list("queues") {
+            let name = get_str(&q, "name").to_string();
+            let mut queue = Queue::new(
+                name.clone(),
+                self.name.clone(),
+                true,
+                None,
+                get_bool(&q, "auto_delete"),
+                get_table(&q, "arguments"),
+            );
+            if let Some(b) = self.backing() {
+                queue = queue.with_backing(b);
+            }
+            topo.queues.insert(name, Arc::new(queue));
+        }
+        for b in list("bindings") {
+            let dest_name = get_str(&b, "destination").to_string();
+            let destination = if get_str(&b, "destination_type") == "exchange" {
+                Destination::Exchange(dest_name)
+            } else {
+                Destination::Queue(dest_name)
+            };
+            if let Some(x) = topo.exchanges.get_mut(get_str(&b, "source")) {
+                x.bind(Binding {
+                    destination,
+                    routing_key: get_str(&b, "routing_key").to_string(),
+                    arguments: get_table(&b, "arguments"),
+                });
+            }
         }
     }
 
@@ -204,6 +458,9 @@ impl VHost {
                 d.arguments.clone(),
             ),
         );
+        if d.durable {
+            self.save(&topo);
+        }
         Ok(())
     }
 
@@ -228,7 +485,11 @@ impl VHost {
                 self.exchange_resource(name)
             )));
         }
+        let durable = x.durable;
         topo.remove_exchange(name);
+        if durable {
+            self.save(&topo);
+        }
         Ok(())
     }
 
@@ -279,15 +540,22 @@ impl VHost {
             let counts = q.counts();
             return Ok((q.clone(), counts));
         }
-        let q = Arc::new(Queue::new(
+        let mut queue = Queue::new(
             name.clone(),
             self.name.clone(),
             d.durable,
             d.exclusive.then_some(connection_id),
             d.auto_delete,
             d.arguments.clone(),
-        ));
-        topo.queues.insert(name, q.clone());
+        );
+        if let Some(b) = self.backing() {
+            queue = queue.with_backing(b);
+        }
+        let q = Arc::new(queue);
+        topo.queues.insert(name.clone(), q.clone());
+        if topo.queue_is_durable(&name) {
+            self.save(&topo);
+        }
         Ok((q, QueueCounts::default()))
     }
 
@@ -338,7 +606,11 @@ impl VHost {
                     q.resource_name()
                 )));
             }
+            let durable = topo.queue_is_durable(name);
             topo.remove_queue(name);
+            if durable {
+                self.save(&topo);
+            }
             q
         };
         Ok(finish_queue_delete(&q))
@@ -350,7 +622,13 @@ impl VHost {
         {
             let mut topo = self.topology.write();
             match topo.queues.get(&queue.name) {
-                Some(q) if Arc::ptr_eq(q, queue) => topo.remove_queue(&queue.name),
+                Some(q) if Arc::ptr_eq(q, queue) => {
+                    let durable = topo.queue_is_durable(&queue.name);
+                    topo.remove_queue(&queue.name);
+                    if durable {
+                        self.save(&topo);
+                    }
+                }
                 _ => return,
             }
         }
@@ -404,11 +682,15 @@ impl VHost {
                 arguments.get("x-match")
             )));
         }
-        x.bind(Binding {
-            destination,
+        let durable_source = x.durable;
+        let added = x.bind(Binding {
+            destination: destination.clone(),
             routing_key: routing_key.to_string(),
             arguments: arguments.clone(),
         });
+        if added && durable_source && topo.destination_is_durable(&destination) {
+            self.save(&topo);
+        }
         Ok(())
     }
 
@@ -432,12 +714,17 @@ impl VHost {
             .get_mut(source)
             .ok_or_else(|| self.no_exchange(source))?;
         let removed = x.unbind(&Binding {
-            destination,
+            destination: destination.clone(),
             routing_key: routing_key.to_string(),
             arguments: arguments.clone(),
         });
-        if removed && x.auto_delete && x.bindings().is_empty() {
+        let (durable_source, now_unused) = (x.durable, x.auto_delete && x.bindings().is_empty());
+        let durable = durable_source && topo.destination_is_durable(&destination);
+        if removed && now_unused {
             topo.remove_exchange(source);
+        }
+        if removed && durable {
+            self.save(&topo);
         }
         Ok(())
     }
@@ -521,6 +808,81 @@ impl VHost {
 }
 
 impl Topology {
+    fn queue_is_durable(&self, name: &str) -> bool {
+        self.queues
+            .get(name)
+            .is_some_and(|q| q.durable && q.exclusive_owner.is_none())
+    }
+
+    fn exchange_is_durable(&self, name: &str) -> bool {
+        self.exchanges.get(name).is_some_and(|x| x.durable)
+    }
+
+    fn destination_is_durable(&self, d: &Destination) -> bool {
+        match d {
+            Destination::Queue(q) => self.queue_is_durable(q),
+            Destination::Exchange(x) => self.exchange_is_durable(x),
+        }
+    }
+
+    /// The durable definitions of this vhost as a field table: `name`, `exchanges` (user
+    /// exchanges only; the standard ones always exist), `queues` and `bindings`.
+    fn snapshot(&self, vhost: &str) -> FieldTable {
+        let mut exchanges = Vec::new();
+        let mut bindings = Vec::new();
+        let mut xs: Vec<&Exchange> = self.exchanges.values().filter(|x| x.durable).collect();
+        xs.sort_by(|a, b| a.name.cmp(&b.name));
+        for x in xs {
+            if !x.name.is_empty() && !x.name.starts_with("amq.") {
+                let mut t = FieldTable::new();
+                t.insert("name", s(&x.name));
+                t.insert("type", s(x.kind.as_str()));
+                t.insert("auto_delete", FieldValue::Bool(x.auto_delete));
+                t.insert("internal", FieldValue::Bool(x.internal));
+                t.insert("arguments", FieldValue::Table(x.arguments.clone()));
+                exchanges.push(FieldValue::Table(t));
+            }
+            for b in x.bindings() {
+                if !self.destination_is_durable(&b.destination) {
+                    continue;
+                }
+                let mut t = FieldTable::new();
+                t.insert("source", s(&x.name));
+                t.insert("destination", s(b.destination.name()));
+                let kind = match b.destination {
+                    Destination::Queue(_) => "queue",
+                    Destination::Exchange(_) => "exchange",
+                };
+                t.insert("destination_type", s(kind));
+                t.insert("routing_key", s(&b.routing_key));
+                t.insert("arguments", FieldValue::Table(b.arguments.clone()));
+                bindings.push(FieldValue::Table(t));
+            }
+        }
+        let mut qs: Vec<&Arc<Queue>> = self
+            .queues
+            .values()
+            .filter(|q| q.durable && q.exclusive_owner.is_none())
+            .collect();
+        qs.sort_by(|a, b| a.name.cmp(&b.name));
+        let queues = qs
+            .into_iter()
+            .map(|q| {
+                let mut t = FieldTable::new();
+                t.insert("name", s(&q.name));
+                t.insert("auto_delete", FieldValue::Bool(q.auto_delete));
+                t.insert("arguments", FieldValue::Table(q.arguments.clone()));
+                FieldValue::Table(t)
+            })
+            .collect();
+        let mut t = FieldTable::new();
+        t.insert("name", s(vhost));
+        t.insert("exchanges", FieldValue::Array(exchanges));
+        t.insert("queues", FieldValue::Array(queues));
+        t.insert("bindings", FieldValue::Array(bindings));
+        t
+    }
+
     fn route_from<'a>(
         &'a self,
         x: &'a Exchange,

@@ -9,7 +9,7 @@
 use crate::outbox::Outbox;
 use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use warren_amqp::frame::{encode_body_frames, encode_header_frame, encode_method_frame};
@@ -20,7 +20,8 @@ use warren_broker::exchange::Destination;
 use warren_broker::queue::Settlement;
 use warren_broker::vhost::{ExchangeDeclare as ExchangeSpec, QueueDeclare as QueueSpec};
 use warren_broker::{
-    names, BrokerError, Consumer, DeliveryTarget, Message, Queue, QueuedMessage, VHost,
+    names, BrokerError, Completion, Consumer, DeliveryTarget, Message, PublishError, Published,
+    Queue, QueuedMessage, VHost,
 };
 
 /// Class id of `basic`, the only content class.
@@ -89,6 +90,9 @@ impl DeliveryTarget for ChannelShared {
         no_ack: bool,
         msg: QueuedMessage,
     ) -> Result<(), QueuedMessage> {
+        if self.outbox.hold_back(queue) {
+            return Err(msg);
+        }
         let mut st = self.st.lock();
         if !st.open || !st.flow {
             return Err(msg);
@@ -163,11 +167,116 @@ struct TxState {
     acks: Vec<AckOp>,
 }
 
-/// Publisher-confirm bookkeeping: the next publish sequence number and the range of sequence
-/// numbers confirmed but not yet acknowledged to the client.
-struct ConfirmState {
+/// Publisher-confirm bookkeeping, shared with the message store's writer thread, which
+/// completes the publishes it fsynced.
+///
+/// Sequence numbers still waiting for an fsync are in `waiting`; settled ones in `done` until
+/// sent. A flush sends everything settled below the oldest waiting number: one basic.ack with
+/// `multiple` set when all of it succeeded, else one basic.ack / basic.nack per publish.
+pub struct Confirms {
+    channel: u16,
+    outbox: Arc<Outbox>,
+    book: Mutex<ConfirmBook>,
+}
+
+struct ConfirmBook {
     next_seq: u64,
-    pending_from: u64,
+    waiting: BTreeSet<u64>,
+    done: BTreeMap<u64, bool>,
+}
+
+impl Confirms {
+    fn new(channel: u16, outbox: Arc<Outbox>) -> Self {
+        Confirms {
+            channel,
+            outbox,
+            book: Mutex::new(ConfirmBook {
+                next_seq: 1,
+                waiting: BTreeSet::new(),
+                done: BTreeMap::new(),
+            }),
+        }
+    }
+
+    /// Takes the next publish sequence number, marked as waiting.
+    fn begin(&self) -> u64 {
+        let mut b = self.book.lock();
+        let seq = b.next_seq;
+        b.next_seq += 1;
+        b.waiting.insert(seq);
+        seq
+    }
+
+    /// Settles `seq` without the store: acked (`ok`) or nacked.
+    fn settle(&self, seq: u64, ok: bool) {
+        let mut b = self.book.lock();
+        b.waiting.remove(&seq);
+        b.done.insert(seq, ok);
+    }
+
+    /// Sends what can be confirmed now.
+    pub fn flush(&self) {
+        let mut b = self.book.lock();
+        let limit = b.waiting.first().copied().unwrap_or(u64::MAX);
+        let rest = b.done.split_off(&limit);
+        let ready = std::mem::replace(&mut b.done, rest);
+        let Some((&last, _)) = ready.last_key_value() else {
+            return;
+        };
+        if ready.values().all(|ok| *ok) {
+            self.outbox.send(
+                self.channel,
+                &Method::BasicAck(BasicAck {
+                    delivery_tag: last,
+                    multiple: ready.len() > 1,
+                }),
+            );
+            return;
+        }
+        self.outbox.with(|buf| {
+            for (&tag, &ok) in &ready {
+                let m = if ok {
+                    Method::BasicAck(BasicAck {
+                        delivery_tag: tag,
+                        multiple: false,
+                    })
+                } else {
+                    Method::BasicNack(BasicNack {
+                        delivery_tag: tag,
+                        multiple: false,
+                        requeue: false,
+                    })
+                };
+                encode_method_frame(self.channel, &m, buf);
+            }
+        });
+    }
+}
+
+impl Completion for Confirms {
+    fn complete(&self, tokens: &[u64], ok: bool) {
+        {
+            let mut b = self.book.lock();
+            for t in tokens {
+                b.waiting.remove(t);
+                b.done.insert(*t, ok);
+            }
+        }
+        self.flush();
+    }
+}
+
+/// Sends tx.commit-ok once the store has fsynced the transaction's persistent messages.
+struct CommitOk {
+    channel: u16,
+    outbox: Arc<Outbox>,
+}
+
+impl Completion for CommitOk {
+    fn complete(&self, _tokens: &[u64], _ok: bool) {
+        self.outbox
+            .send(self.channel, &Method::TxCommitOk(TxCommitOk {}));
+    }
 }
 
 /// What the connection must do after a channel handled a frame.
@@ -184,7 +293,7 @@ pub struct Channel {
     /// Set after the server sent channel.close: everything but close-ok is discarded.
     pub closing: bool,
     content: Option<PendingContent>,
-    confirm: Option<ConfirmState>,
+    confirm: Option<Arc<Confirms>>,
     tx: Option<TxState>,
     consumer_prefetch: u16,
 }
@@ -432,13 +541,28 @@ impl Channel {
                     ));
                 };
                 self.tx = Some(TxState::default());
+                let mut stored = false;
                 for (msg, mandatory) in tx.publishes {
-                    self.route_and_enqueue(ctx, msg, mandatory)?;
+                    match self.route_and_enqueue(ctx, msg, mandatory, None)? {
+                        Some(p) => stored |= p.stored,
+                        None => {
+                            return Err(BrokerError::new(
+                                constants::RESOURCE_ERROR,
+                                "message store unavailable; transaction not committed",
+                            ))
+                        }
+                    }
                 }
                 for op in tx.acks {
                     self.apply_ack(op)?;
                 }
-                self.send(TxCommitOk {});
+                let waiter = Arc::new(CommitOk {
+                    channel: self.id(),
+                    outbox: self.shared.outbox.clone(),
+                });
+                if !(stored && ctx.vhost.sync((waiter, 0))) {
+                    self.send(TxCommitOk {});
+                }
                 Ok(Outcome::Done)
             }
             Method::TxRollback(_) => {
@@ -457,10 +581,12 @@ impl Channel {
                         "cannot switch from tx to confirm mode",
                     ));
                 }
-                self.confirm.get_or_insert(ConfirmState {
-                    next_seq: 1,
-                    pending_from: 1,
-                });
+                if self.confirm.is_none() {
+                    self.confirm = Some(Arc::new(Confirms::new(
+                        self.id(),
+                        self.shared.outbox.clone(),
+                    )));
+                }
                 if !m.nowait {
                     self.send(ConfirmSelectOk {});
                 }
@@ -629,7 +755,8 @@ impl Channel {
                 }
             };
             let st = self.shared.st.lock();
-            if !(multiple && tag == 0) && !st.unacked.contains_key(&tag) {
+            let everything = multiple && tag == 0;
+            if !everything && !st.unacked.contains_key(&tag) {
                 return Err(unknown_tag(tag));
             }
             drop(st);
@@ -797,62 +924,67 @@ impl Channel {
             tx.publishes.push((msg, content.publish.mandatory));
             return Ok(());
         }
-        self.route_and_enqueue(ctx, msg, content.publish.mandatory)?;
-        if let Some(c) = self.confirm.as_mut() {
-            c.next_seq += 1;
+        let Some(confirms) = self.confirm.clone() else {
+            self.route_and_enqueue(ctx, msg, content.publish.mandatory, None)?;
+            return Ok(());
+        };
+        let seq = confirms.begin();
+        let waiter: Arc<dyn Completion> = confirms.clone();
+        match self.route_and_enqueue(ctx, msg, content.publish.mandatory, Some((waiter, seq))) {
+            Ok(Some(p)) => {
+                if !p.stored {
+                    confirms.settle(seq, true);
+                }
+                Ok(())
+            }
+            Ok(None) => {
+                confirms.settle(seq, false);
+                Ok(())
+            }
+            Err(e) => {
+                confirms.settle(seq, false);
+                Err(e)
+            }
         }
-        Ok(())
     }
 
+    /// Routes and enqueues one publish; a mandatory publish that reaches no queue comes back
+    /// as basic.return 312 NO_ROUTE. `Ok(None)` means the message store refused the write
+    /// (disk full or failing): the message went nowhere.
     fn route_and_enqueue(
         &mut self,
         ctx: &Context,
         msg: Arc<Message>,
         mandatory: bool,
-    ) -> MethodResult {
-        let mut queues = Vec::new();
-        ctx.vhost.route(
-            &msg.exchange,
-            &msg.routing_key,
-            msg.properties.headers.as_ref(),
-            &mut queues,
-        )?;
-        if queues.is_empty() {
-            if mandatory {
-                let method = Method::BasicReturn(BasicReturn {
-                    reply_code: constants::NO_ROUTE,
-                    reply_text: "NO_ROUTE".into(),
-                    exchange: msg.exchange.clone(),
-                    routing_key: msg.routing_key.clone(),
-                });
-                self.shared.outbox.with(|buf| {
-                    write_content(buf, self.id(), &method, &msg, self.shared.frame_max)
-                });
+        waiter: Option<(Arc<dyn Completion>, u64)>,
+    ) -> Result<Option<Published>, BrokerError> {
+        let published = match ctx.vhost.publish(msg.clone(), waiter) {
+            Ok(p) => p,
+            Err(PublishError::Broker(e)) => return Err(e),
+            Err(PublishError::StoreUnavailable(reason)) => {
+                tracing::warn!(%reason, "publish refused: message store unavailable");
+                return Ok(None);
             }
-            return Ok(());
+        };
+        if !published.routed && mandatory {
+            let method = Method::BasicReturn(BasicReturn {
+                reply_code: constants::NO_ROUTE,
+                reply_text: "NO_ROUTE".into(),
+                exchange: msg.exchange.clone(),
+                routing_key: msg.routing_key.clone(),
+            });
+            self.shared
+                .outbox
+                .with(|buf| write_content(buf, self.id(), &method, &msg, self.shared.frame_max));
         }
-        for q in &queues {
-            q.publish(msg.clone());
-        }
-        Ok(())
+        Ok(Some(published))
     }
 
-    /// Sends the publisher confirms owed since the last flush, as one basic.ack with
-    /// `multiple` set when it covers more than one publish.
+    /// Sends the publisher confirms that are due.
     pub fn flush_confirms(&mut self) {
-        let Some(c) = self.confirm.as_mut() else {
-            return;
-        };
-        if c.pending_from >= c.next_seq {
-            return;
+        if let Some(c) = &self.confirm {
+            c.flush();
         }
-        let last = c.next_seq - 1;
-        let multiple = last > c.pending_from;
-        c.pending_from = c.next_seq;
-        self.send(BasicAck {
-            delivery_tag: last,
-            multiple,
-        });
     }
 
     /// Releases everything the channel holds: consumers are cancelled (auto-delete queues that
@@ -910,7 +1042,8 @@ fn settle(channel_key: u64, taken: Vec<Unacked>, requeue: bool) {
     for u in taken {
         let s = Settlement {
             consumer_tag: u.consumer_tag,
-            requeue: requeue.then_some(u.message),
+            message: u.message,
+            requeue,
         };
         match by_queue.iter_mut().find(|(q, _)| Arc::ptr_eq(q, &u.queue)) {
             Some((_, v)) => v.push(s),

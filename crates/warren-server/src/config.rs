@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 /// The whole configuration.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     /// AMQP listener and protocol limits.
@@ -45,12 +45,24 @@ pub struct AmqpConfig {
     pub handshake_timeout: u64,
 }
 
-/// `[storage]`.
+/// `[storage]`: where and how messages and durable definitions are kept.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct StorageConfig {
-    /// Data directory, default `./warren-data`.
-    pub data_dir: PathBuf,
+    /// Data directory. `None` runs entirely in memory (the embedding default); the `warren`
+    /// binary uses `./warren-data` when none is given.
+    pub data_dir: Option<PathBuf>,
+    /// Size at which a message-store segment file is closed and a new one started, bytes.
+    pub segment_size: u64,
+    /// Most bytes of appends covered by one fsync; publishers wait when this much is pending.
+    pub fsync_batch_bytes: usize,
+    /// Microseconds the store's writer waits for more publishes before an fsync (0 = none; the
+    /// batch still grows with whatever arrives during each fsync).
+    pub fsync_delay_us: u64,
+    /// Ready messages a queue keeps in memory; beyond this they are paged to disk.
+    pub queue_window: usize,
+    /// Ready message bytes a queue keeps in memory; beyond this they are paged to disk.
+    pub queue_window_bytes: usize,
 }
 
 /// `[log]`.
@@ -95,8 +107,28 @@ impl Default for AmqpConfig {
 impl Default for StorageConfig {
     fn default() -> Self {
         StorageConfig {
-            data_dir: PathBuf::from("warren-data"),
+            data_dir: None,
+            segment_size: 64 * 1024 * 1024,
+            fsync_batch_bytes: 16 * 1024 * 1024,
+            fsync_delay_us: 0,
+            queue_window: 2048,
+            queue_window_bytes: 8 * 1024 * 1024,
         }
+    }
+}
+
+impl StorageConfig {
+    /// The broker's storage options, when a data directory is set.
+    pub fn options(&self) -> Option<warren_broker::StorageOptions> {
+        let dir = self.data_dir.as_ref()?;
+        Some(warren_broker::StorageOptions {
+            segment_size: self.segment_size,
+            fsync_batch_bytes: self.fsync_batch_bytes,
+            fsync_delay_us: self.fsync_delay_us,
+            queue_window: self.queue_window.max(1),
+            queue_window_bytes: self.queue_window_bytes.max(1),
+            ..warren_broker::StorageOptions::new(dir)
+        })
     }
 }
 
@@ -104,17 +136,6 @@ impl Default for LogConfig {
     fn default() -> Self {
         LogConfig {
             level: "info".into(),
-        }
-    }
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            amqp: AmqpConfig::default(),
-            storage: StorageConfig::default(),
-            log: LogConfig::default(),
-            users: Vec::new(),
         }
     }
 }
@@ -210,8 +231,18 @@ max_table_depth = {max_table_depth}
 handshake_timeout = {handshake_timeout}
 
 [storage]
-# Data directory (durable definitions and messages).
-data_dir = "{data_dir}"
+# Data directory (durable definitions and messages). The warren binary uses ./warren-data
+# when none is set here or with --data-dir.
+# data_dir = "/var/lib/warren"
+# Message-store segment file size, bytes.
+segment_size = {segment_size}
+# Most bytes of appends covered by one fsync (group commit); publishers wait beyond this.
+fsync_batch_bytes = {fsync_batch_bytes}
+# Microseconds to wait for more publishes before each fsync (0 = none).
+fsync_delay_us = {fsync_delay_us}
+# Ready messages (and bytes) a queue keeps in memory before paging to disk.
+queue_window = {queue_window}
+queue_window_bytes = {queue_window_bytes}
 
 [log]
 # error, warn, info, debug, trace, or a tracing filter such as "warren_server=debug".
@@ -232,7 +263,11 @@ level = "{level}"
             max_connections = d.amqp.max_connections,
             max_table_depth = d.amqp.max_table_depth,
             handshake_timeout = d.amqp.handshake_timeout,
-            data_dir = d.storage.data_dir.display(),
+            segment_size = d.storage.segment_size,
+            fsync_batch_bytes = d.storage.fsync_batch_bytes,
+            fsync_delay_us = d.storage.fsync_delay_us,
+            queue_window = d.storage.queue_window,
+            queue_window_bytes = d.storage.queue_window_bytes,
             level = d.log.level,
         )
     }

@@ -49,8 +49,13 @@ fn main() -> ExitCode {
         config.amqp.listen = a;
     }
     if let Some(d) = args.data_dir {
-        config.storage.data_dir = d;
+        config.storage.data_dir = Some(d);
     }
+    let data_dir = config
+        .storage
+        .data_dir
+        .get_or_insert_with(|| PathBuf::from("warren-data"))
+        .clone();
     if let Some(l) = args.log_level {
         config.log.level = l;
     }
@@ -58,10 +63,10 @@ fn main() -> ExitCode {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     tracing_subscriber::fmt().with_env_filter(filter).init();
 
-    if let Err(e) = std::fs::create_dir_all(&config.storage.data_dir) {
+    if let Err(e) = std::fs::create_dir_all(&data_dir) {
         eprintln!(
             "warren: cannot create data directory {}: {e}",
-            config.storage.data_dir.display()
+            data_dir.display()
         );
         return ExitCode::FAILURE;
     }
@@ -76,11 +81,10 @@ fn main() -> ExitCode {
         }
     };
     runtime.block_on(async move {
-        let data_dir = config.storage.data_dir.clone();
         let broker = match Broker::builder().config(config).start().await {
             Ok(b) => b,
             Err(e) => {
-                eprintln!("warren: cannot listen: {e}");
+                eprintln!("warren: cannot start: {e}");
                 return ExitCode::FAILURE;
             }
         };

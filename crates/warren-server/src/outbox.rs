@@ -9,18 +9,34 @@
 use bytes::BytesMut;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::Notify;
 use warren_amqp::frame::{encode_heartbeat, encode_method_frame};
 use warren_amqp::Method;
+use warren_broker::Queue;
+
+/// Pending output above which queues stop delivering to this connection, bytes.
+pub const HIGH_WATER: usize = 4 * 1024 * 1024;
 
 /// A connection's pending output.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Outbox {
     buf: Mutex<BytesMut>,
     notify: Notify,
     closing: AtomicBool,
+    /// Queues that held back deliveries because the outbox was over [`HIGH_WATER`]; they are
+    /// asked to dispatch again once the writer has drained it.
+    parked: Mutex<Vec<Arc<Queue>>>,
+}
+
+impl std::fmt::Debug for Outbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Outbox")
+            .field("pending", &self.pending())
+            .finish()
+    }
 }
 
 impl Outbox {
@@ -57,6 +73,19 @@ impl Outbox {
         self.buf.lock().len()
     }
 
+    /// True when a delivery should wait: the socket is not keeping up. The queue is
+    /// remembered and dispatched again once the backlog has been written.
+    pub fn hold_back(&self, queue: &Arc<Queue>) -> bool {
+        if self.pending() < HIGH_WATER {
+            return false;
+        }
+        let mut parked = self.parked.lock();
+        if !parked.iter().any(|q| Arc::ptr_eq(q, queue)) {
+            parked.push(queue.clone());
+        }
+        true
+    }
+
     /// Drains the outbox into `sink` until closed or the socket fails. `heartbeat` is the
     /// negotiated interval (`None` when disabled); a heartbeat frame is sent whenever nothing
     /// else was written for half of it.
@@ -87,6 +116,13 @@ impl Outbox {
             if !data.is_empty() {
                 sink.write_all(&data).await?;
                 wrote_since_tick = true;
+                drop(data);
+                if self.pending() < HIGH_WATER / 2 {
+                    let parked = std::mem::take(&mut *self.parked.lock());
+                    for q in parked {
+                        q.dispatch();
+                    }
+                }
             }
             if self.is_closing() && self.buf.lock().is_empty() {
                 sink.flush().await?;

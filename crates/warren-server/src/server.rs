@@ -31,8 +31,11 @@ pub struct ServerState {
 }
 
 impl ServerState {
-    /// A fresh state for `config`: users from the config, or guest/guest (loopback only).
-    pub fn new(config: Config) -> Self {
+    /// A fresh state for `config`: users from the config, or guest/guest (loopback only);
+    /// with a data directory, durable definitions and messages are recovered from it.
+    ///
+    /// Errors: the message store could not be opened.
+    pub fn new(config: Config) -> std::io::Result<Self> {
         let users = if config.users.is_empty() {
             Users::with_default_guest()
         } else {
@@ -47,12 +50,29 @@ impl ServerState {
             }
             u
         };
-        ServerState {
-            broker: warren_broker::Broker::new(users),
+        let broker = match config.storage.options() {
+            None => warren_broker::Broker::new(users),
+            Some(opts) => {
+                let (broker, report) = warren_broker::Broker::open(users, opts)
+                    .map_err(|e| std::io::Error::other(e.to_string()))?;
+                info!(
+                    messages = report.messages,
+                    segments = report.segments,
+                    truncated_bytes = report.truncated_bytes,
+                    corrupt_records = report.corrupt_records,
+                    missing_segments = report.missing_segments.len(),
+                    ms = report.duration.as_millis() as u64,
+                    "recovered durable state"
+                );
+                broker
+            }
+        };
+        Ok(ServerState {
+            broker,
             config,
             next_connection: AtomicU64::new(1),
             connections: AtomicUsize::new(0),
-        }
+        })
     }
 
     /// A new process-unique connection id.
@@ -90,6 +110,12 @@ impl BrokerBuilder {
         self
     }
 
+    /// Keeps durable state in `dir` (by default the broker runs in memory).
+    pub fn data_dir(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
+        self.config.storage.data_dir = Some(dir.into());
+        self
+    }
+
     /// Sets the AMQP listen address (`"127.0.0.1:0"` picks a free port).
     ///
     /// # Panics
@@ -105,7 +131,7 @@ impl BrokerBuilder {
     pub async fn start(self) -> std::io::Result<RunningBroker> {
         let listener = TcpListener::bind(self.config.amqp.listen).await?;
         let addr = listener.local_addr()?;
-        let state = Arc::new(ServerState::new(self.config));
+        let state = Arc::new(ServerState::new(self.config)?);
         let (tx, rx) = watch::channel(false);
         let task = tokio::spawn(accept_loop(listener, state.clone(), rx));
         info!(%addr, "AMQP listener started");
@@ -186,5 +212,6 @@ async fn accept_loop(
     })
     .await;
     tasks.abort_all();
+    state.broker.close();
     info!("broker stopped");
 }

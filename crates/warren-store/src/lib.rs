@@ -111,6 +111,9 @@ pub trait Completion: Send + Sync {
 
 type Waiter = (Arc<dyn Completion>, u64);
 
+/// Chunks taken by the writer: (segment, start offset, bytes).
+type Batch = VecDeque<(u32, u64, Bytes)>;
+
 struct State {
     segment: u32,
     position: u64,
@@ -259,6 +262,7 @@ impl Store {
 
     /// Appends a persistent message routed to the durable `queues`. `waiter` is completed after
     /// the fsync that covers the record. Errors: [`StoreError::Unavailable`] while writes fail.
+    #[allow(clippy::too_many_arguments)]
     pub fn append_publish(
         &self,
         id: u64,
@@ -457,7 +461,7 @@ struct OpenSegment {
 
 fn writer_loop(inner: Arc<Inner>) {
     let mut open: Option<OpenSegment> = None;
-    let mut retry: Option<(VecDeque<(u32, u64, Bytes)>, Vec<Waiter>)> = None;
+    let mut retry: Option<(Batch, Vec<Waiter>)> = None;
     loop {
         let (mut batch, waiters, shutdown) = match retry.take() {
             Some((b, w)) => {

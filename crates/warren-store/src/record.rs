@@ -13,13 +13,29 @@
 //!   shortstr routing key, u32 + properties (AMQP content-header property encoding),
 //!   u32 + body`. `TRANSIENT` records hold paged-out transient messages and are ignored by
 //!   recovery.
-//! - `ACK`: `u64 id, shortstr queue` — the message left that queue (acked, dropped, purged).
-//! - `DELIVERED`: `u64 id, shortstr queue` — the message was delivered at least once, so it is
+//! - `ACK`: `u64 id, u16 + UTF-8 queue` — the message left that queue (acked, dropped, purged).
+//! - `DELIVERED`: `u64 id, u16 + UTF-8 queue` — the message was delivered at least once, so it is
 //!   recovered with `redelivered = true`.
 
 use bytes::{BufMut, Bytes, BytesMut};
 use warren_amqp::properties::BasicProperties;
 use warren_amqp::table::{put_shortstr, Decoder};
+
+/// Queue names in records are qualified by their vhost and may exceed a short string, so they
+/// are written with a 16-bit length.
+fn put_name(buf: &mut BytesMut, name: &str) {
+    let bytes = &name.as_bytes()[..name.len().min(usize::from(u16::MAX))];
+    buf.put_u16(bytes.len() as u16);
+    buf.put_slice(bytes);
+}
+
+fn read_name(d: &mut Decoder) -> Result<String, RecordError> {
+    let bad = |e: warren_amqp::error::DecodeError| RecordError::Malformed(e.to_string());
+    let len = d.read_u16().map_err(bad)?;
+    let raw = d.take(usize::from(len)).map_err(bad)?;
+    String::from_utf8(raw.to_vec())
+        .map_err(|_| RecordError::Malformed("queue name is not UTF-8".into()))
+}
 
 /// Bytes of framing before the type byte.
 pub const HEADER_LEN: usize = 8;
@@ -51,7 +67,8 @@ pub struct StoredMessage {
     pub body: Bytes,
 }
 
-/// A decoded record.
+/// A decoded record (decoded one at a time, so the size difference between variants is moot).
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum Record {
     /// `PUBLISH` or `TRANSIENT` (see `transient`).
@@ -123,7 +140,7 @@ pub fn encode_publish(
         b.put_u64(id);
         b.put_u16(queues.len() as u16);
         for q in queues {
-            put_shortstr(b, q);
+            put_name(b, q);
         }
         put_shortstr(b, exchange);
         put_shortstr(b, routing_key);
@@ -141,7 +158,7 @@ pub fn encode_publish(
 pub fn encode_queue_event(buf: &mut BytesMut, kind: u8, id: u64, queue: &str) {
     frame(buf, kind, |b| {
         b.put_u64(id);
-        put_shortstr(b, queue);
+        put_name(b, queue);
     });
 }
 
@@ -160,7 +177,7 @@ pub fn decode(body: &[u8], crc: u32) -> Result<Record, RecordError> {
             let n = d.read_u16().map_err(bad)?;
             let mut queues = Vec::with_capacity(usize::from(n));
             for _ in 0..n {
-                queues.push(d.read_shortstr().map_err(bad)?);
+                queues.push(read_name(&mut d)?);
             }
             let exchange = d.read_shortstr().map_err(bad)?;
             let routing_key = d.read_shortstr().map_err(bad)?;
@@ -183,7 +200,7 @@ pub fn decode(body: &[u8], crc: u32) -> Result<Record, RecordError> {
         }
         kind::ACK | kind::DELIVERED => {
             let id = d.read_u64().map_err(bad)?;
-            let queue = d.read_shortstr().map_err(bad)?;
+            let queue = read_name(&mut d)?;
             if kind == kind::ACK {
                 Record::Ack { id, queue }
             } else {

@@ -36,7 +36,12 @@ pub struct SpillFile {
     file: File,
     read_pos: u64,
     write_pos: u64,
+    /// Entries pushed but not yet written: spilling one message costs no syscall.
+    tail: Vec<SpillEntry>,
 }
+
+/// Entries buffered in memory before they are written to the file.
+const TAIL_MAX: usize = 1024;
 
 impl SpillFile {
     /// Creates (truncating) the spill file at `path`.
@@ -55,12 +60,13 @@ impl SpillFile {
             file,
             read_pos: 0,
             write_pos: 0,
+            tail: Vec::new(),
         })
     }
 
     /// Entries waiting.
     pub fn len(&self) -> u64 {
-        (self.write_pos - self.read_pos) / ENTRY as u64
+        (self.write_pos - self.read_pos) / ENTRY as u64 + self.tail.len() as u64
     }
 
     /// True when nothing is waiting.
@@ -70,6 +76,15 @@ impl SpillFile {
 
     /// Appends entries at the back.
     pub fn push(&mut self, entries: &[SpillEntry]) -> std::io::Result<()> {
+        self.tail.extend_from_slice(entries);
+        if self.tail.len() >= TAIL_MAX {
+            let tail = std::mem::take(&mut self.tail);
+            self.write(&tail)?;
+        }
+        Ok(())
+    }
+
+    fn write(&mut self, entries: &[SpillEntry]) -> std::io::Result<()> {
         let mut buf = Vec::with_capacity(entries.len() * ENTRY);
         for e in entries {
             buf.extend_from_slice(&e.seq.to_be_bytes());
@@ -88,7 +103,12 @@ impl SpillFile {
 
     /// Takes up to `max` entries from the front.
     pub fn pop(&mut self, max: usize) -> std::io::Result<Vec<SpillEntry>> {
-        let n = (self.len() as usize).min(max);
+        let on_disk = ((self.write_pos - self.read_pos) / ENTRY as u64) as usize;
+        if on_disk == 0 {
+            let n = self.tail.len().min(max);
+            return Ok(self.tail.drain(..n).collect());
+        }
+        let n = on_disk.min(max);
         let mut buf = vec![0u8; n * ENTRY];
         self.file.seek(SeekFrom::Start(self.read_pos))?;
         self.file.read_exact(&mut buf)?;
@@ -150,8 +170,8 @@ mod tests {
                 offset: i * 100,
                 len: 77,
             },
-            redelivered: i % 2 == 0,
-            transient: i % 3 == 0,
+            redelivered: i.is_multiple_of(2),
+            transient: i.is_multiple_of(3),
         };
         s.push(&(0..5).map(e).collect::<Vec<_>>()).unwrap();
         assert_eq!(s.len(), 5);

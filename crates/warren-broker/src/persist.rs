@@ -1,0 +1,172 @@
+//! Durability for the broker model: the message store handle, per-queue paging settings, and
+//! durable definitions (exchanges, queues, bindings) saved atomically per vhost.
+//!
+//! A definitions file is `WARRENDEFS1\n`, a CRC32C of the rest, then one AMQP field table
+//! (the codec's own encoding, so argument types survive exactly). Writes go to a temporary file
+//! that is fsynced and renamed over the old one, and the directory is fsynced: after a crash
+//! the file is either the old or the new version, never half of one.
+
+use bytes::{Bytes, BytesMut};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use warren_amqp::table::{decode_table, encode_table, Decoder, FieldTable, FieldValue};
+use warren_store::{Store, StoreConfig};
+
+const MAGIC: &[u8] = b"WARRENDEFS1\n";
+
+/// Storage settings of a broker with a data directory.
+#[derive(Debug, Clone)]
+pub struct StorageOptions {
+    /// Data directory: `messages/` (segments), `definitions/`, `spill/`.
+    pub data_dir: PathBuf,
+    /// Segment size, bytes.
+    pub segment_size: u64,
+    /// Largest batch of appends covered by one fsync, bytes.
+    pub fsync_batch_bytes: usize,
+    /// How long the store's writer waits for more appends before an fsync, microseconds.
+    pub fsync_delay_us: u64,
+    /// Ready messages a queue keeps in memory before paging to disk.
+    pub queue_window: usize,
+    /// Ready body bytes a queue keeps in memory before paging to disk.
+    pub queue_window_bytes: usize,
+}
+
+impl StorageOptions {
+    /// Defaults for `data_dir`: 64 MiB segments, 16 MiB fsync batches, no fsync delay, a
+    /// window of 2048 messages or 8 MiB per queue.
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        StorageOptions {
+            data_dir: data_dir.into(),
+            segment_size: 64 * 1024 * 1024,
+            fsync_batch_bytes: 16 * 1024 * 1024,
+            fsync_delay_us: 0,
+            queue_window: 2048,
+            queue_window_bytes: 8 * 1024 * 1024,
+        }
+    }
+
+    pub(crate) fn store_config(&self) -> StoreConfig {
+        StoreConfig {
+            segment_size: self.segment_size,
+            max_batch_bytes: self.fsync_batch_bytes,
+            fsync_delay: std::time::Duration::from_micros(self.fsync_delay_us),
+            ..StoreConfig::new(self.data_dir.join("messages"))
+        }
+    }
+}
+
+/// What a vhost needs to persist things.
+pub struct Persistence {
+    /// The message store.
+    pub store: Store,
+    /// Paging settings.
+    pub options: StorageOptions,
+    spill_counter: AtomicU64,
+}
+
+impl Persistence {
+    pub(crate) fn new(store: Store, options: StorageOptions) -> Self {
+        Persistence {
+            store,
+            options,
+            spill_counter: AtomicU64::new(0),
+        }
+    }
+
+    /// A fresh spill file path (spill files are scratch space, named by a counter).
+    pub fn spill_path(&self) -> PathBuf {
+        let n = self.spill_counter.fetch_add(1, Ordering::Relaxed);
+        self.options
+            .data_dir
+            .join("spill")
+            .join(format!("{n}.spill"))
+    }
+
+    fn definitions_dir(&self) -> PathBuf {
+        self.options.data_dir.join("definitions")
+    }
+
+    /// Writes `table` as vhost `vhost`'s definitions, atomically.
+    pub fn save_definitions(&self, vhost: &str, table: &FieldTable) -> std::io::Result<()> {
+        let dir = self.definitions_dir();
+        std::fs::create_dir_all(&dir)?;
+        let mut body = BytesMut::new();
+        encode_table(table, &mut body);
+        let mut out = Vec::with_capacity(body.len() + 16);
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&crc32c::crc32c(&body).to_be_bytes());
+        out.extend_from_slice(&body);
+        let path = dir.join(file_name(vhost));
+        let tmp = path.with_extension("tmp");
+        {
+            use std::io::Write;
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(&out)?;
+            f.sync_all()?;
+        }
+        std::fs::rename(&tmp, &path)?;
+        std::fs::File::open(&dir)?.sync_all()?;
+        Ok(())
+    }
+
+    /// Reads every vhost's definitions. Unreadable files are reported and skipped.
+    pub fn load_definitions(&self) -> Vec<FieldTable> {
+        let mut out = Vec::new();
+        let Ok(entries) = std::fs::read_dir(self.definitions_dir()) else {
+            return out;
+        };
+        for e in entries.filter_map(|e| e.ok()) {
+            let path = e.path();
+            if path.extension().is_none_or(|x| x != "defs") {
+                continue;
+            }
+            match read_definitions(&path) {
+                Ok(t) => out.push(t),
+                Err(err) => {
+                    tracing::error!(path = %path.display(), error = %err, "cannot read definitions")
+                }
+            }
+        }
+        out
+    }
+}
+
+fn read_definitions(path: &Path) -> Result<FieldTable, String> {
+    let raw = std::fs::read(path).map_err(|e| e.to_string())?;
+    let rest = raw.strip_prefix(MAGIC).ok_or("not a definitions file")?;
+    if rest.len() < 4 {
+        return Err("truncated".into());
+    }
+    let crc = u32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]);
+    let body = &rest[4..];
+    if crc32c::crc32c(body) != crc {
+        return Err("checksum mismatch".into());
+    }
+    decode_table(&mut Decoder::new(body), 64).map_err(|e| e.to_string())
+}
+
+/// File name for a vhost's definitions: the name hex-encoded, so any vhost name is safe.
+fn file_name(vhost: &str) -> String {
+    let hex: String = vhost.bytes().map(|b| format!("{b:02x}")).collect();
+    format!("vhost-{hex}.defs")
+}
+
+/// Helpers to build and read definition tables.
+pub(crate) fn s(v: &str) -> FieldValue {
+    FieldValue::LongString(Bytes::copy_from_slice(v.as_bytes()))
+}
+
+pub(crate) fn get_str<'a>(t: &'a FieldTable, k: &str) -> &'a str {
+    t.get(k).and_then(|v| v.as_str()).unwrap_or("")
+}
+
+pub(crate) fn get_bool(t: &FieldTable, k: &str) -> bool {
+    t.get(k).and_then(|v| v.as_bool()).unwrap_or(false)
+}
+
+pub(crate) fn get_table(t: &FieldTable, k: &str) -> FieldTable {
+    t.get(k)
+        .and_then(|v| v.as_table())
+        .cloned()
+        .unwrap_or_default()
+}
