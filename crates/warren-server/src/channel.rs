@@ -306,6 +306,8 @@ pub struct Context<'a> {
     pub vhost: &'a Arc<VHost>,
     /// Largest accepted message body.
     pub max_message_size: u64,
+    /// The authenticated user (a publish's `user_id` property must match it).
+    pub user: &'a str,
 }
 
 type MethodResult = Result<(), BrokerError>;
@@ -910,6 +912,14 @@ impl Channel {
             return Ok(());
         };
         let (_, properties) = content.header.unwrap_or_default();
+        if let Some(claimed) = properties.user_id.as_deref() {
+            if claimed != ctx.user {
+                return Err(BrokerError::precondition_failed(format!(
+                    "user_id property set to '{claimed}' but authenticated user was '{}'",
+                    ctx.user
+                )));
+            }
+        }
         let body = match content.single {
             Some(b) => b,
             None => content.body.freeze(),

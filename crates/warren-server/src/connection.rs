@@ -192,6 +192,16 @@ fn sasl_credentials(mechanism: &str, response: &[u8]) -> Option<(String, String)
     }
 }
 
+/// What the handshake learned about the client.
+struct Session {
+    /// The authenticated user.
+    user: String,
+    /// The client wants basic.cancel when its queue is deleted.
+    cancel_notify: bool,
+    /// The client understands connection.blocked / unblocked.
+    blocked_notify: bool,
+}
+
 struct Tuned {
     frame_max: u32,
     channel_max: u16,
@@ -242,7 +252,7 @@ where
             "handshake timed out",
         ))
     });
-    let (tuned, vhost, cancel_notify) = match negotiated {
+    let (tuned, vhost, session) = match negotiated {
         Ok(v) => v,
         Err(e) => {
             warn!(code = e.code, text = %e.text, "handshake failed");
@@ -284,9 +294,13 @@ where
         channels: HashMap::new(),
         frame_max: tuned.frame_max,
         channel_max: tuned.channel_max,
-        cancel_notify,
+        cancel_notify: session.cancel_notify,
         max_message_size: cfg.max_message_size,
+        user: session.user,
     };
+    if session.blocked_notify {
+        state.listen_blocked(&outbox);
+    }
     let limits = Limits {
         frame_max: tuned.frame_max,
         max_table_depth: cfg.max_table_depth,
@@ -386,7 +400,7 @@ async fn handshake_steps<R, W>(
     wr: &mut W,
     rbuf: &mut BytesMut,
     peer: SocketAddr,
-) -> Result<(Tuned, Arc<VHost>, bool), ConnError>
+) -> Result<(Tuned, Arc<VHost>, Session), ConnError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -429,6 +443,7 @@ where
             .unwrap_or(false)
     };
     let cancel_notify = cap("consumer_cancel_notify");
+    let blocked_notify = cap("connection.blocked");
     let mechanism = start_ok.mechanism.as_str();
     if mechanism != "PLAIN" && mechanism != "AMQPLAIN" {
         return Err(ConnError::new(
@@ -544,7 +559,15 @@ where
     );
     wr.write_all(&out).await.map_err(io_err)?;
     info!(user = %user, vhost = %open.virtual_host, "connection open");
-    Ok((tuned, vhost, cancel_notify))
+    Ok((
+        tuned,
+        vhost,
+        Session {
+            user,
+            cancel_notify,
+            blocked_notify,
+        },
+    ))
 }
 
 struct Conn {
@@ -556,6 +579,7 @@ struct Conn {
     channel_max: u16,
     cancel_notify: bool,
     max_message_size: u64,
+    user: String,
 }
 
 impl Conn {
@@ -564,6 +588,7 @@ impl Conn {
             connection_id: self.id,
             vhost: &self.vhost,
             max_message_size: self.max_message_size,
+            user: &self.user,
         };
         match frame {
             Frame::Heartbeat { .. } => None,
@@ -681,6 +706,7 @@ impl Conn {
             connection_id: self.id,
             vhost: &self.vhost,
             max_message_size: self.max_message_size,
+            user: &self.user,
         };
         if let Some(ch) = self.channels.get_mut(&channel) {
             ch.close_with_error(&ctx, &e, class_id, method_id);
@@ -729,6 +755,7 @@ impl Conn {
             connection_id: self.id,
             vhost: &self.vhost,
             max_message_size: self.max_message_size,
+            user: &self.user,
         };
         for (_, mut ch) in self.channels.drain() {
             ch.cleanup(&ctx);

@@ -28,7 +28,14 @@ pub struct ServerState {
     pub config: Config,
     next_connection: AtomicU64,
     connections: AtomicUsize,
+    /// Connections that declared the `connection.blocked` capability.
+    blocked_listeners: parking_lot::Mutex<Vec<std::sync::Weak<crate::outbox::Outbox>>>,
+    blocked: std::sync::atomic::AtomicBool,
 }
+
+/// The reason sent in connection.blocked while the message store cannot write (RabbitMQ sends
+/// the same text for its disk alarm).
+pub const BLOCKED_REASON: &str = "low on disk";
 
 impl ServerState {
     /// A fresh state for `config`: users from the config, or guest/guest (loopback only);
@@ -72,7 +79,42 @@ impl ServerState {
             config,
             next_connection: AtomicU64::new(1),
             connections: AtomicUsize::new(0),
+            blocked_listeners: parking_lot::Mutex::new(Vec::new()),
+            blocked: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// Registers a connection for connection.blocked / unblocked notifications; it is told at
+    /// once if publishing is currently blocked.
+    pub fn listen_blocked(&self, outbox: &Arc<crate::outbox::Outbox>) {
+        let mut l = self.blocked_listeners.lock();
+        l.retain(|w| w.strong_count() > 0);
+        l.push(Arc::downgrade(outbox));
+        if self.blocked.load(Ordering::Relaxed) {
+            outbox.send(0, &blocked_method(true));
+        }
+    }
+
+    /// Follows the message store's health: when writes start failing, every listening
+    /// connection gets connection.blocked; when they succeed again, connection.unblocked.
+    fn check_blocked(&self) {
+        let failed = self.broker.store().is_some_and(|s| s.is_failed());
+        if self.blocked.swap(failed, Ordering::Relaxed) == failed {
+            return;
+        }
+        warn!(
+            blocked = failed,
+            "publishers {}",
+            if failed {
+                "blocked: message store cannot write"
+            } else {
+                "unblocked"
+            }
+        );
+        let l = self.blocked_listeners.lock();
+        for o in l.iter().filter_map(|w| w.upgrade()) {
+            o.send(0, &blocked_method(failed));
+        }
     }
 
     /// A new process-unique connection id.
@@ -83,6 +125,17 @@ impl ServerState {
     /// Connections currently open.
     pub fn connection_count(&self) -> usize {
         self.connections.load(Ordering::Relaxed)
+    }
+}
+
+fn blocked_method(blocked: bool) -> warren_amqp::Method {
+    use warren_amqp::generated::{ConnectionBlocked, ConnectionUnblocked};
+    if blocked {
+        warren_amqp::Method::ConnectionBlocked(ConnectionBlocked {
+            reason: BLOCKED_REASON.into(),
+        })
+    } else {
+        warren_amqp::Method::ConnectionUnblocked(ConnectionUnblocked {})
     }
 }
 
@@ -177,8 +230,10 @@ async fn accept_loop(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut tasks = JoinSet::new();
+    let mut health = tokio::time::interval(Duration::from_millis(250));
     loop {
         tokio::select! {
+            _ = health.tick() => state.check_blocked(),
             accepted = listener.accept() => {
                 let (stream, peer) = match accepted {
                     Ok(x) => x,

@@ -466,6 +466,8 @@ fn writer_loop(inner: Arc<Inner>) {
         let (mut batch, waiters, shutdown) = match retry.take() {
             Some((b, w)) => {
                 std::thread::sleep(Duration::from_secs(1));
+                // Settled segments can go even while writes fail: that may be what frees space.
+                inner.delete_dead_segments();
                 (b, w, inner.state.lock().shutdown)
             }
             None => {
