@@ -1,8 +1,53 @@
 //! Messages as the broker holds them.
 
 use bytes::Bytes;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, OnceLock};
 use warren_amqp::properties::BasicProperties;
+use warren_store::Completion;
+
+/// A publisher confirm that can be sent before the fsync: once every durable queue a
+/// persistent message was routed to has delivered it and had it acknowledged, the message no
+/// longer needs to be recoverable, so it is confirmed then (as RabbitMQ does) even if the fsync
+/// that covers it has not finished. Whichever comes first, fsync or the last ack, confirms.
+pub struct ConfirmTicket {
+    remaining: AtomicU32,
+    sink: Arc<dyn Completion>,
+    token: u64,
+}
+
+impl ConfirmTicket {
+    /// A ticket waiting for `queues` acknowledgements; completes `token` on `sink`.
+    pub fn new(queues: u32, sink: Arc<dyn Completion>, token: u64) -> Self {
+        ConfirmTicket {
+            remaining: AtomicU32::new(queues),
+            sink,
+            token,
+        }
+    }
+
+    /// One durable queue is done with the message (acked, or dropped).
+    pub fn settle_one(&self) {
+        if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.sink.complete(&[self.token], true);
+        }
+    }
+}
+
+impl std::fmt::Debug for ConfirmTicket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConfirmTicket")
+            .field("remaining", &self.remaining)
+            .field("token", &self.token)
+            .finish()
+    }
+}
+
+impl PartialEq for ConfirmTicket {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(self, other)
+    }
+}
 
 /// A published message: where it was published to, its basic properties and its body.
 ///
@@ -17,9 +62,27 @@ pub struct Message {
     pub properties: BasicProperties,
     /// The body, assembled from body frames.
     pub body: Bytes,
+    /// The publisher confirm to send early once every durable queue has acked the message.
+    pub confirm: OnceLock<Arc<ConfirmTicket>>,
 }
 
 impl Message {
+    /// A message with no confirm attached.
+    pub fn new(
+        exchange: String,
+        routing_key: String,
+        properties: BasicProperties,
+        body: Bytes,
+    ) -> Self {
+        Message {
+            exchange,
+            routing_key,
+            properties,
+            body,
+            confirm: OnceLock::new(),
+        }
+    }
+
     /// True for `delivery_mode = 2` (persistent).
     pub fn is_persistent(&self) -> bool {
         self.properties.delivery_mode == Some(2)

@@ -273,17 +273,17 @@ impl Queue {
     /// is persistent and this queue durable. A deleted queue drops it.
     pub fn publish(self: &Arc<Self>, message: Arc<Message>, seq: u64, stored: Option<Location>) {
         let mut st = self.state.lock();
-        if st.deleted {
-            drop(st);
-            self.forget(seq, stored);
-            return;
-        }
         let qm = QueuedMessage {
             seq,
             message,
             redelivered: false,
             stored,
         };
+        if st.deleted {
+            drop(st);
+            self.settled(&qm);
+            return;
+        }
         if !self.spill_if_full(&mut st, &qm) {
             st.push_back(qm);
         }
@@ -409,12 +409,12 @@ impl Queue {
                 }
                 st.push_back(QueuedMessage {
                     seq: e.seq,
-                    message: Arc::new(Message {
-                        exchange: m.exchange,
-                        routing_key: m.routing_key,
-                        properties: m.properties,
-                        body: m.body,
-                    }),
+                    message: Arc::new(Message::new(
+                        m.exchange,
+                        m.routing_key,
+                        m.properties,
+                        m.body,
+                    )),
                     redelivered: e.redelivered,
                     stored: (!e.transient).then_some(e.location),
                 });
@@ -430,10 +430,21 @@ impl Queue {
         }
     }
 
-    /// The message leaves this queue for good: record it in the store when it was stored.
+    /// A stored message leaves this queue for good: record it in the store.
     fn forget(&self, seq: u64, stored: Option<Location>) {
         if let (Some(store), Some(loc)) = (self.store(), stored) {
             store.ack(&self.store_key, seq, loc);
+        }
+    }
+
+    /// A message leaves this queue for good: record it in the store, and count this queue
+    /// towards an early publisher confirm.
+    fn settled(&self, qm: &QueuedMessage) {
+        if let (Some(store), Some(loc)) = (self.store(), qm.stored) {
+            store.ack(&self.store_key, qm.seq, loc);
+            if let Some(t) = qm.message.confirm.get() {
+                t.settle_one();
+            }
         }
     }
 
@@ -441,7 +452,7 @@ impl Queue {
     fn drop_ready(&self, st: &mut State) -> u32 {
         let mut n = 0u32;
         for qm in st.take_ready() {
-            self.forget(qm.seq, qm.stored);
+            self.settled(&qm);
             n += 1;
         }
         if let Some(spill) = st.spill.as_mut() {
@@ -519,11 +530,15 @@ impl Queue {
                     return;
                 };
                 let (seq, stored, first) = (msg.seq, msg.stored, !msg.redelivered);
+                let ticket = msg.message.confirm.get().cloned();
                 let c = &mut st.consumers[idx];
                 match c.target.deliver(self, &c.tag, c.no_ack, msg) {
                     Ok(()) => {
                         if c.no_ack {
                             self.forget(seq, stored);
+                            if let (Some(t), true) = (ticket, stored.is_some()) {
+                                t.settle_one();
+                            }
                         } else {
                             c.in_flight += 1;
                             st.unacked += 1;
@@ -553,7 +568,7 @@ impl Queue {
         self.refill(&mut st);
         let msg = st.pop_front()?;
         if no_ack {
-            self.forget(msg.seq, msg.stored);
+            self.settled(&msg);
         } else {
             st.unacked += 1;
             if let (Some(store), false, true) =
@@ -573,7 +588,7 @@ impl Queue {
         if st.deleted {
             drop(st);
             for s in settlements {
-                self.forget(s.message.seq, s.message.stored);
+                self.settled(&s.message);
             }
             return;
         }
@@ -593,7 +608,7 @@ impl Queue {
                 m.redelivered = true;
                 st.insert_ordered(m);
             } else {
-                self.forget(s.message.seq, s.message.stored);
+                self.settled(&s.message);
             }
         }
         self.dispatch_locked(&mut st);
@@ -682,12 +697,12 @@ mod tests {
     }
 
     fn msg(body: &str) -> Arc<Message> {
-        Arc::new(Message {
-            exchange: String::new(),
-            routing_key: "q".into(),
-            properties: Default::default(),
-            body: Bytes::copy_from_slice(body.as_bytes()),
-        })
+        Arc::new(Message::new(
+            String::new(),
+            "q".into(),
+            Default::default(),
+            Bytes::copy_from_slice(body.as_bytes()),
+        ))
     }
 
     fn queue() -> Arc<Queue> {

@@ -7,7 +7,7 @@
 use crate::auth::Users;
 use crate::error::{resource, BrokerError, Result};
 use crate::exchange::{Binding, Destination, Exchange, ExchangeKind};
-use crate::message::Message;
+use crate::message::{ConfirmTicket, Message};
 use crate::names;
 use crate::persist::{get_bool, get_str, get_table, s, Persistence, StorageOptions};
 use crate::queue::{Backing, Consumer, Queue, QueueCounts};
@@ -286,6 +286,10 @@ impl VHost {
                 .map(|q| q.store_key())
                 .collect();
             if !durable.is_empty() {
+                if let Some((sink, token)) = &waiter {
+                    let ticket = ConfirmTicket::new(durable.len() as u32, sink.clone(), *token);
+                    let _ = msg.confirm.set(Arc::new(ticket));
+                }
                 let loc = p
                     .store
                     .append_publish(

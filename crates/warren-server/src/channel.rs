@@ -258,8 +258,10 @@ impl Completion for Confirms {
         {
             let mut b = self.book.lock();
             for t in tokens {
-                b.waiting.remove(t);
-                b.done.insert(*t, ok);
+                // Settled already (confirmed early when consumers acked it, or nacked).
+                if b.waiting.remove(t) {
+                    b.done.insert(*t, ok);
+                }
             }
         }
         self.flush();
@@ -924,12 +926,12 @@ impl Channel {
             Some(b) => b,
             None => content.body.freeze(),
         };
-        let msg = Arc::new(Message {
-            exchange: content.publish.exchange,
-            routing_key: content.publish.routing_key,
+        let msg = Arc::new(Message::new(
+            content.publish.exchange,
+            content.publish.routing_key,
             properties,
             body,
-        });
+        ));
         if let Some(tx) = self.tx.as_mut() {
             tx.publishes.push((msg, content.publish.mandatory));
             return Ok(());
