@@ -132,6 +132,7 @@ pub struct Queue {
     /// The queue's name in store records: vhost and name joined by U+001F.
     store_key: String,
     backing: Option<Backing>,
+    deliveries: std::sync::atomic::AtomicU64,
     state: Mutex<State>,
 }
 
@@ -211,6 +212,7 @@ impl Queue {
             auto_delete,
             arguments,
             backing: None,
+            deliveries: std::sync::atomic::AtomicU64::new(0),
             state: Mutex::new(State::default()),
         }
     }
@@ -271,7 +273,14 @@ impl Queue {
     /// Appends message `seq` (ids increase across the broker, so they order every queue) and
     /// delivers what consumers can take. `stored` is where the store holds the message when it
     /// is persistent and this queue durable. A deleted queue drops it.
-    pub fn publish(self: &Arc<Self>, message: Arc<Message>, seq: u64, stored: Option<Location>) {
+    ///
+    /// Returns true when publishers should pause (see [`Queue::is_pressured`]).
+    pub fn publish(
+        self: &Arc<Self>,
+        message: Arc<Message>,
+        seq: u64,
+        stored: Option<Location>,
+    ) -> bool {
         let mut st = self.state.lock();
         let qm = QueuedMessage {
             seq,
@@ -282,12 +291,35 @@ impl Queue {
         if st.deleted {
             drop(st);
             self.settled(&qm);
-            return;
+            return false;
         }
         if !self.spill_if_full(&mut st, &qm) {
             st.push_back(qm);
         }
         self.dispatch_locked(&mut st);
+        !st.consumers.is_empty() && (st.spilled() > 0 || st.ready.len() >= self.pressure_limit())
+    }
+
+    /// Ready messages beyond which a queue with consumers asks publishers to pause: its
+    /// in-memory window, or 4096 without a store.
+    fn pressure_limit(&self) -> usize {
+        self.backing.as_ref().map_or(4096, |b| b.window)
+    }
+
+    /// Publisher flow control. A queue whose consumers fall behind its publishers would
+    /// otherwise build a backlog that only adds latency (and, beyond the window, disk
+    /// traffic); publishers of a pressured queue pause until it drains below half its window,
+    /// so the broker's CPU goes to delivering instead. A queue without consumers is never
+    /// pressured: it simply grows on disk.
+    pub fn is_pressured(&self) -> bool {
+        let st = self.state.lock();
+        !st.consumers.is_empty()
+            && (st.spilled() > 0 || st.ready.len() >= self.pressure_limit() / 2)
+    }
+
+    /// Messages delivered to consumers so far (to tell a stalled consumer from a slow one).
+    pub fn deliveries(&self) -> u64 {
+        self.deliveries.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Adds messages recovered from the store, in id order, as ready: the first window's worth
@@ -534,6 +566,8 @@ impl Queue {
                 let c = &mut st.consumers[idx];
                 match c.target.deliver(self, &c.tag, c.no_ack, msg) {
                     Ok(()) => {
+                        self.deliveries
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         if c.no_ack {
                             self.forget(seq, stored);
                             if let (Some(t), true) = (ticket, stored.is_some()) {

@@ -160,13 +160,15 @@ pub struct VHost {
 }
 
 /// What became of a publish.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Published {
     /// At least one queue received the message.
     pub routed: bool,
     /// The message was written to the store (with the caller's completion, if one was given,
     /// to run after the fsync that covers it); otherwise nothing is pending.
     pub stored: bool,
+    /// A queue it went to asks publishers to pause ([`Queue::is_pressured`]).
+    pub pressured: Option<Arc<Queue>>,
 }
 
 /// Why a publish failed.
@@ -275,6 +277,7 @@ impl VHost {
             return Ok(Published {
                 routed: false,
                 stored: false,
+                pressured: None,
             });
         }
         let id = self.next_id();
@@ -305,13 +308,17 @@ impl VHost {
                 location = Some(loc);
             }
         }
-        for q in &queues {
+        let mut pressured = None;
+        for q in queues {
             let stored = if q.store().is_some() { location } else { None };
-            q.publish(msg.clone(), id, stored);
+            if q.publish(msg.clone(), id, stored) && pressured.is_none() {
+                pressured = Some(q);
+            }
         }
         Ok(Published {
             routed: true,
             stored: location.is_some(),
+            pressured,
         })
     }
 

@@ -298,6 +298,8 @@ pub struct Channel {
     confirm: Option<Arc<Confirms>>,
     tx: Option<TxState>,
     consumer_prefetch: u16,
+    /// A queue this channel published to that asks publishers to pause.
+    pressure: Option<Arc<Queue>>,
 }
 
 /// The connection context a channel works in.
@@ -338,6 +340,7 @@ impl Channel {
             confirm: None,
             tx: None,
             consumer_prefetch: 0,
+            pressure: None,
         }
     }
 
@@ -970,7 +973,7 @@ impl Channel {
         mandatory: bool,
         waiter: Option<(Arc<dyn Completion>, u64)>,
     ) -> Result<Option<Published>, BrokerError> {
-        let published = match ctx.vhost.publish(msg.clone(), waiter) {
+        let mut published = match ctx.vhost.publish(msg.clone(), waiter) {
             Ok(p) => p,
             Err(PublishError::Broker(e)) => return Err(e),
             Err(PublishError::StoreUnavailable(reason)) => {
@@ -989,7 +992,15 @@ impl Channel {
                 .outbox
                 .with(|buf| write_content(buf, self.id(), &method, &msg, self.shared.frame_max));
         }
+        if let Some(q) = published.pressured.take() {
+            self.pressure = Some(q);
+        }
         Ok(Some(published))
+    }
+
+    /// Takes the queue, if any, that asked this channel's publisher to pause.
+    pub fn take_pressure(&mut self) -> Option<Arc<Queue>> {
+        self.pressure.take()
     }
 
     /// Sends the publisher confirms that are due.

@@ -325,6 +325,9 @@ where
         if outbox.is_closing() {
             break End::Eof;
         }
+        for q in conn.take_pressure() {
+            wait_for_drain(&q).await;
+        }
         let read = async {
             match idle_limit {
                 Some(limit) => tokio::time::timeout(limit, read_more(&mut rd, &mut rbuf))
@@ -742,6 +745,18 @@ impl Conn {
         }
     }
 
+    fn take_pressure(&mut self) -> Vec<Arc<warren_broker::Queue>> {
+        let mut out: Vec<Arc<warren_broker::Queue>> = Vec::new();
+        for ch in self.channels.values_mut() {
+            if let Some(q) = ch.take_pressure() {
+                if !out.iter().any(|o| Arc::ptr_eq(o, &q)) {
+                    out.push(q);
+                }
+            }
+        }
+        out
+    }
+
     fn flush_confirms(&mut self) {
         for ch in self.channels.values_mut() {
             ch.flush_confirms();
@@ -793,5 +808,26 @@ fn content_channel(
         )),
         Some(ch) if ch.closing => Ok(None),
         Some(ch) => Ok(Some(ch)),
+    }
+}
+
+/// Publisher flow control: stops reading from a publisher while a queue it feeds is
+/// pressured, until the queue drains or its consumers stall (no delivery for 20 ms, e.g. all
+/// at their prefetch limit), in which case the queue takes the backlog on disk instead.
+async fn wait_for_drain(q: &warren_broker::Queue) {
+    let mut last = q.deliveries();
+    let mut idle = 0;
+    while q.is_pressured() {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let now = q.deliveries();
+        if now == last {
+            idle += 1;
+            if idle >= 20 {
+                return;
+            }
+        } else {
+            idle = 0;
+            last = now;
+        }
     }
 }
