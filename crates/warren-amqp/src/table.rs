@@ -440,8 +440,9 @@ pub fn decode_table(buf: &mut Decoder, depth: usize) -> Result<FieldTable, Decod
     if depth == 0 {
         return Err(DecodeError::TableTooDeep);
     }
-    let mut inner = Decoder::new(buf.read_longstr_slice()?);
-    let mut entries = Vec::new();
+    let body = buf.read_longstr_slice()?;
+    let mut inner = Decoder::new(body);
+    let mut entries = Vec::with_capacity(count_entries(body));
     while !inner.is_empty() {
         let key = inner.read_shortstr()?;
         let value = decode_field_value(&mut inner, depth - 1)?;
@@ -476,8 +477,9 @@ pub fn decode_field_value(buf: &mut Decoder, depth: usize) -> Result<FieldValue,
             if depth == 0 {
                 return Err(DecodeError::TableTooDeep);
             }
-            let mut inner = Decoder::new(buf.read_longstr_slice()?);
-            let mut items = Vec::new();
+            let body = buf.read_longstr_slice()?;
+            let mut inner = Decoder::new(body);
+            let mut items = Vec::with_capacity(count_values(body));
             while !inner.is_empty() {
                 items.push(decode_field_value(&mut inner, depth - 1)?);
             }
@@ -487,5 +489,54 @@ pub fn decode_field_value(buf: &mut Decoder, depth: usize) -> Result<FieldValue,
         b'F' => FieldValue::Table(decode_table(buf, depth)?),
         b'V' => FieldValue::Void,
         other => return Err(DecodeError::BadFieldType(other)),
+    })
+}
+
+/// Number of entries in the body of a field table, found by skipping over them without
+/// decoding, so that the decoder allocates its entry vector once and exactly. Counting stops
+/// at the first malformed entry; the decoder then reports the error.
+fn count_entries(mut body: &[u8]) -> usize {
+    let mut n = 0;
+    while let Some((&key_len, rest)) = body.split_first() {
+        let Some((&tag, rest)) = rest.get(key_len as usize..).and_then(<[u8]>::split_first) else {
+            break;
+        };
+        let Some(rest) = value_len(tag, rest).and_then(|len| rest.get(len..)) else {
+            break;
+        };
+        body = rest;
+        n += 1;
+    }
+    n
+}
+
+/// Number of values in the body of a field array; see [`count_entries`].
+fn count_values(mut body: &[u8]) -> usize {
+    let mut n = 0;
+    while let Some((&tag, rest)) = body.split_first() {
+        let Some(rest) = value_len(tag, rest).and_then(|len| rest.get(len..)) else {
+            break;
+        };
+        body = rest;
+        n += 1;
+    }
+    n
+}
+
+/// Wire size of a value with type tag `tag` whose payload starts `rest`, or `None` for an
+/// unknown tag or a truncated length prefix.
+#[inline]
+fn value_len(tag: u8, rest: &[u8]) -> Option<usize> {
+    Some(match tag {
+        b'V' => 0,
+        b't' | b'b' | b'B' => 1,
+        b's' | b'u' => 2,
+        b'I' | b'i' | b'f' => 4,
+        b'D' => 5,
+        b'l' | b'd' | b'T' => 8,
+        b'S' | b'x' | b'A' | b'F' => {
+            (u32::from_be_bytes(*rest.first_chunk::<4>()?) as usize).checked_add(4)?
+        }
+        _ => return None,
     })
 }
