@@ -64,6 +64,7 @@ pub struct Message {
     pub body: Bytes,
     /// The publisher confirm to send early once every durable queue has acked the message.
     pub confirm: OnceLock<Arc<ConfirmTicket>>,
+    encoded_properties: OnceLock<Bytes>,
 }
 
 impl Message {
@@ -80,7 +81,18 @@ impl Message {
             properties,
             body,
             confirm: OnceLock::new(),
+            encoded_properties: OnceLock::new(),
         }
+    }
+
+    /// The properties in content-header encoding (flags, then fields), encoded on first use
+    /// and shared by every delivery of the message.
+    pub fn encoded_properties(&self) -> &Bytes {
+        self.encoded_properties.get_or_init(|| {
+            let mut buf = bytes::BytesMut::with_capacity(64);
+            self.properties.encode(&mut buf);
+            buf.freeze()
+        })
     }
 
     /// True for `delivery_mode = 2` (persistent).

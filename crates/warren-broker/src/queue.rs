@@ -133,6 +133,7 @@ pub struct Queue {
     store_key: String,
     backing: Option<Backing>,
     deliveries: std::sync::atomic::AtomicU64,
+    stalled_at: std::sync::atomic::AtomicU64,
     state: Mutex<State>,
 }
 
@@ -213,6 +214,7 @@ impl Queue {
             arguments,
             backing: None,
             deliveries: std::sync::atomic::AtomicU64::new(0),
+            stalled_at: std::sync::atomic::AtomicU64::new(u64::MAX),
             state: Mutex::new(State::default()),
         }
     }
@@ -320,6 +322,19 @@ impl Queue {
     /// Messages delivered to consumers so far (to tell a stalled consumer from a slow one).
     pub fn deliveries(&self) -> u64 {
         self.deliveries.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The delivery count at which publishers found this queue's consumers stalled, if they
+    /// have not delivered anything since.
+    pub fn stalled_at(&self) -> Option<u64> {
+        let v = self.stalled_at.load(std::sync::atomic::Ordering::Relaxed);
+        (v != u64::MAX).then_some(v)
+    }
+
+    /// Records that consumers made no progress since delivery count `at`.
+    pub fn mark_stalled(&self, at: u64) {
+        self.stalled_at
+            .store(at, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Adds messages recovered from the store, in id order, as ready: the first window's worth

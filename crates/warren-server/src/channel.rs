@@ -6,15 +6,19 @@
 //! prefetch and the consumer list live there behind a mutex. [`Channel`] is owned by the
 //! connection task: content assembly, confirm and transaction state.
 
-use crate::outbox::Outbox;
+use crate::outbox::{Outbox, HIGH_WATER};
+use bytes::BufMut;
 use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use warren_amqp::frame::{encode_body_frames, encode_header_frame, encode_method_frame};
+use warren_amqp::frame::{
+    encode_body_frames, encode_method_frame, FRAME_END, FRAME_HEADER, FRAME_METHOD,
+};
 use warren_amqp::generated::*;
 use warren_amqp::properties::BasicProperties;
+use warren_amqp::table::put_shortstr;
 use warren_amqp::{constants, Method};
 use warren_broker::exchange::Destination;
 use warren_broker::queue::Settlement;
@@ -67,15 +71,55 @@ pub fn write_content(
     msg: &Message,
     frame_max: u32,
 ) {
+    buf.reserve(msg.body.len() + 256);
     encode_method_frame(channel, method, buf);
-    encode_header_frame(
-        channel,
-        BASIC_CLASS,
-        msg.body.len() as u64,
-        &msg.properties,
-        buf,
-    );
+    write_header_and_body(buf, channel, msg, frame_max);
+}
+
+/// Writes the content header (with the message's properties, encoded once per message) and
+/// the body frames.
+fn write_header_and_body(buf: &mut BytesMut, channel: u16, msg: &Message, frame_max: u32) {
+    let props = msg.encoded_properties();
+    buf.put_u8(FRAME_HEADER);
+    buf.put_u16(channel);
+    buf.put_u32(12 + props.len() as u32);
+    buf.put_u16(BASIC_CLASS);
+    buf.put_u16(0);
+    buf.put_u64(msg.body.len() as u64);
+    buf.put_slice(props);
+    buf.put_u8(FRAME_END);
     encode_body_frames(channel, &msg.body, frame_max, buf);
+}
+
+/// Writes basic.deliver and its content straight into `buf`: the hot path of every consumer,
+/// so without building a [`Method`] (which would copy three strings per delivery).
+fn write_delivery(
+    buf: &mut BytesMut,
+    channel: u16,
+    consumer_tag: &str,
+    delivery_tag: u64,
+    redelivered: bool,
+    msg: &Message,
+    frame_max: u32,
+) {
+    buf.reserve(
+        msg.body.len() + consumer_tag.len() + msg.exchange.len() + msg.routing_key.len() + 128,
+    );
+    buf.put_u8(FRAME_METHOD);
+    buf.put_u16(channel);
+    let size_at = buf.len();
+    buf.put_u32(0);
+    buf.put_u16(BASIC_CLASS);
+    buf.put_u16(BasicDeliver::METHOD_ID);
+    put_shortstr(buf, consumer_tag);
+    buf.put_u64(delivery_tag);
+    buf.put_u8(u8::from(redelivered));
+    put_shortstr(buf, &msg.exchange);
+    put_shortstr(buf, &msg.routing_key);
+    let size = (buf.len() - size_at - 4) as u32;
+    buf[size_at..size_at + 4].copy_from_slice(&size.to_be_bytes());
+    buf.put_u8(FRAME_END);
+    write_header_and_body(buf, channel, msg, frame_max);
 }
 
 impl DeliveryTarget for ChannelShared {
@@ -90,9 +134,6 @@ impl DeliveryTarget for ChannelShared {
         no_ack: bool,
         msg: QueuedMessage,
     ) -> Result<(), QueuedMessage> {
-        if self.outbox.hold_back(queue) {
-            return Err(msg);
-        }
         let mut st = self.st.lock();
         if !st.open || !st.flow {
             return Err(msg);
@@ -101,17 +142,28 @@ impl DeliveryTarget for ChannelShared {
         {
             return Err(msg);
         }
-        st.next_tag += 1;
-        let tag = st.next_tag;
-        let method = Method::BasicDeliver(BasicDeliver {
-            consumer_tag: consumer_tag.to_string(),
-            delivery_tag: tag,
-            redelivered: msg.redelivered,
-            exchange: msg.message.exchange.clone(),
-            routing_key: msg.message.routing_key.clone(),
+        let tag = st.next_tag + 1;
+        let written = self.outbox.with(|buf| {
+            if buf.len() >= HIGH_WATER {
+                return false;
+            }
+            write_delivery(
+                buf,
+                self.id,
+                consumer_tag,
+                tag,
+                msg.redelivered,
+                &msg.message,
+                self.frame_max,
+            );
+            true
         });
-        self.outbox
-            .with(|buf| write_content(buf, self.id, &method, &msg.message, self.frame_max));
+        if !written {
+            drop(st);
+            self.outbox.park(queue);
+            return Err(msg);
+        }
+        st.next_tag = tag;
         if !no_ack {
             st.unacked.insert(
                 tag,

@@ -326,7 +326,9 @@ where
             break End::Eof;
         }
         for q in conn.take_pressure() {
+            let t = std::time::Instant::now();
             wait_for_drain(&q).await;
+            tracing::trace!(queue = %q.name, waited_us = t.elapsed().as_micros() as u64, "publisher paused");
         }
         let read = async {
             match idle_limit {
@@ -812,22 +814,25 @@ fn content_channel(
 }
 
 /// Publisher flow control: stops reading from a publisher while a queue it feeds is
-/// pressured, until the queue drains or its consumers stall (no delivery for 20 ms, e.g. all
-/// at their prefetch limit), in which case the queue takes the backlog on disk instead.
+/// pressured, until the queue drains or its consumers stall (no delivery for 250 ms, e.g. all
+/// at their prefetch limit and not acking). A stalled queue takes the backlog on disk instead,
+/// and publishers do not wait for it again until its consumers make progress.
 async fn wait_for_drain(q: &warren_broker::Queue) {
     let mut last = q.deliveries();
-    let mut idle = 0;
+    if q.stalled_at() == Some(last) {
+        return;
+    }
+    let mut since = tokio::time::Instant::now();
     while q.is_pressured() {
         tokio::time::sleep(Duration::from_millis(1)).await;
         let now = q.deliveries();
-        if now == last {
-            idle += 1;
-            if idle >= 20 {
-                return;
-            }
-        } else {
-            idle = 0;
+        if now != last {
             last = now;
+            since = tokio::time::Instant::now();
+        } else if since.elapsed() >= Duration::from_millis(250) {
+            debug!(queue = %q.name, "consumers stalled; publisher resumes");
+            q.mark_stalled(now);
+            return;
         }
     }
 }

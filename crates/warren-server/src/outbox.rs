@@ -73,17 +73,16 @@ impl Outbox {
         self.buf.lock().len()
     }
 
-    /// True when a delivery should wait: the socket is not keeping up. The queue is
-    /// remembered and dispatched again once the backlog has been written.
-    pub fn hold_back(&self, queue: &Arc<Queue>) -> bool {
-        if self.pending() < HIGH_WATER {
-            return false;
-        }
+    /// Remembers a queue that held back a delivery because the outbox was over
+    /// [`HIGH_WATER`]: it is dispatched again once the backlog has been written.
+    pub fn park(&self, queue: &Arc<Queue>) {
         let mut parked = self.parked.lock();
         if !parked.iter().any(|q| Arc::ptr_eq(q, queue)) {
             parked.push(queue.clone());
         }
-        true
+        drop(parked);
+        // The writer may have drained everything between the check and the park.
+        self.notify.notify_one();
     }
 
     /// Drains the outbox into `sink` until closed or the socket fails. `heartbeat` is the
