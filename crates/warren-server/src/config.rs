@@ -200,8 +200,38 @@ impl Config {
                 .ok_or_else(|| ConfigError::Invalid(format!("[{section}] is not a table")))?
                 .insert(key.to_string(), value);
         }
-        Config::deserialize(toml::Value::Table(root))
-            .map_err(|e| ConfigError::Invalid(e.to_string()))
+        let config = Config::deserialize(toml::Value::Table(root))
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Rejects settings no client could work with.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        let a = &self.amqp;
+        if a.frame_max < 4096 {
+            return bad(format!(
+                "amqp.frame_max = {} is below the AMQP minimum of 4096",
+                a.frame_max
+            ));
+        }
+        if a.channel_max == 0 {
+            return bad("amqp.channel_max must be at least 1".into());
+        }
+        if a.max_connections == 0 {
+            return bad("amqp.max_connections must be at least 1".into());
+        }
+        if a.max_table_depth == 0 {
+            return bad("amqp.max_table_depth must be at least 1".into());
+        }
+        if self.storage.segment_size < 4096 {
+            return bad("storage.segment_size must be at least 4096 bytes".into());
+        }
+        if self.storage.queue_window == 0 || self.storage.queue_window_bytes == 0 {
+            return bad("storage.queue_window and queue_window_bytes must be at least 1".into());
+        }
+        Ok(())
     }
 
     /// A commented TOML file with every setting at its default, for `--generate-config`.

@@ -147,10 +147,8 @@ fn server_properties() -> FieldTable {
         "basic.nack",
         "consumer_cancel_notify",
         "connection.blocked",
-        "consumer_priorities",
         "authentication_failure_close",
         "per_consumer_qos",
-        "direct_reply_to",
     ] {
         caps.insert(c, FieldValue::Bool(true));
     }

@@ -59,9 +59,25 @@ fn main() -> ExitCode {
     if let Some(l) = args.log_level {
         config.log.level = l;
     }
-    let filter = tracing_subscriber::EnvFilter::try_new(&config.log.level)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt().with_env_filter(filter).init();
+    if let Err(e) = config.validate() {
+        eprintln!("warren: {e}");
+        return ExitCode::FAILURE;
+    }
+    let filter = match tracing_subscriber::EnvFilter::try_new(&config.log.level) {
+        Ok(f) if is_log_filter(&config.log.level) => f,
+        _ => {
+            eprintln!(
+                "warren: invalid log level '{}' (use error, warn, info, debug, trace or a filter such as warren_server=debug)",
+                config.log.level
+            );
+            return ExitCode::FAILURE;
+        }
+    };
+    use std::io::IsTerminal;
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stdout().is_terminal())
+        .init();
 
     if let Err(e) = std::fs::create_dir_all(&data_dir) {
         eprintln!(
@@ -114,4 +130,19 @@ async fn wait_for_signal() {
         }
     }
     let _ = tokio::signal::ctrl_c().await;
+}
+
+/// True when every directive of `spec` names a known level (a bare word such as `verbose`
+/// would otherwise be taken as a target name and silently log nothing).
+fn is_log_filter(spec: &str) -> bool {
+    const LEVELS: [&str; 6] = ["error", "warn", "info", "debug", "trace", "off"];
+    spec.split(',').all(|d| {
+        let level = d
+            .rsplit('=')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase();
+        LEVELS.contains(&level.as_str())
+    })
 }

@@ -127,6 +127,8 @@ struct State {
     live: BTreeMap<u32, i64>,
     failed: Option<String>,
     shutdown: bool,
+    /// A segment may have become deletable: the writer should look even with nothing to write.
+    reclaim: bool,
 }
 
 struct Inner {
@@ -177,6 +179,7 @@ impl Store {
                 live: rec.live,
                 failed: None,
                 shutdown: false,
+                reclaim: false,
             }),
             cfg,
             wake_writer: Condvar::new(),
@@ -325,8 +328,14 @@ impl Store {
     /// pages, or pairs whose `ACK` was already written).
     pub fn release(&self, loc: Location) {
         let mut st = self.inner.state.lock();
+        let oldest = st.live.keys().next().copied();
         if let Some(n) = st.live.get_mut(&loc.segment) {
             *n -= 1;
+            if *n == 0 && oldest == Some(loc.segment) && loc.segment != st.segment {
+                st.reclaim = true;
+                drop(st);
+                self.inner.wake_writer.notify_one();
+            }
         }
     }
 
@@ -472,9 +481,11 @@ fn writer_loop(inner: Arc<Inner>) {
             }
             None => {
                 let mut st = inner.state.lock();
-                while st.pending.is_empty() && st.waiters.is_empty() && !st.shutdown {
+                while st.pending.is_empty() && st.waiters.is_empty() && !st.shutdown && !st.reclaim
+                {
                     inner.wake_writer.wait(&mut st);
                 }
+                st.reclaim = false;
                 if !inner.cfg.fsync_delay.is_zero()
                     && st.pending_bytes < inner.cfg.max_batch_bytes / 2
                     && !st.shutdown
