@@ -71,6 +71,12 @@ impl ServerState {
                     ms = report.duration.as_millis() as u64,
                     "recovered durable state"
                 );
+                // Recovery's scratch maps are gone; hand their pages back to the OS.
+                #[cfg(all(target_os = "linux", target_env = "gnu"))]
+                // SAFETY: malloc_trim only releases free heap pages; it has no preconditions.
+                unsafe {
+                    libc::malloc_trim(0);
+                }
                 broker
             }
         };
@@ -182,9 +188,12 @@ impl BrokerBuilder {
     ///
     /// Errors: the listener could not be bound.
     pub async fn start(self) -> std::io::Result<RunningBroker> {
-        let listener = TcpListener::bind(self.config.amqp.listen).await?;
+        // Recover first, listen after: clients never wait on a broker that is still recovering.
+        let listen = self.config.amqp.listen;
+        let config = self.config;
+        let state = Arc::new(tokio::task::spawn_blocking(move || ServerState::new(config)).await??);
+        let listener = TcpListener::bind(listen).await?;
         let addr = listener.local_addr()?;
-        let state = Arc::new(ServerState::new(self.config)?);
         let (tx, rx) = watch::channel(false);
         let task = tokio::spawn(accept_loop(listener, state.clone(), rx));
         info!(%addr, "AMQP listener started");
