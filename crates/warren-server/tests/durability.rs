@@ -11,6 +11,7 @@ use lapin::options::{
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, ExchangeKind};
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -454,6 +455,92 @@ async fn deep_queue_pages_to_disk_with_flat_memory() {
         growth_mib < 48,
         "RSS grew by {growth_mib} MiB for a 128 MB backlog"
     );
+    drop(conn);
+    server.kill();
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn damaged_segments_are_reported_and_the_rest_is_served() {
+    let dir = tempdir("damaged");
+    // Small segments, so that the messages span several files.
+    let env = [("WARREN_STORAGE_SEGMENT_SIZE", "65536")];
+    let server = Server::start(&dir, &env);
+    let conn = server.connect().await;
+    let ch = within("channel", conn.create_channel()).await.unwrap();
+    declare_durable(&ch, "damaged").await;
+    within(
+        "confirm.select",
+        ch.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await
+    .unwrap();
+    let total = 300;
+    for i in 0..total {
+        let pc = within(
+            "publish",
+            ch.basic_publish(
+                "".into(),
+                "damaged".into(),
+                BasicPublishOptions::default(),
+                format!("{i:04}{}", ".".repeat(1000)).as_bytes(),
+                persistent(),
+            ),
+        )
+        .await
+        .unwrap();
+        assert!(within("confirm", pc).await.unwrap().is_ack());
+    }
+    server.kill();
+    drop(conn);
+
+    let mut segs: Vec<PathBuf> = std::fs::read_dir(dir.join("messages"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    segs.sort();
+    assert!(segs.len() >= 4, "{} segments", segs.len());
+    // A flipped byte in the middle of the first segment, a missing second segment, and a torn
+    // last record.
+    let mut first = std::fs::read(&segs[0]).unwrap();
+    let mid = first.len() / 2;
+    first[mid] ^= 0x5a;
+    std::fs::write(&segs[0], first).unwrap();
+    std::fs::remove_file(&segs[1]).unwrap();
+    let last = segs.last().unwrap();
+    let len = std::fs::metadata(last).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(last)
+        .unwrap()
+        .set_len(len - 7)
+        .unwrap();
+
+    let log = dir.join("warren.log");
+    let server = Server::start_logging(&dir, &env, &log);
+    let conn = server.connect().await;
+    let ch = within("channel", conn.create_channel()).await.unwrap();
+    let got: Vec<u32> = drain(&ch, "damaged")
+        .await
+        .into_iter()
+        .map(|(body, _)| body[..4].parse().unwrap())
+        .collect();
+    // Everything else is served, in order, and what was lost is reported.
+    assert!(got.windows(2).all(|w| w[0] < w[1]));
+    assert!(
+        got.len() > total as usize / 2 && got.len() < total as usize,
+        "{} of {total}",
+        got.len()
+    );
+    assert_eq!(got[0], 0);
+    let text = std::fs::read_to_string(&log).unwrap();
+    for what in [
+        "segments are missing",
+        "skipping corrupt record",
+        "truncating torn",
+    ] {
+        assert!(text.contains(what), "log does not report '{what}':\n{text}");
+    }
     drop(conn);
     server.kill();
     std::fs::remove_dir_all(dir).unwrap();

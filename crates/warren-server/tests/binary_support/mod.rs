@@ -29,6 +29,15 @@ pub struct Server {
 
 impl Server {
     pub fn start(data: &Path, env: &[(&str, &str)]) -> Server {
+        Self::spawn(data, env, None)
+    }
+
+    /// Like [`Server::start`], with the broker's log (level info) written to `log`.
+    pub fn start_logging(data: &Path, env: &[(&str, &str)], log: &Path) -> Server {
+        Self::spawn(data, env, Some(log))
+    }
+
+    fn spawn(data: &Path, env: &[(&str, &str)], log: Option<&Path>) -> Server {
         let port = TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -40,9 +49,12 @@ impl Server {
             .arg("--data-dir")
             .arg(data)
             .arg("--log-level")
-            .arg("warn")
-            .stdout(Stdio::null())
+            .arg(if log.is_some() { "info" } else { "warn" })
             .stderr(Stdio::inherit());
+        match log {
+            Some(path) => cmd.stdout(std::fs::File::create(path).expect("log file")),
+            None => cmd.stdout(Stdio::null()),
+        };
         for (k, v) in env {
             cmd.env(k, v);
         }
