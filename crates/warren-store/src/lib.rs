@@ -129,6 +129,43 @@ struct State {
     shutdown: bool,
     /// A segment may have become deletable: the writer should look even with nothing to write.
     reclaim: bool,
+    /// Highest delivered id per queue since the writer's last batch.
+    delivered: HashMap<String, u64>,
+}
+
+/// Appends one record to the pending batch (the caller holds the state lock) and returns its
+/// location; `pairs` (message, queue) pairs become live in its segment.
+fn append_locked(
+    st: &mut State,
+    segment_size: u64,
+    pairs: i64,
+    encode: impl FnOnce(&mut BytesMut),
+) -> Location {
+    if st.position >= segment_size {
+        st.segment += 1;
+        st.position = 0;
+    }
+    let segment = st.segment;
+    if st.pending.last().map(|(s, _, _)| *s) != Some(segment) {
+        let start = st.position;
+        st.pending
+            .push((segment, start, BytesMut::with_capacity(64 * 1024)));
+    }
+    let buf = &mut st.pending.last_mut().expect("pushed above").2;
+    let before = buf.len();
+    encode(buf);
+    let len = buf.len() - before;
+    let loc = Location {
+        segment,
+        offset: st.position,
+        len: len as u32,
+    };
+    st.position += len as u64;
+    st.pending_bytes += len;
+    // Every segment is tracked, including ones holding only ACK records, so that it can be
+    // deleted once it and all older ones are settled.
+    *st.live.entry(segment).or_insert(0) += pairs;
+    loc
 }
 
 struct Inner {
@@ -180,6 +217,7 @@ impl Store {
                 failed: None,
                 shutdown: false,
                 reclaim: false,
+                delivered: HashMap::new(),
             }),
             cfg,
             wake_writer: Condvar::new(),
@@ -231,30 +269,7 @@ impl Store {
         if let Some(reason) = &st.failed {
             return Err(StoreError::Unavailable(reason.clone()));
         }
-        if st.position >= inner.cfg.segment_size {
-            st.segment += 1;
-            st.position = 0;
-        }
-        let segment = st.segment;
-        if st.pending.last().map(|(s, _, _)| *s) != Some(segment) {
-            let start = st.position;
-            st.pending
-                .push((segment, start, BytesMut::with_capacity(64 * 1024)));
-        }
-        let buf = &mut st.pending.last_mut().expect("pushed above").2;
-        let before = buf.len();
-        encode(buf);
-        let len = buf.len() - before;
-        let loc = Location {
-            segment,
-            offset: st.position,
-            len: len as u32,
-        };
-        st.position += len as u64;
-        st.pending_bytes += len;
-        if pairs != 0 {
-            *st.live.entry(segment).or_insert(0) += pairs;
-        }
+        let loc = append_locked(&mut st, inner.cfg.segment_size, pairs, encode);
         if let Some(w) = waiter {
             st.waiters.push(w);
         }
@@ -318,10 +333,24 @@ impl Store {
     }
 
     /// Records that message `id` was delivered from `queue` (recovered as redelivered).
+    ///
+    /// Queues deliver in id order (a requeued message was delivered before), so every message
+    /// of `queue` with an id up to the highest delivered one has been delivered: the store
+    /// keeps that watermark per queue and writes one `DELIVERED` record per queue per batch,
+    /// not one per delivery.
     pub fn delivered(&self, queue: &str, id: u64) {
-        let _ = self.append(0, None, |buf| {
-            record::encode_queue_event(buf, record::kind::DELIVERED, id, queue)
-        });
+        let mut st = self.inner.state.lock();
+        let was_empty = st.delivered.is_empty();
+        match st.delivered.get_mut(queue) {
+            Some(w) => *w = (*w).max(id),
+            None => {
+                st.delivered.insert(queue.to_string(), id);
+            }
+        }
+        drop(st);
+        if was_empty {
+            self.inner.wake_writer.notify_one();
+        }
     }
 
     /// Releases one (message, queue) pair stored at `loc` without writing a record (transient
@@ -481,11 +510,23 @@ fn writer_loop(inner: Arc<Inner>) {
             }
             None => {
                 let mut st = inner.state.lock();
-                while st.pending.is_empty() && st.waiters.is_empty() && !st.shutdown && !st.reclaim
+                while st.pending.is_empty()
+                    && st.waiters.is_empty()
+                    && st.delivered.is_empty()
+                    && !st.shutdown
+                    && !st.reclaim
                 {
                     inner.wake_writer.wait(&mut st);
                 }
                 st.reclaim = false;
+                if st.failed.is_none() {
+                    let marks = std::mem::take(&mut st.delivered);
+                    for (queue, id) in marks {
+                        append_locked(&mut st, inner.cfg.segment_size, 0, |buf| {
+                            record::encode_queue_event(buf, record::kind::DELIVERED, id, &queue)
+                        });
+                    }
+                }
                 if !inner.cfg.fsync_delay.is_zero()
                     && st.pending_bytes < inner.cfg.max_batch_bytes / 2
                     && !st.shutdown

@@ -14,8 +14,8 @@
 //!   u32 + body`. `TRANSIENT` records hold paged-out transient messages and are ignored by
 //!   recovery.
 //! - `ACK`: `u64 id, u16 + UTF-8 queue` — the message left that queue (acked, dropped, purged).
-//! - `DELIVERED`: `u64 id, u16 + UTF-8 queue` — the message was delivered at least once, so it is
-//!   recovered with `redelivered = true`.
+//! - `DELIVERED`: `u64 id, u16 + UTF-8 queue` — every message of the queue with an id up to
+//!   this one was delivered at least once, so they are recovered with `redelivered = true`.
 
 use bytes::{BufMut, Bytes, BytesMut};
 use warren_amqp::properties::BasicProperties;

@@ -63,8 +63,8 @@ pub(crate) struct RecoveryResult {
 
 struct Live {
     location: Location,
-    /// (queue index, delivered)
-    queues: Vec<(u32, bool)>,
+    /// Queue indexes still holding the message.
+    queues: Vec<u32>,
 }
 
 pub(crate) fn recover(dir: &Path) -> std::io::Result<RecoveryResult> {
@@ -92,6 +92,7 @@ pub(crate) fn recover(dir: &Path) -> std::io::Result<RecoveryResult> {
     let mut index: HashMap<String, u32> = HashMap::new();
     let mut msgs: HashMap<u64, Live> = HashMap::new();
     let mut max_id = 0u64;
+    let mut delivered_upto: HashMap<u32, u64> = HashMap::new();
     let mut live: BTreeMap<u32, i64> = BTreeMap::new();
 
     for &seg in &segments {
@@ -146,7 +147,7 @@ pub(crate) fn recover(dir: &Path) -> std::io::Result<RecoveryResult> {
                     }
                     let queues = queues
                         .into_iter()
-                        .map(|q| (intern(&mut index, &mut names, q), false))
+                        .map(|q| intern(&mut index, &mut names, q))
                         .collect();
                     msgs.insert(message.id, Live { location, queues });
                 }
@@ -156,21 +157,19 @@ pub(crate) fn recover(dir: &Path) -> std::io::Result<RecoveryResult> {
                         continue;
                     };
                     if let Some(m) = msgs.get_mut(&id) {
-                        m.queues.retain(|(i, _)| *i != q);
+                        m.queues.retain(|i| *i != q);
                         if m.queues.is_empty() {
                             msgs.remove(&id);
                         }
                     }
                 }
                 Record::Delivered { id, queue } => {
+                    // Everything of this queue up to `id` has been delivered.
                     let Some(&q) = index.get(&queue) else {
                         continue;
                     };
-                    if let Some(m) = msgs.get_mut(&id) {
-                        if let Some(e) = m.queues.iter_mut().find(|(i, _)| *i == q) {
-                            e.1 = true;
-                        }
-                    }
+                    let w = delivered_upto.entry(q).or_insert(0);
+                    *w = (*w).max(id);
                 }
             }
         }
@@ -191,7 +190,8 @@ pub(crate) fn recover(dir: &Path) -> std::io::Result<RecoveryResult> {
     let mut queues: HashMap<String, Vec<RecoveredEntry>> = HashMap::new();
     for (id, m) in &msgs {
         *live.entry(m.location.segment).or_insert(0) += m.queues.len() as i64;
-        for (q, delivered) in &m.queues {
+        for q in &m.queues {
+            let delivered = delivered_upto.get(q).is_some_and(|w| *id <= *w);
             report.messages += 1;
             queues
                 .entry(names[*q as usize].clone())
@@ -199,7 +199,7 @@ pub(crate) fn recover(dir: &Path) -> std::io::Result<RecoveryResult> {
                 .push(RecoveredEntry {
                     id: *id,
                     location: m.location,
-                    redelivered: *delivered,
+                    redelivered: delivered,
                 });
         }
     }

@@ -121,11 +121,12 @@ fn completions_follow_the_fsync() {
 fn settled_segments_are_deleted_as_queues_drain() {
     let dir = tempdir("reclaim");
     let (store, _) = Store::open(cfg(&dir)).unwrap();
-    let body = "y".repeat(500);
-    let sent: Vec<_> = (0..100).map(|_| publish(&store, &body, &["q"])).collect();
+    // Enough messages that their ACK records alone fill several segments.
+    let body = "y".repeat(100);
+    let sent: Vec<_> = (0..1000).map(|_| publish(&store, &body, &["q"])).collect();
     store.close();
     let (store, rec) = Store::open(cfg(&dir)).unwrap();
-    assert_eq!(ids(&rec, "q").len(), 100);
+    assert_eq!(ids(&rec, "q").len(), 1000);
     let before = store.segment_count();
     assert!(before > 5, "{before} segments");
     for (id, loc) in &sent {
