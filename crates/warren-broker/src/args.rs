@@ -111,6 +111,27 @@ fn string(v: &FieldValue) -> std::result::Result<String, String> {
     }
 }
 
+/// Parses a message's `expiration` property (a TTL in ms, as a decimal string) as RabbitMQ's
+/// `rabbit_basic:parse_expiration` does; the error is the reason RabbitMQ gives in
+/// `invalid expiration '<value>': <reason>`.
+pub fn parse_expiration(e: &str) -> std::result::Result<u64, String> {
+    let b = e.as_bytes();
+    let sign = usize::from(matches!(b.first(), Some(b'+' | b'-')));
+    let digits = b[sign..].iter().take_while(|c| c.is_ascii_digit()).count();
+    if digits == 0 {
+        return Err("no_integer".into());
+    }
+    let (num, rest) = e.split_at(sign + digits);
+    if !rest.is_empty() {
+        return Err(format!("{{leftover_string,\"{rest}\"}}"));
+    }
+    match num.parse::<i64>() {
+        Ok(n) => expiry(n).map(|n| n as u64),
+        Err(_) if sign == 1 && b[0] == b'-' => Err(format!("{{value_negative,{num}}}")),
+        Err(_) => Err(format!("{{value_too_large,{num},{MAX_EXPIRY}}}")),
+    }
+}
+
 impl QueueArgs {
     /// Validates `args` as RabbitMQ does at queue.declare and parses them. `resource` names
     /// the queue (`queue 'q' in vhost '/'`) for the error text.
@@ -300,6 +321,19 @@ mod tests {
         assert_eq!(
             reason(&[("x-queue-type", s("quorum"))]),
             "invalid arg 'x-queue-type' for queue 'q' in vhost '/': \"unsupported queue type 'quorum'\""
+        );
+    }
+
+    #[test]
+    fn expiration_property() {
+        assert_eq!(parse_expiration("1500"), Ok(1500));
+        assert_eq!(parse_expiration("0"), Ok(0));
+        assert_eq!(parse_expiration("abc"), Err("no_integer".into()));
+        assert_eq!(parse_expiration(""), Err("no_integer".into()));
+        assert_eq!(parse_expiration("-5"), Err("{value_negative,-5}".into()));
+        assert_eq!(
+            parse_expiration("10s"),
+            Err("{leftover_string,\"s\"}".into())
         );
     }
 

@@ -314,7 +314,7 @@ impl Queue {
             .properties
             .expiration
             .as_deref()
-            .and_then(|e| e.trim().parse::<u64>().ok());
+            .and_then(|e| crate::args::parse_expiration(e).ok());
         let ttl = match (self.args.message_ttl, own) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),

@@ -1311,6 +1311,129 @@ mod tests {
             .is_ok());
     }
 
+    fn clocked() -> (Arc<crate::clock::ManualClock>, Arc<VHost>) {
+        let clock = Arc::new(crate::clock::ManualClock::new(1_000_000));
+        let b = Broker::with_clock(Users::new(), clock.clone());
+        let v = b.vhost("/").unwrap();
+        (clock, v)
+    }
+
+    fn declare_with(v: &VHost, name: &str, pairs: &[(&str, FieldValue)]) -> Arc<Queue> {
+        v.declare_queue(
+            &QueueDeclare {
+                arguments: pairs.iter().cloned().collect(),
+                ..qd(name)
+            },
+            1,
+        )
+        .unwrap()
+        .0
+    }
+
+    fn text(v: &str) -> FieldValue {
+        FieldValue::LongString(bytes::Bytes::copy_from_slice(v.as_bytes()))
+    }
+
+    fn send(v: &VHost, key: &str, body: &'static [u8]) {
+        let m = Message::new(
+            String::new(),
+            key.into(),
+            Default::default(),
+            bytes::Bytes::from_static(body),
+        );
+        v.publish(Arc::new(m), None).unwrap();
+    }
+
+    #[test]
+    fn message_ttl_follows_the_clock() {
+        let (clock, v) = clocked();
+        let q = declare_with(&v, "t", &[("x-message-ttl", FieldValue::I32(1000))]);
+        send(&v, "t", b"a");
+        clock.advance(999);
+        v.sweep();
+        assert_eq!(q.counts().ready, 1);
+        clock.advance(1);
+        v.sweep();
+        assert_eq!(q.counts().ready, 0);
+    }
+
+    #[test]
+    fn queue_expires_when_unused() {
+        let (clock, v) = clocked();
+        declare_with(&v, "e", &[("x-expires", FieldValue::I32(100))]);
+        clock.advance(60);
+        // A redeclare restarts the timer.
+        declare_with(&v, "e", &[("x-expires", FieldValue::I32(100))]);
+        clock.advance(60);
+        v.sweep();
+        assert!(v.queue("e", 1).is_ok());
+        clock.advance(40);
+        v.sweep();
+        assert_eq!(v.queue("e", 1).unwrap_err().code, 404);
+    }
+
+    #[test]
+    fn expiry_cycles_are_dropped_but_rejections_cycle() {
+        let (clock, v) = clocked();
+        // "loop" dead-letters to itself through the default exchange.
+        let q = declare_with(
+            &v,
+            "loop",
+            &[
+                ("x-message-ttl", FieldValue::I32(10)),
+                ("x-dead-letter-exchange", text("")),
+            ],
+        );
+        send(&v, "loop", b"x");
+        clock.advance(10);
+        v.sweep();
+        assert_eq!(q.counts().ready, 0, "an expiry cycle drops the message");
+        send(&v, "loop", b"y");
+        let (m, _) = q.get(false).unwrap();
+        q.settle(
+            0,
+            vec![crate::queue::Settlement {
+                consumer_tag: None,
+                message: m,
+                requeue: false,
+                rejected: true,
+            }],
+        );
+        let (m, _) = q.get(true).expect("a rejected message comes back");
+        let h = m.message.properties.headers.as_ref().unwrap();
+        assert_eq!(
+            h.get("x-first-death-reason").and_then(|v| v.as_str()),
+            Some("rejected")
+        );
+        let deaths = h.get("x-death").and_then(|v| v.as_array()).unwrap();
+        assert_eq!(deaths.len(), 1);
+        // A second death for the same queue and reason counts up in the same entry.
+        send(&v, "loop", b"z");
+        for _ in 0..2 {
+            let (m, _) = q.get(false).unwrap();
+            q.settle(
+                0,
+                vec![crate::queue::Settlement {
+                    consumer_tag: None,
+                    message: m,
+                    requeue: false,
+                    rejected: true,
+                }],
+            );
+        }
+        let (twice, _) = q.get(true).unwrap();
+        assert!(q.get(true).is_none());
+        let count = |m: &crate::message::QueuedMessage| {
+            let h = m.message.properties.headers.as_ref().unwrap();
+            let d = h.get("x-death").and_then(|v| v.as_array()).unwrap();
+            d[0].as_table()
+                .unwrap()
+                .get("count")
+                .and_then(|v| v.as_i64())
+        };
+        assert_eq!(count(&twice), Some(2));
+    }
+
     #[test]
     fn exclusive_queues_are_locked() {
         let v = VHost::new("/");

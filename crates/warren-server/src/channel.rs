@@ -977,6 +977,13 @@ impl Channel {
                 )));
             }
         }
+        if let Some(e) = properties.expiration.as_deref() {
+            if let Err(reason) = warren_broker::args::parse_expiration(e) {
+                return Err(BrokerError::precondition_failed(format!(
+                    "invalid expiration '{e}': {reason}"
+                )));
+            }
+        }
         let body = match content.single {
             Some(b) => b,
             None => content.body.freeze(),

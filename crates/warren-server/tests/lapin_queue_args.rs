@@ -601,3 +601,26 @@ async fn priority_queue_delivers_higher_priorities_first() {
     assert_eq!(drain(&ch, "fifo").await, vec!["a", "b"]);
     env.stop().await;
 }
+
+#[tokio::test]
+async fn invalid_expiration_closes_the_channel_with_406() {
+    let env = Env::start().await;
+    let ch = env.channel().await;
+    declare_queue(&ch, "q").await;
+    let _ = within(
+        "basic.publish",
+        ch.basic_publish(
+            "".into(),
+            "q".into(),
+            BasicPublishOptions::default(),
+            b"x",
+            BasicProperties::default().with_expiration("10s".into()),
+        ),
+    )
+    .await;
+    expect_406(
+        declare_args(&ch, "q", FieldTable::default()).await,
+        "PRECONDITION_FAILED - invalid expiration '10s': {leftover_string,\"s\"}",
+    );
+    env.stop().await;
+}
