@@ -115,4 +115,7 @@ pub struct QueuedMessage {
     pub redelivered: bool,
     /// Where the message store holds it, for a persistent message in a durable queue.
     pub stored: Option<warren_store::Location>,
+    /// When the message expires (ms since the epoch, from `x-message-ttl` and the
+    /// `expiration` property), if it does.
+    pub expires_at: Option<u64>,
 }

@@ -9,12 +9,16 @@
 //! them (`unacked`) until they are settled. A requeued message goes back to its original
 //! position, flagged redelivered.
 
+use crate::args::{Overflow, QueueArgs};
+use crate::clock::{Clock, SystemClock};
 use crate::error::{resource, BrokerError, Result};
 use crate::message::{Message, QueuedMessage};
+use crate::vhost::VHost;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Weak};
 use tracing::warn;
 use warren_amqp::table::FieldTable;
 use warren_store::spill::{SpillEntry, SpillFile};
@@ -96,6 +100,42 @@ pub struct Settlement {
     /// Put the message back in the queue (nack/reject with requeue, channel close,
     /// basic.recover) rather than dropping it (ack, reject without requeue).
     pub requeue: bool,
+    /// The client rejected the message (basic.reject / basic.nack): without `requeue` it is
+    /// dead-lettered with reason `rejected` when the queue has a dead-letter exchange.
+    pub rejected: bool,
+}
+
+/// Why a message was dead-lettered (the `reason` of its `x-death` entry).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeathReason {
+    /// basic.reject / basic.nack with requeue=false.
+    Rejected,
+    /// Its TTL ran out.
+    Expired,
+    /// Dropped from the head of a queue over its length limit, or refused by a
+    /// `reject-publish-dlx` queue.
+    Maxlen,
+}
+
+impl DeathReason {
+    /// The reason as RabbitMQ writes it in `x-death`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeathReason::Rejected => "rejected",
+            DeathReason::Expired => "expired",
+            DeathReason::Maxlen => "maxlen",
+        }
+    }
+}
+
+/// A message that left a queue with a dead-letter exchange, to be re-published there once
+/// the queue's lock is released.
+#[derive(Debug)]
+pub struct DeadLetter {
+    /// The message as it was in the queue.
+    pub message: Arc<Message>,
+    /// Why it died.
+    pub reason: DeathReason,
 }
 
 /// Where a queue keeps what does not fit in memory.
@@ -129,6 +169,12 @@ pub struct Queue {
     pub auto_delete: bool,
     /// Declared arguments (`x-…`).
     pub arguments: FieldTable,
+    /// The arguments the queue acts on, parsed from `arguments`.
+    pub args: QueueArgs,
+    clock: Arc<dyn Clock>,
+    vhost_ref: Weak<VHost>,
+    /// When the queue was last used (consumer, basic.get, declare), for `x-expires`.
+    last_used: AtomicU64,
     /// The queue's name in store records: vhost and name joined by U+001F.
     store_key: String,
     backing: Option<Backing>,
@@ -142,7 +188,13 @@ struct State {
     ready: VecDeque<QueuedMessage>,
     /// Body bytes of `ready`.
     ready_bytes: usize,
+    /// Body bytes of the spilled messages (as far as known: recovered ones count 0).
+    spilled_bytes: usize,
     spill: Option<SpillFile>,
+    /// Messages ordered by priority first (`x-max-priority`, capped at this).
+    priority: Option<u8>,
+    /// Dead letters collected under the lock, published after it is released.
+    dead: Vec<DeadLetter>,
     consumers: Vec<Consumer>,
     round_robin: usize,
     unacked: u32,
@@ -154,6 +206,9 @@ impl State {
         self.spill.as_ref().map_or(0, |s| s.len() as usize)
     }
     fn push_back(&mut self, qm: QueuedMessage) {
+        if self.priority.is_some() {
+            return self.insert_ordered(qm);
+        }
         self.ready_bytes += qm.message.body.len();
         self.ready.push_back(qm);
     }
@@ -168,10 +223,11 @@ impl State {
     }
     fn insert_ordered(&mut self, qm: QueuedMessage) {
         self.ready_bytes += qm.message.body.len();
-        insert_ordered(&mut self.ready, qm);
+        insert_ordered(&mut self.ready, qm, self.priority);
     }
     fn take_ready(&mut self) -> VecDeque<QueuedMessage> {
         self.ready_bytes = 0;
+        self.spilled_bytes = 0;
         std::mem::take(&mut self.ready)
     }
 }
@@ -204,6 +260,11 @@ impl Queue {
         arguments: FieldTable,
     ) -> Self {
         let (name, vhost) = (name.into(), vhost.into());
+        // Declared arguments were validated by queue.declare; recovered definitions are
+        // taken as they are.
+        let args =
+            QueueArgs::parse(&resource("queue", &name, &vhost), &arguments).unwrap_or_default();
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         Queue {
             store_key: store_key(&vhost, &name),
             name,
@@ -212,11 +273,167 @@ impl Queue {
             exclusive_owner,
             auto_delete,
             arguments,
+            last_used: AtomicU64::new(clock.now_ms()),
+            clock,
+            vhost_ref: Weak::new(),
             backing: None,
             deliveries: std::sync::atomic::AtomicU64::new(0),
             stalled_at: std::sync::atomic::AtomicU64::new(u64::MAX),
-            state: Mutex::new(State::default()),
+            state: Mutex::new(State {
+                priority: args.max_priority,
+                ..State::default()
+            }),
+            args,
         }
+    }
+
+    /// Gives the queue the clock its TTLs and expiry are measured with.
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.last_used = AtomicU64::new(clock.now_ms());
+        self.clock = clock;
+        self
+    }
+
+    /// Gives the queue the vhost its dead letters are re-published in.
+    pub fn with_vhost(mut self, vhost: Weak<VHost>) -> Self {
+        self.vhost_ref = vhost;
+        self
+    }
+
+    /// Records a use of the queue (basic.get, declare, consumers coming and going), which
+    /// restarts its `x-expires` timer.
+    pub fn touch(&self) {
+        self.last_used
+            .store(self.clock.now_ms(), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// When a message enqueued now expires: the smaller of the queue's `x-message-ttl` and
+    /// the message's `expiration`.
+    fn deadline(&self, m: &Message) -> Option<u64> {
+        let own = m
+            .properties
+            .expiration
+            .as_deref()
+            .and_then(|e| crate::args::parse_expiration(e).ok());
+        let ttl = match (self.args.message_ttl, own) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }?;
+        Some(self.clock.now_ms().saturating_add(ttl))
+    }
+
+    /// A message leaves the queue without being delivered (expired, over the length limit,
+    /// rejected): it is settled, and dead-lettered if the queue has a dead-letter exchange.
+    fn discard(&self, st: &mut State, qm: QueuedMessage, reason: DeathReason) {
+        self.settled(&qm);
+        if self.args.dead_letter_exchange.is_some() {
+            st.dead.push(DeadLetter {
+                message: qm.message,
+                reason,
+            });
+        }
+    }
+
+    /// Takes the dead letters collected under the lock, for [`Queue::publish_dead`] once the
+    /// lock is released.
+    fn flush_dead(&self, st: &mut State) -> Vec<DeadLetter> {
+        std::mem::take(&mut st.dead)
+    }
+
+    /// Re-publishes dead letters to the queue's dead-letter exchange (never call with the
+    /// queue's lock held: the dead-letter exchange may route back to this queue).
+    fn publish_dead(&self, dead: Vec<DeadLetter>) {
+        if dead.is_empty() {
+            return;
+        }
+        if let Some(v) = self.vhost_ref.upgrade() {
+            v.dead_letter(self, dead);
+        }
+    }
+
+    /// Drops (or dead-letters) the expired messages at the head of the queue. `spare` is a
+    /// message being published now, which a TTL of 0 lets through to a consumer that can take
+    /// it at once.
+    fn expire_head(&self, st: &mut State, spare: Option<u64>) {
+        let mut now = None;
+        loop {
+            self.refill(st);
+            let Some(deadline) = st
+                .ready
+                .front()
+                .and_then(|f| (Some(f.seq) != spare).then_some(f.expires_at).flatten())
+            else {
+                return;
+            };
+            let now = *now.get_or_insert_with(|| self.clock.now_ms());
+            if deadline > now {
+                return;
+            }
+            if let Some(qm) = st.pop_front() {
+                self.discard(st, qm, DeathReason::Expired);
+            }
+        }
+    }
+
+    /// Ready messages and their body bytes, in memory and spilled.
+    fn depth(st: &State) -> (u64, u64) {
+        (
+            (st.ready.len() + st.spilled()) as u64,
+            (st.ready_bytes + st.spilled_bytes) as u64,
+        )
+    }
+
+    /// Drops (or dead-letters) messages from the head while the queue is over its
+    /// `x-max-length` / `x-max-length-bytes` (overflow `drop-head`).
+    fn enforce_max_length(&self, st: &mut State) {
+        let (max_len, max_bytes) = (self.args.max_length, self.args.max_length_bytes);
+        if self.args.overflow != Overflow::DropHead || (max_len.is_none() && max_bytes.is_none()) {
+            return;
+        }
+        loop {
+            let (n, bytes) = Self::depth(st);
+            if !(max_len.is_some_and(|m| n > m) || max_bytes.is_some_and(|m| bytes > m)) {
+                return;
+            }
+            self.refill(st);
+            let Some(qm) = st.pop_front() else {
+                return;
+            };
+            self.discard(st, qm, DeathReason::Maxlen);
+        }
+    }
+
+    /// True when the queue refuses `msg` because it is full and its overflow is
+    /// `reject-publish` or `reject-publish-dlx`.
+    pub fn rejects_publish(&self, msg: &Message) -> bool {
+        let (max_len, max_bytes) = (self.args.max_length, self.args.max_length_bytes);
+        if self.args.overflow == Overflow::DropHead || (max_len.is_none() && max_bytes.is_none()) {
+            return false;
+        }
+        let st = self.state.lock();
+        let (n, bytes) = Self::depth(&st);
+        max_len.is_some_and(|m| n >= m)
+            || max_bytes.is_some_and(|m| bytes + msg.body.len() as u64 > m)
+    }
+
+    /// Periodic housekeeping: expires messages at the head. Returns true when the queue has
+    /// been unused for its `x-expires` and should be deleted.
+    pub fn sweep(self: &Arc<Self>) -> bool {
+        let mut st = self.state.lock();
+        if st.deleted {
+            return false;
+        }
+        self.expire_head(&mut st, None);
+        let unused = st.consumers.is_empty();
+        let dead = self.flush_dead(&mut st);
+        drop(st);
+        self.publish_dead(dead);
+        let last = self.last_used.load(std::sync::atomic::Ordering::Relaxed);
+        unused
+            && self
+                .args
+                .expires
+                .is_some_and(|e| self.clock.now_ms() >= last.saturating_add(e))
     }
 
     /// Gives the queue a store to page to beyond `backing.window` ready messages, and (for a
@@ -283,12 +500,14 @@ impl Queue {
         seq: u64,
         stored: Option<Location>,
     ) -> bool {
+        let expires_at = self.deadline(&message);
         let mut st = self.state.lock();
         let qm = QueuedMessage {
             seq,
             message,
             redelivered: false,
             stored,
+            expires_at,
         };
         if st.deleted {
             drop(st);
@@ -298,8 +517,18 @@ impl Queue {
         if !self.spill_if_full(&mut st, &qm) {
             st.push_back(qm);
         }
-        self.dispatch_locked(&mut st);
-        !st.consumers.is_empty() && (st.spilled() > 0 || st.ready.len() >= self.pressure_limit())
+        self.dispatch_from(&mut st, Some(seq));
+        if expires_at.is_some() {
+            // A message whose TTL ran out before a consumer could take it (TTL 0) goes now.
+            self.expire_head(&mut st, None);
+        }
+        self.enforce_max_length(&mut st);
+        let pressured = !st.consumers.is_empty()
+            && (st.spilled() > 0 || st.ready.len() >= self.pressure_limit());
+        let dead = self.flush_dead(&mut st);
+        drop(st);
+        self.publish_dead(dead);
+        pressured
     }
 
     /// Ready messages beyond which a queue with consumers asks publishers to pause: its
@@ -345,7 +574,11 @@ impl Queue {
         };
         let mut st = self.state.lock();
         for e in entries {
-            if st.spilled() == 0 && st.ready.len() < b.window && st.ready_bytes < b.window_bytes {
+            if st.priority.is_some()
+                || (st.spilled() == 0
+                    && st.ready.len() < b.window
+                    && st.ready_bytes < b.window_bytes)
+            {
                 self.load_spilled(&mut st, b, e);
                 continue;
             }
@@ -371,7 +604,10 @@ impl Queue {
         let Some(b) = &self.backing else {
             return false;
         };
-        if st.ready.len() < b.window && st.ready_bytes < b.window_bytes && st.spilled() == 0 {
+        // Priority queues keep their messages in memory: the spill file is first-in first-out.
+        if st.priority.is_some()
+            || (st.ready.len() < b.window && st.ready_bytes < b.window_bytes && st.spilled() == 0)
+        {
             return false;
         }
         let (location, transient) = match qm.stored {
@@ -413,7 +649,10 @@ impl Queue {
             transient,
         };
         match st.spill.as_mut().map(|s| s.push(&[entry])) {
-            Some(Ok(())) => true,
+            Some(Ok(())) => {
+                st.spilled_bytes += qm.message.body.len();
+                true
+            }
             _ => {
                 if transient {
                     b.store.release(location);
@@ -454,16 +693,21 @@ impl Queue {
                 if e.transient {
                     b.store.release(e.location);
                 }
+                st.spilled_bytes = st.spilled_bytes.saturating_sub(m.body.len());
+                let message = Arc::new(Message::new(
+                    m.exchange,
+                    m.routing_key,
+                    m.properties,
+                    m.body,
+                ));
+                // The spill file keeps no enqueue time: the TTL counts from now.
+                let expires_at = self.deadline(&message);
                 st.push_back(QueuedMessage {
                     seq: e.seq,
-                    message: Arc::new(Message::new(
-                        m.exchange,
-                        m.routing_key,
-                        m.properties,
-                        m.body,
-                    )),
+                    message,
                     redelivered: e.redelivered,
                     stored: (!e.transient).then_some(e.location),
+                    expires_at,
                 });
             }
             Err(err) => {
@@ -537,6 +781,8 @@ impl Queue {
             )));
         }
         st.consumers.push(consumer);
+        drop(st);
+        self.touch();
         Ok(())
     }
 
@@ -551,25 +797,36 @@ impl Queue {
         if st.round_robin >= st.consumers.len() {
             st.round_robin = 0;
         }
+        if removed && st.consumers.is_empty() {
+            self.touch();
+        }
         removed && self.auto_delete && st.consumers.is_empty() && !st.deleted
     }
 
     /// Delivers ready messages to consumers with credit, round-robin.
     pub fn dispatch(self: &Arc<Self>) {
         let mut st = self.state.lock();
-        self.dispatch_locked(&mut st);
+        self.dispatch_from(&mut st, None);
+        let dead = self.flush_dead(&mut st);
+        drop(st);
+        self.publish_dead(dead);
     }
 
-    fn dispatch_locked(self: &Arc<Self>, st: &mut State) {
+    /// Delivers what consumers can take; `spare` as in [`Queue::expire_head`]. With
+    /// `x-single-active-consumer`, only the first registered consumer receives messages.
+    fn dispatch_from(self: &Arc<Self>, st: &mut State, spare: Option<u64>) {
         while !st.consumers.is_empty() {
             self.refill(st);
+            self.expire_head(st, spare);
             if st.ready.is_empty() {
                 break;
             }
-            let n = st.consumers.len();
+            let single = self.args.single_active_consumer;
+            let n = if single { 1 } else { st.consumers.len() };
+            let start = if single { 0 } else { st.round_robin };
             let mut delivered = false;
             for i in 0..n {
-                let idx = (st.round_robin + i) % n;
+                let idx = (start + i) % n;
                 if !st.consumers[idx].has_credit() {
                     continue;
                 }
@@ -613,9 +870,16 @@ impl Queue {
     /// basic.get: takes the next ready message. With `no_ack` false the message is counted as
     /// unacknowledged until settled. Returns the message and the number of messages still ready.
     pub fn get(&self, no_ack: bool) -> Option<(QueuedMessage, u32)> {
+        self.touch();
         let mut st = self.state.lock();
         self.refill(&mut st);
-        let msg = st.pop_front()?;
+        self.expire_head(&mut st, None);
+        let dead = self.flush_dead(&mut st);
+        let Some(msg) = st.pop_front() else {
+            drop(st);
+            self.publish_dead(dead);
+            return None;
+        };
         if no_ack {
             self.settled(&msg);
         } else {
@@ -627,6 +891,8 @@ impl Queue {
             }
         }
         let remaining = (st.ready.len() + st.spilled()) as u32;
+        drop(st);
+        self.publish_dead(dead);
         Some((msg, remaining))
     }
 
@@ -656,11 +922,16 @@ impl Queue {
                 let mut m = s.message;
                 m.redelivered = true;
                 st.insert_ordered(m);
+            } else if s.rejected {
+                self.discard(&mut st, s.message, DeathReason::Rejected);
             } else {
                 self.settled(&s.message);
             }
         }
-        self.dispatch_locked(&mut st);
+        self.dispatch_from(&mut st, None);
+        let dead = self.flush_dead(&mut st);
+        drop(st);
+        self.publish_dead(dead);
     }
 
     /// queue.purge: drops every ready message (unacknowledged ones stay); returns how many.
@@ -685,14 +956,29 @@ pub fn store_key(vhost: &str, name: &str) -> String {
     format!("{vhost}\u{1f}{name}")
 }
 
-/// Inserts a message at its original position by sequence number. Requeued messages are
-/// usually older than everything ready, so the front is checked first.
-fn insert_ordered(ready: &mut VecDeque<QueuedMessage>, m: QueuedMessage) {
-    match ready.front() {
-        None => ready.push_back(m),
-        Some(f) if m.seq < f.seq => ready.push_front(m),
+/// A message's place in a queue: by priority first in a priority queue (`max` set), then by
+/// sequence number.
+fn order_key(m: &QueuedMessage, max: Option<u8>) -> (u8, u64) {
+    match max {
+        Some(max) => (
+            max - m.message.properties.priority.unwrap_or(0).min(max),
+            m.seq,
+        ),
+        None => (0, m.seq),
+    }
+}
+
+/// Inserts a message at its position (original position by sequence number for a requeued
+/// one). Requeued messages are usually older than everything ready, so the front is checked
+/// first; new ones usually go last.
+fn insert_ordered(ready: &mut VecDeque<QueuedMessage>, m: QueuedMessage, max: Option<u8>) {
+    let key = order_key(&m, max);
+    match (ready.front(), ready.back()) {
+        (None, _) => ready.push_back(m),
+        (Some(f), _) if key < order_key(f, max) => ready.push_front(m),
+        (_, Some(b)) if key > order_key(b, max) => ready.push_back(m),
         _ => {
-            let pos = ready.partition_point(|x| x.seq < m.seq);
+            let pos = ready.partition_point(|x| order_key(x, max) < key);
             ready.insert(pos, m);
         }
     }
@@ -805,8 +1091,10 @@ mod tests {
                     message: msg("1"),
                     redelivered: false,
                     stored: None,
+                    expires_at: None,
                 },
                 requeue: false,
+                rejected: false,
             }],
         );
         assert_eq!(seqs(&b), vec![1, 3]);
@@ -827,6 +1115,7 @@ mod tests {
                 consumer_tag: None,
                 message: m1,
                 requeue: true,
+                rejected: false,
             }],
         );
         q.settle(
@@ -835,6 +1124,7 @@ mod tests {
                 consumer_tag: None,
                 message: m0,
                 requeue: true,
+                rejected: false,
             }],
         );
         let order: Vec<(u64, bool)> = std::iter::from_fn(|| q.get(true))

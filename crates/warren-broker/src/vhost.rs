@@ -4,17 +4,19 @@
 //! All topology changes (declare, delete, bind) take the vhost's write lock; routing a publish
 //! takes the read lock only, so publishers on different connections route in parallel.
 
+use crate::args::QueueArgs;
 use crate::auth::Users;
+use crate::clock::{Clock, SystemClock};
 use crate::error::{resource, BrokerError, Result};
 use crate::exchange::{Binding, Destination, Exchange, ExchangeKind};
 use crate::message::{ConfirmTicket, Message};
 use crate::names;
 use crate::persist::{get_bool, get_str, get_table, s, Persistence, StorageOptions};
-use crate::queue::{Backing, Consumer, Queue, QueueCounts};
+use crate::queue::{Backing, Consumer, DeadLetter, DeathReason, Queue, QueueCounts};
 use parking_lot::RwLock;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use warren_amqp::table::{FieldTable, FieldValue};
 use warren_store::spill::SpillEntry;
 use warren_store::{Completion, RecoveryReport, Store};
@@ -46,6 +48,7 @@ pub struct Broker {
     pub users: RwLock<Users>,
     persist: Option<Arc<Persistence>>,
     ids: Arc<AtomicU64>,
+    clock: Arc<dyn Clock>,
 }
 
 /// Why a durable broker could not start.
@@ -60,11 +63,17 @@ impl Broker {
     /// An in-memory broker with the default vhost `/` and the given users: nothing survives a
     /// restart and queues are bounded by memory only.
     pub fn new(users: Users) -> Self {
+        Self::with_clock(users, Arc::new(SystemClock))
+    }
+
+    /// An in-memory broker whose TTLs and expiries are measured with `clock`.
+    pub fn with_clock(users: Users, clock: Arc<dyn Clock>) -> Self {
         let b = Broker {
             vhosts: RwLock::new(HashMap::new()),
             users: RwLock::new(users),
             persist: None,
             ids: Arc::new(AtomicU64::new(1)),
+            clock,
         };
         b.add_vhost("/");
         b
@@ -84,6 +93,7 @@ impl Broker {
             users: RwLock::new(users),
             persist: Some(persist.clone()),
             ids: Arc::new(AtomicU64::new(0)),
+            clock: Arc::new(SystemClock),
         };
         for defs in persist.load_definitions() {
             let vh = b.add_vhost(get_str(&defs, "name"));
@@ -131,12 +141,24 @@ impl Broker {
             .write()
             .entry(name.to_string())
             .or_insert_with(|| {
-                let mut v = VHost::new(name);
-                v.persist = self.persist.clone();
-                v.ids = self.ids.clone();
-                Arc::new(v)
+                Arc::new_cyclic(|me| {
+                    let mut v = VHost::new(name);
+                    v.persist = self.persist.clone();
+                    v.ids = self.ids.clone();
+                    v.clock = self.clock.clone();
+                    v.me = me.clone();
+                    v
+                })
             })
             .clone()
+    }
+
+    /// Periodic housekeeping of every vhost (see [`VHost::sweep`]).
+    pub fn sweep(&self) {
+        let vhosts: Vec<Arc<VHost>> = self.vhosts.read().values().cloned().collect();
+        for v in vhosts {
+            v.sweep();
+        }
     }
 
     /// Looks up a vhost.
@@ -157,6 +179,9 @@ pub struct VHost {
     topology: RwLock<Topology>,
     persist: Option<Arc<Persistence>>,
     ids: Arc<AtomicU64>,
+    clock: Arc<dyn Clock>,
+    /// This vhost, for its queues to re-publish dead letters through.
+    me: Weak<VHost>,
 }
 
 /// What became of a publish.
@@ -169,6 +194,9 @@ pub struct Published {
     pub stored: bool,
     /// A queue it went to asks publishers to pause ([`Queue::is_pressured`]).
     pub pressured: Option<Arc<Queue>>,
+    /// A queue it was routed to refused it (full, with overflow `reject-publish` or
+    /// `reject-publish-dlx`): the publisher confirm is a nack.
+    pub rejected: bool,
 }
 
 /// Why a publish failed.
@@ -247,6 +275,77 @@ impl VHost {
             topology: RwLock::new(topo),
             persist: None,
             ids: Arc::new(AtomicU64::new(1)),
+            clock: Arc::new(SystemClock),
+            me: Weak::new(),
+        }
+    }
+
+    /// A new queue of this vhost, with its clock, vhost handle and store.
+    fn new_queue(&self, queue: Queue) -> Queue {
+        let mut queue = queue
+            .with_clock(self.clock.clone())
+            .with_vhost(self.me.clone());
+        if let Some(b) = self.backing() {
+            queue = queue.with_backing(b);
+        }
+        queue
+    }
+
+    /// Periodic housekeeping: expires messages at the head of each queue and deletes the
+    /// queues unused for longer than their `x-expires`.
+    pub fn sweep(&self) {
+        for q in self.queues() {
+            if q.sweep() {
+                self.remove_queue(&q);
+            }
+        }
+    }
+
+    /// Re-publishes messages that died in queue `from` to its dead-letter exchange, with
+    /// RabbitMQ's `x-death` history and `x-first-death-*` / `x-last-death-*` headers. A
+    /// missing dead-letter exchange drops them, as do automatic (not `rejected`) deaths that
+    /// would route a message back to a queue it already died in.
+    pub fn dead_letter(&self, from: &Queue, letters: Vec<DeadLetter>) {
+        let Some(dlx) = from.args.dead_letter_exchange.as_deref() else {
+            return;
+        };
+        let now_s = self.clock.now_ms() / 1000;
+        for l in letters {
+            let msg = dead_lettered(from, dlx, &l, now_s);
+            let headers = msg.properties.headers.as_ref();
+            let mut queues = Vec::new();
+            if self
+                .route_inner(dlx, &msg.routing_key, headers, &mut queues, false)
+                .is_err()
+            {
+                continue;
+            }
+            let deaths = headers
+                .and_then(|h| h.get("x-death"))
+                .and_then(|v| v.as_array())
+                .unwrap_or(&[]);
+            let field = |d: &FieldValue, k: &str| -> Option<String> {
+                d.as_table()
+                    .and_then(|t| t.get(k))
+                    .and_then(|v| v.as_str())
+                    .map(str::to_string)
+            };
+            let any_rejected = deaths
+                .iter()
+                .any(|d| field(d, "reason").as_deref() == Some("rejected"));
+            if !any_rejected {
+                queues.retain(|q| {
+                    !deaths
+                        .iter()
+                        .any(|d| field(d, "queue").as_deref() == Some(q.name.as_str()))
+                });
+            }
+            if queues.is_empty() {
+                continue;
+            }
+            if let Err(e) = self.enqueue(msg, queues, None, false) {
+                tracing::warn!(queue = %from.name, error = %e, "cannot dead-letter message");
+            }
         }
     }
 
@@ -278,6 +377,46 @@ impl VHost {
                 routed: false,
                 stored: false,
                 pressured: None,
+                rejected: false,
+            });
+        }
+        let mut rejected = Vec::new();
+        queues.retain(|q| {
+            let refuse = q.rejects_publish(&msg);
+            if refuse {
+                rejected.push(q.clone());
+            }
+            !refuse
+        });
+        for q in &rejected {
+            if q.args.overflow == crate::args::Overflow::RejectPublishDlx {
+                self.dead_letter(
+                    q,
+                    vec![DeadLetter {
+                        message: msg.clone(),
+                        reason: DeathReason::Maxlen,
+                    }],
+                );
+            }
+        }
+        self.enqueue(msg, queues, waiter, !rejected.is_empty())
+    }
+
+    /// Enqueues a routed message on `queues`, writing it to the store first when it is
+    /// persistent and some of them are durable.
+    fn enqueue(
+        &self,
+        msg: Arc<Message>,
+        queues: Vec<Arc<Queue>>,
+        waiter: Option<(Arc<dyn Completion>, u64)>,
+        rejected: bool,
+    ) -> std::result::Result<Published, PublishError> {
+        if queues.is_empty() {
+            return Ok(Published {
+                routed: true,
+                stored: false,
+                pressured: None,
+                rejected,
             });
         }
         let id = self.next_id();
@@ -319,6 +458,7 @@ impl VHost {
             routed: true,
             stored: location.is_some(),
             pressured,
+            rejected,
         })
     }
 
@@ -380,17 +520,14 @@ impl VHost {
         }
         for q in list("queues") {
             let name = get_str(&q, "name").to_string();
-            let mut queue = Queue::new(
+            let queue = self.new_queue(Queue::new(
                 name.clone(),
                 self.name.clone(),
                 true,
                 None,
                 get_bool(&q, "auto_delete"),
                 get_table(&q, "arguments"),
-            );
-            if let Some(b) = self.backing() {
-                queue = queue.with_backing(b);
-            }
+            ));
             topo.queues.insert(name, Arc::new(queue));
         }
         for b in list("bindings") {
@@ -520,6 +657,7 @@ impl VHost {
     ) -> Result<(Arc<Queue>, QueueCounts)> {
         if d.passive {
             let q = self.queue(&d.name, connection_id)?;
+            q.touch();
             let counts = q.counts();
             return Ok((q, counts));
         }
@@ -534,6 +672,7 @@ impl VHost {
             }
             d.name.clone()
         };
+        QueueArgs::parse(&self.queue_resource(&name), &d.arguments)?;
         let mut topo = self.topology.write();
         if let Some(q) = topo.queues.get(&name) {
             let owner = d.exclusive.then_some(connection_id);
@@ -548,21 +687,18 @@ impl VHost {
             check_field(&what, "durable", q.durable, d.durable)?;
             check_field(&what, "auto_delete", q.auto_delete, d.auto_delete)?;
             check_args(&what, &q.arguments, &d.arguments, EQUIVALENT_QUEUE_ARGS)?;
+            q.touch();
             let counts = q.counts();
             return Ok((q.clone(), counts));
         }
-        let mut queue = Queue::new(
+        let q = Arc::new(self.new_queue(Queue::new(
             name.clone(),
             self.name.clone(),
             d.durable,
             d.exclusive.then_some(connection_id),
             d.auto_delete,
             d.arguments.clone(),
-        );
-        if let Some(b) = self.backing() {
-            queue = queue.with_backing(b);
-        }
-        let q = Arc::new(queue);
+        )));
         topo.queues.insert(name.clone(), q.clone());
         if topo.queue_is_durable(&name) {
             self.save(&topo);
@@ -769,6 +905,18 @@ impl VHost {
         headers: Option<&FieldTable>,
         out: &mut Vec<Arc<Queue>>,
     ) -> Result<()> {
+        self.route_inner(exchange, routing_key, headers, out, true)
+    }
+
+    /// [`VHost::route`]; dead-lettering may go through an internal exchange.
+    fn route_inner(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        headers: Option<&FieldTable>,
+        out: &mut Vec<Arc<Queue>>,
+        refuse_internal: bool,
+    ) -> Result<()> {
         let topo = self.topology.read();
         if exchange.is_empty() {
             if let Some(q) = topo.queues.get(routing_key) {
@@ -780,7 +928,7 @@ impl VHost {
             .exchanges
             .get(exchange)
             .ok_or_else(|| self.no_exchange(exchange))?;
-        if x.internal {
+        if x.internal && refuse_internal {
             return Err(BrokerError::access_refused(format!(
                 "cannot publish to internal {}",
                 self.exchange_resource(exchange)
@@ -950,6 +1098,73 @@ impl Topology {
     }
 }
 
+/// The copy of a dead letter that goes to the dead-letter exchange `dlx`: routed with the
+/// queue's `x-dead-letter-routing-key` or its original routing key, its `x-death` history
+/// updated (entries per queue and reason, most recent first), its `expiration` moved to the
+/// entry's `original-expiration`.
+fn dead_lettered(from: &Queue, dlx: &str, l: &DeadLetter, now_s: u64) -> Arc<Message> {
+    let m = &l.message;
+    let reason = l.reason.as_str();
+    let routing_key = from
+        .args
+        .dead_letter_routing_key
+        .clone()
+        .unwrap_or_else(|| m.routing_key.clone());
+    let mut props = m.properties.clone();
+    let mut headers = props.headers.take().unwrap_or_default();
+    let mut deaths: Vec<FieldValue> = headers
+        .get("x-death")
+        .and_then(|v| v.as_array())
+        .map(<[FieldValue]>::to_vec)
+        .unwrap_or_default();
+    let same = |d: &FieldValue| {
+        d.as_table().is_some_and(|t| {
+            t.get("queue").and_then(|v| v.as_str()) == Some(from.name.as_str())
+                && t.get("reason").and_then(|v| v.as_str()) == Some(reason)
+        })
+    };
+    let entry = match deaths.iter().position(same) {
+        Some(i) => {
+            let mut t = deaths.remove(i).as_table().cloned().unwrap_or_default();
+            let count = t.get("count").and_then(|v| v.as_i64()).unwrap_or(0);
+            t.insert("count", FieldValue::I64(count + 1));
+            t.insert("time", FieldValue::Timestamp(now_s));
+            t
+        }
+        None => {
+            let mut t = FieldTable::new();
+            t.insert("count", FieldValue::I64(1));
+            t.insert("reason", s(reason));
+            t.insert("queue", s(&from.name));
+            t.insert("time", FieldValue::Timestamp(now_s));
+            t.insert("exchange", s(&m.exchange));
+            t.insert("routing-keys", FieldValue::Array(vec![s(&m.routing_key)]));
+            if let Some(e) = &props.expiration {
+                t.insert("original-expiration", s(e));
+            }
+            t
+        }
+    };
+    props.expiration = None;
+    deaths.insert(0, FieldValue::Table(entry));
+    headers.insert("x-death", FieldValue::Array(deaths));
+    if headers.get("x-first-death-reason").is_none() {
+        headers.insert("x-first-death-reason", s(reason));
+        headers.insert("x-first-death-queue", s(&from.name));
+        headers.insert("x-first-death-exchange", s(&m.exchange));
+    }
+    headers.insert("x-last-death-reason", s(reason));
+    headers.insert("x-last-death-queue", s(&from.name));
+    headers.insert("x-last-death-exchange", s(&m.exchange));
+    props.headers = Some(headers);
+    Arc::new(Message::new(
+        dlx.to_string(),
+        routing_key,
+        props,
+        m.body.clone(),
+    ))
+}
+
 /// Marks a queue deleted and cancels its consumers; returns its ready-message count.
 fn finish_queue_delete(q: &Arc<Queue>) -> u32 {
     let (count, consumers) = q.mark_deleted();
@@ -1094,6 +1309,129 @@ mod tests {
                 1
             )
             .is_ok());
+    }
+
+    fn clocked() -> (Arc<crate::clock::ManualClock>, Arc<VHost>) {
+        let clock = Arc::new(crate::clock::ManualClock::new(1_000_000));
+        let b = Broker::with_clock(Users::new(), clock.clone());
+        let v = b.vhost("/").unwrap();
+        (clock, v)
+    }
+
+    fn declare_with(v: &VHost, name: &str, pairs: &[(&str, FieldValue)]) -> Arc<Queue> {
+        v.declare_queue(
+            &QueueDeclare {
+                arguments: pairs.iter().cloned().collect(),
+                ..qd(name)
+            },
+            1,
+        )
+        .unwrap()
+        .0
+    }
+
+    fn text(v: &str) -> FieldValue {
+        FieldValue::LongString(bytes::Bytes::copy_from_slice(v.as_bytes()))
+    }
+
+    fn send(v: &VHost, key: &str, body: &'static [u8]) {
+        let m = Message::new(
+            String::new(),
+            key.into(),
+            Default::default(),
+            bytes::Bytes::from_static(body),
+        );
+        v.publish(Arc::new(m), None).unwrap();
+    }
+
+    #[test]
+    fn message_ttl_follows_the_clock() {
+        let (clock, v) = clocked();
+        let q = declare_with(&v, "t", &[("x-message-ttl", FieldValue::I32(1000))]);
+        send(&v, "t", b"a");
+        clock.advance(999);
+        v.sweep();
+        assert_eq!(q.counts().ready, 1);
+        clock.advance(1);
+        v.sweep();
+        assert_eq!(q.counts().ready, 0);
+    }
+
+    #[test]
+    fn queue_expires_when_unused() {
+        let (clock, v) = clocked();
+        declare_with(&v, "e", &[("x-expires", FieldValue::I32(100))]);
+        clock.advance(60);
+        // A redeclare restarts the timer.
+        declare_with(&v, "e", &[("x-expires", FieldValue::I32(100))]);
+        clock.advance(60);
+        v.sweep();
+        assert!(v.queue("e", 1).is_ok());
+        clock.advance(40);
+        v.sweep();
+        assert_eq!(v.queue("e", 1).unwrap_err().code, 404);
+    }
+
+    #[test]
+    fn expiry_cycles_are_dropped_but_rejections_cycle() {
+        let (clock, v) = clocked();
+        // "loop" dead-letters to itself through the default exchange.
+        let q = declare_with(
+            &v,
+            "loop",
+            &[
+                ("x-message-ttl", FieldValue::I32(10)),
+                ("x-dead-letter-exchange", text("")),
+            ],
+        );
+        send(&v, "loop", b"x");
+        clock.advance(10);
+        v.sweep();
+        assert_eq!(q.counts().ready, 0, "an expiry cycle drops the message");
+        send(&v, "loop", b"y");
+        let (m, _) = q.get(false).unwrap();
+        q.settle(
+            0,
+            vec![crate::queue::Settlement {
+                consumer_tag: None,
+                message: m,
+                requeue: false,
+                rejected: true,
+            }],
+        );
+        let (m, _) = q.get(true).expect("a rejected message comes back");
+        let h = m.message.properties.headers.as_ref().unwrap();
+        assert_eq!(
+            h.get("x-first-death-reason").and_then(|v| v.as_str()),
+            Some("rejected")
+        );
+        let deaths = h.get("x-death").and_then(|v| v.as_array()).unwrap();
+        assert_eq!(deaths.len(), 1);
+        // A second death for the same queue and reason counts up in the same entry.
+        send(&v, "loop", b"z");
+        for _ in 0..2 {
+            let (m, _) = q.get(false).unwrap();
+            q.settle(
+                0,
+                vec![crate::queue::Settlement {
+                    consumer_tag: None,
+                    message: m,
+                    requeue: false,
+                    rejected: true,
+                }],
+            );
+        }
+        let (twice, _) = q.get(true).unwrap();
+        assert!(q.get(true).is_none());
+        let count = |m: &crate::message::QueuedMessage| {
+            let h = m.message.properties.headers.as_ref().unwrap();
+            let d = h.get("x-death").and_then(|v| v.as_array()).unwrap();
+            d[0].as_table()
+                .unwrap()
+                .get("count")
+                .and_then(|v| v.as_i64())
+        };
+        assert_eq!(count(&twice), Some(2));
     }
 
     #[test]

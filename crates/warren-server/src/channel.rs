@@ -827,13 +827,13 @@ impl Channel {
 
     /// Settles unacked deliveries: ack, or reject/nack with or without requeue.
     fn apply_ack(&mut self, op: AckOp) -> MethodResult {
-        let (tag, multiple, requeue) = match op {
-            AckOp::Ack { tag, multiple } => (tag, multiple, false),
+        let (tag, multiple, requeue, rejected) = match op {
+            AckOp::Ack { tag, multiple } => (tag, multiple, false, false),
             AckOp::Reject {
                 tag,
                 multiple,
                 requeue,
-            } => (tag, multiple, requeue),
+            } => (tag, multiple, requeue, true),
         };
         let taken: Vec<Unacked> = {
             let mut st = self.shared.st.lock();
@@ -856,7 +856,7 @@ impl Channel {
                 }
             }
         };
-        settle(self.shared.key, taken, requeue);
+        settle(self.shared.key, taken, requeue, rejected);
         // Freed channel-wide credit may let other queues deliver.
         let queues = {
             let st = self.shared.st.lock();
@@ -877,7 +877,7 @@ impl Channel {
         let taken: Vec<Unacked> = std::mem::take(&mut self.shared.st.lock().unacked)
             .into_values()
             .collect();
-        settle(self.shared.key, taken, true);
+        settle(self.shared.key, taken, true, false);
         Ok(())
     }
 
@@ -977,6 +977,13 @@ impl Channel {
                 )));
             }
         }
+        if let Some(e) = properties.expiration.as_deref() {
+            if let Err(reason) = warren_broker::args::parse_expiration(e) {
+                return Err(BrokerError::precondition_failed(format!(
+                    "invalid expiration '{e}': {reason}"
+                )));
+            }
+        }
         let body = match content.single {
             Some(b) => b,
             None => content.body.freeze(),
@@ -999,7 +1006,10 @@ impl Channel {
         let waiter: Arc<dyn Completion> = confirms.clone();
         match self.route_and_enqueue(ctx, msg, content.publish.mandatory, Some((waiter, seq))) {
             Ok(Some(p)) => {
-                if !p.stored {
+                if p.rejected {
+                    // A full queue with overflow reject-publish refused it.
+                    confirms.settle(seq, false);
+                } else if !p.stored {
                     confirms.settle(seq, true);
                 }
                 Ok(())
@@ -1078,7 +1088,12 @@ impl Channel {
                 ctx.vhost.remove_queue(&info.queue);
             }
         }
-        settle(self.shared.key, unacked.into_values().collect(), true);
+        settle(
+            self.shared.key,
+            unacked.into_values().collect(),
+            true,
+            false,
+        );
         self.content = None;
         self.tx = None;
     }
@@ -1111,14 +1126,16 @@ fn unknown_tag(tag: u64) -> BrokerError {
     BrokerError::precondition_failed(format!("unknown delivery tag {tag}"))
 }
 
-/// Settles `taken` deliveries with their queues, grouped per queue, requeueing when asked.
-fn settle(channel_key: u64, taken: Vec<Unacked>, requeue: bool) {
+/// Settles `taken` deliveries with their queues, grouped per queue, requeueing when asked;
+/// `rejected` for basic.reject / basic.nack (dead-lettered without `requeue`).
+fn settle(channel_key: u64, taken: Vec<Unacked>, requeue: bool, rejected: bool) {
     let mut by_queue: Vec<(Arc<Queue>, Vec<Settlement>)> = Vec::new();
     for u in taken {
         let s = Settlement {
             consumer_tag: u.consumer_tag,
             message: u.message,
             requeue,
+            rejected,
         };
         match by_queue.iter_mut().find(|(q, _)| Arc::ptr_eq(q, &u.queue)) {
             Some((_, v)) => v.push(s),

@@ -233,6 +233,10 @@ impl RunningBroker {
     }
 }
 
+/// How often expired messages and unused queues are looked for, in ms: a message outlives its
+/// TTL by at most this much when nothing else touches its queue.
+const SWEEP_MS: u64 = 50;
+
 async fn accept_loop(
     listener: TcpListener,
     state: Arc<ServerState>,
@@ -240,9 +244,13 @@ async fn accept_loop(
 ) {
     let mut tasks = JoinSet::new();
     let mut health = tokio::time::interval(Duration::from_millis(250));
+    // Message TTLs and queue expiry (x-message-ttl, expiration, x-expires).
+    let mut sweep = tokio::time::interval(Duration::from_millis(SWEEP_MS));
+    sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = health.tick() => state.check_blocked(),
+            _ = sweep.tick() => state.broker.sweep(),
             accepted = listener.accept() => {
                 let (stream, peer) = match accepted {
                     Ok(x) => x,

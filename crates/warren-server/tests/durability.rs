@@ -545,3 +545,123 @@ async fn damaged_segments_are_reported_and_the_rest_is_served() {
     server.kill();
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// Messages that leave durable queues through their arguments (dropped over x-max-length,
+/// rejected and dead-lettered) are gone after a SIGKILL; their dead-lettered copies are there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_lettered_and_dropped_messages_stay_gone_after_sigkill() {
+    use lapin::options::BasicRejectOptions;
+    use lapin::types::{AMQPValue, LongString};
+    let dir = tempdir("queue-args");
+    let server = Server::start(&dir, &[]);
+    let conn = server.connect().await;
+    let ch = within("channel", conn.create_channel()).await.unwrap();
+    within(
+        "exchange.declare",
+        ch.exchange_declare(
+            "dlx".into(),
+            ExchangeKind::Fanout,
+            ExchangeDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .unwrap();
+    declare_durable(&ch, "dlq").await;
+    within(
+        "queue.bind",
+        ch.queue_bind(
+            "dlq".into(),
+            "dlx".into(),
+            "".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .unwrap();
+    let mut args = FieldTable::default();
+    args.insert(
+        "x-dead-letter-exchange".into(),
+        AMQPValue::LongString(LongString::from("dlx")),
+    );
+    args.insert("x-max-length".into(), AMQPValue::LongInt(1));
+    let durable = QueueDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    within(
+        "queue.declare",
+        ch.queue_declare("src".into(), durable, args),
+    )
+    .await
+    .unwrap();
+    within(
+        "confirm.select",
+        ch.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await
+    .unwrap();
+    for body in ["1", "2", "3"] {
+        let pc = within(
+            "publish",
+            ch.basic_publish(
+                "".into(),
+                "src".into(),
+                BasicPublishOptions::default(),
+                body.as_bytes(),
+                persistent(),
+            ),
+        )
+        .await
+        .unwrap();
+        within("confirm", pc).await.unwrap();
+    }
+    // "1" and "2" were dropped to the dead-letter queue; reject "3" too.
+    let got = within(
+        "basic.get",
+        ch.basic_get("src".into(), BasicGetOptions { no_ack: false }),
+    )
+    .await
+    .unwrap()
+    .expect("a message");
+    assert_eq!(got.delivery.data, b"3");
+    within(
+        "basic.reject",
+        ch.basic_reject(
+            got.delivery.delivery_tag,
+            BasicRejectOptions { requeue: false },
+        ),
+    )
+    .await
+    .unwrap();
+    within(
+        "queue.declare passive",
+        ch.queue_declare(
+            "src".into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server.kill();
+    drop(conn);
+
+    let server = Server::start(&dir, &[]);
+    let conn = server.connect().await;
+    let ch = within("channel", conn.create_channel()).await.unwrap();
+    assert_eq!(drain(&ch, "src").await, vec![]);
+    let dead: Vec<String> = drain(&ch, "dlq").await.into_iter().map(|g| g.0).collect();
+    assert_eq!(dead, vec!["1", "2", "3"]);
+    drop(conn);
+    server.kill();
+    std::fs::remove_dir_all(dir).unwrap();
+}
