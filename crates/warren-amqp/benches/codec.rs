@@ -272,7 +272,10 @@ fn amq_method(m: &Method) -> AMQPClass {
                 arguments: amq_table(&q.arguments),
             }))
         }
-        other => panic!("the bench converts only the methods it measures, not {}", other.name()),
+        other => panic!(
+            "the bench converts only the methods it measures, not {}",
+            other.name()
+        ),
     }
 }
 
