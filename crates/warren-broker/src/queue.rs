@@ -62,6 +62,9 @@ pub struct Consumer {
     /// basic.consume arguments.
     pub arguments: FieldTable,
     in_flight: u32,
+    /// Consumer priority (`x-priority` argument, RabbitMQ's consumer priorities): a queue
+    /// delivers to its highest-priority consumers while they have credit.
+    priority: i64,
 }
 
 impl Consumer {
@@ -80,6 +83,10 @@ impl Consumer {
             no_ack,
             exclusive,
             prefetch,
+            priority: arguments
+                .get("x-priority")
+                .and_then(|v| v.as_i64())
+                .unwrap_or(0),
             arguments,
             in_flight: 0,
         }
@@ -780,7 +787,13 @@ impl Queue {
                 self.resource_name()
             )));
         }
-        st.consumers.push(consumer);
+        // Highest priority first; among equals, in registration order.
+        let at = st
+            .consumers
+            .iter()
+            .position(|c| c.priority < consumer.priority)
+            .unwrap_or(st.consumers.len());
+        st.consumers.insert(at, consumer);
         drop(st);
         self.touch();
         Ok(())
@@ -823,43 +836,54 @@ impl Queue {
             }
             let single = self.args.single_active_consumer;
             let n = if single { 1 } else { st.consumers.len() };
-            let start = if single { 0 } else { st.round_robin };
             let mut delivered = false;
-            for i in 0..n {
-                let idx = (start + i) % n;
-                if !st.consumers[idx].has_credit() {
-                    continue;
-                }
-                let Some(msg) = st.pop_front() else {
-                    return;
-                };
-                let (seq, stored, first) = (msg.seq, msg.stored, !msg.redelivered);
-                let ticket = msg.message.confirm.get().cloned();
-                let c = &mut st.consumers[idx];
-                match c.target.deliver(self, &c.tag, c.no_ack, msg) {
-                    Ok(()) => {
-                        self.deliveries
-                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        if c.no_ack {
-                            self.forget(seq, stored);
-                            if let (Some(t), true) = (ticket, stored.is_some()) {
-                                t.settle_one();
-                            }
-                        } else {
-                            c.in_flight += 1;
-                            st.unacked += 1;
-                            if let (Some(store), true, true) =
-                                (self.store(), first, stored.is_some())
-                            {
-                                store.delivered(&self.store_key, seq);
-                            }
-                        }
-                        st.round_robin = (idx + 1) % n;
-                        delivered = true;
-                        break;
+            // Consumers are sorted by priority: try each priority group in turn, round-robin
+            // within the group, and go to a lower group only when no consumer above has credit.
+            let mut group = 0;
+            while group < n && !delivered {
+                let priority = st.consumers[group].priority;
+                let end = (group..n)
+                    .find(|&i| st.consumers[i].priority != priority)
+                    .unwrap_or(n);
+                let len = end - group;
+                let start = st.round_robin % len;
+                for i in 0..len {
+                    let idx = group + (start + i) % len;
+                    if !st.consumers[idx].has_credit() {
+                        continue;
                     }
-                    Err(msg) => st.push_front(msg),
+                    let Some(msg) = st.pop_front() else {
+                        return;
+                    };
+                    let (seq, stored, first) = (msg.seq, msg.stored, !msg.redelivered);
+                    let ticket = msg.message.confirm.get().cloned();
+                    let c = &mut st.consumers[idx];
+                    match c.target.deliver(self, &c.tag, c.no_ack, msg) {
+                        Ok(()) => {
+                            self.deliveries
+                                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            if c.no_ack {
+                                self.forget(seq, stored);
+                                if let (Some(t), true) = (ticket, stored.is_some()) {
+                                    t.settle_one();
+                                }
+                            } else {
+                                c.in_flight += 1;
+                                st.unacked += 1;
+                                if let (Some(store), true, true) =
+                                    (self.store(), first, stored.is_some())
+                                {
+                                    store.delivered(&self.store_key, seq);
+                                }
+                            }
+                            st.round_robin = (idx - group + 1) % len;
+                            delivered = true;
+                            break;
+                        }
+                        Err(msg) => st.push_front(msg),
+                    }
                 }
+                group = end;
             }
             if !delivered {
                 break;
@@ -1098,6 +1122,60 @@ mod tests {
             }],
         );
         assert_eq!(seqs(&b), vec![1, 3]);
+    }
+
+    #[test]
+    fn higher_priority_consumers_first_while_they_have_credit() {
+        let q = queue();
+        let lo = sink(usize::MAX);
+        let hi = sink(usize::MAX);
+        let prio = |p: i32| {
+            let mut t = FieldTable::new();
+            t.insert("x-priority", warren_amqp::table::FieldValue::I32(p));
+            t
+        };
+        q.add_consumer(Consumer::new(
+            "lo".into(),
+            lo.clone(),
+            false,
+            false,
+            0,
+            prio(1),
+        ))
+        .unwrap();
+        q.add_consumer(Consumer::new(
+            "hi".into(),
+            hi.clone(),
+            false,
+            false,
+            2,
+            prio(10),
+        ))
+        .unwrap();
+        for i in 0..5 {
+            q.publish(msg(&i.to_string()), i, None);
+        }
+        let seqs = |s: &Sink| s.got.lock().iter().map(|g| g.1).collect::<Vec<_>>();
+        // hi takes what its prefetch of 2 allows, lo gets the rest.
+        assert_eq!(seqs(&hi), vec![0, 1]);
+        assert_eq!(seqs(&lo), vec![2, 3, 4]);
+        q.settle(
+            hi.key,
+            vec![Settlement {
+                consumer_tag: Some("hi".into()),
+                message: QueuedMessage {
+                    seq: 0,
+                    message: msg("0"),
+                    redelivered: false,
+                    stored: None,
+                    expires_at: None,
+                },
+                requeue: false,
+                rejected: false,
+            }],
+        );
+        q.publish(msg("5"), 5, None);
+        assert_eq!(seqs(&hi), vec![0, 1, 5]);
     }
 
     #[test]

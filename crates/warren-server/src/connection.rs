@@ -147,6 +147,7 @@ fn server_properties() -> FieldTable {
         "basic.nack",
         "consumer_cancel_notify",
         "connection.blocked",
+        "consumer_priorities",
         "authentication_failure_close",
         "per_consumer_qos",
     ] {

@@ -662,3 +662,57 @@ async fn changing_prefetch_does_not_affect_existing_consumers() {
     assert_quiet(&mut c).await;
     env.stop().await;
 }
+
+#[tokio::test]
+async fn consumer_priorities_prefer_higher_priority_consumers() {
+    let env = Env::start().await;
+    let ch = env.channel().await;
+    let q = declare_queue(&ch, "").await;
+    let lo_ch = env.channel().await;
+    let hi_ch = env.channel().await;
+    qos(&hi_ch, 3, false).await;
+    let with_priority = |p: i32| {
+        let mut t = FieldTable::default();
+        t.insert(
+            "x-priority".into(),
+            lapin::types::AMQPValue::LongInt(p.into()),
+        );
+        t
+    };
+    let consume = |ch: &Channel, tag: &'static str, args: FieldTable| {
+        let ch = ch.clone();
+        let q = q.clone();
+        async move {
+            within(
+                "basic.consume",
+                ch.basic_consume(
+                    q.as_str().into(),
+                    tag.into(),
+                    BasicConsumeOptions::default(),
+                    args,
+                ),
+            )
+            .await
+            .expect("basic.consume")
+        }
+    };
+    let lo = consume(&lo_ch, "lo", with_priority(1)).await;
+    let hi = consume(&hi_ch, "hi", with_priority(10)).await;
+    let mut rx = merge(vec![lo, hi]);
+    publish_n(&ch, &q, 3).await;
+    // The priority-10 consumer takes everything while it has credit.
+    for _ in 0..3 {
+        let (who, _) = recv(&mut rx).await;
+        assert_eq!(who, 1, "the higher-priority consumer should get it");
+    }
+    // Now it is at its prefetch limit of 3: the next messages go to the lower one.
+    publish_n(&ch, &q, 2).await;
+    for _ in 0..2 {
+        let (who, _) = recv(&mut rx).await;
+        assert_eq!(
+            who, 0,
+            "the lower-priority consumer should get the overflow"
+        );
+    }
+    env.stop().await;
+}
