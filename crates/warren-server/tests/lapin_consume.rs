@@ -673,10 +673,7 @@ async fn consumer_priorities_prefer_higher_priority_consumers() {
     qos(&hi_ch, 3, false).await;
     let with_priority = |p: i32| {
         let mut t = FieldTable::default();
-        t.insert(
-            "x-priority".into(),
-            lapin::types::AMQPValue::LongInt(p.into()),
-        );
+        t.insert("x-priority".into(), lapin::types::AMQPValue::LongInt(p));
         t
     };
     let consume = |ch: &Channel, tag: &'static str, args: FieldTable| {
