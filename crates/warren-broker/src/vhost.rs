@@ -9,10 +9,12 @@ use crate::auth::Users;
 use crate::clock::{Clock, SystemClock};
 use crate::error::{resource, BrokerError, Result};
 use crate::exchange::{Binding, Destination, Exchange, ExchangeKind};
-use crate::message::{ConfirmTicket, Message};
+use crate::message::{ConfirmTicket, Message, QueuedMessage};
 use crate::names;
 use crate::persist::{get_bool, get_str, get_table, s, Persistence, StorageOptions};
-use crate::queue::{Backing, Consumer, DeadLetter, DeathReason, Queue, QueueCounts};
+use crate::queue::{
+    Backing, Consumer, DeadLetter, DeathReason, DeliveryTarget, Queue, QueueCounts,
+};
 use parking_lot::RwLock;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -182,6 +184,22 @@ pub struct VHost {
     clock: Arc<dyn Clock>,
     /// This vhost, for its queues to re-publish dead letters through.
     me: Weak<VHost>,
+    /// Direct reply-to consumers, by the name their requests carry in `reply_to`.
+    reply_consumers: parking_lot::Mutex<HashMap<String, ReplyConsumer>>,
+    /// Stands in for a queue in deliveries to direct reply-to consumers (never routed to).
+    reply_queue: Arc<Queue>,
+}
+
+/// The pseudo-queue of RabbitMQ's direct reply-to: a requester consumes from it in no-ack
+/// mode and publishes with `reply_to` set to it; the broker rewrites `reply_to` to
+/// `amq.rabbitmq.reply-to.<token>`, and a reply published to the default exchange with that
+/// routing key goes straight to the requester's consumer, without a queue
+/// (rabbitmq.com/docs/direct-reply-to).
+pub const REPLY_TO: &str = "amq.rabbitmq.reply-to";
+
+struct ReplyConsumer {
+    target: Weak<dyn DeliveryTarget>,
+    tag: Arc<str>,
 }
 
 /// What became of a publish.
@@ -277,7 +295,57 @@ impl VHost {
             ids: Arc::new(AtomicU64::new(1)),
             clock: Arc::new(SystemClock),
             me: Weak::new(),
+            reply_consumers: parking_lot::Mutex::new(HashMap::new()),
+            reply_queue: Arc::new(Queue::new(
+                REPLY_TO,
+                name,
+                false,
+                None,
+                false,
+                FieldTable::new(),
+            )),
         }
+    }
+
+    /// The stand-in queue of direct reply-to consumers.
+    pub fn reply_queue(&self) -> &Arc<Queue> {
+        &self.reply_queue
+    }
+
+    /// Registers a direct reply-to consumer; returns the `reply_to` value its requests carry.
+    pub fn add_reply_consumer(&self, target: Weak<dyn DeliveryTarget>, tag: Arc<str>) -> String {
+        let name = names::generate(&format!("{REPLY_TO}."));
+        self.reply_consumers
+            .lock()
+            .insert(name.clone(), ReplyConsumer { target, tag });
+        name
+    }
+
+    /// Forgets a direct reply-to consumer (cancelled, or its channel closed).
+    pub fn remove_reply_consumer(&self, name: &str) {
+        self.reply_consumers.lock().remove(name);
+    }
+
+    /// Delivers a reply to its direct reply-to consumer; false when there is none (any
+    /// more), in which case the reply is dropped as in RabbitMQ.
+    fn deliver_reply(&self, msg: Arc<Message>) -> bool {
+        let consumer = self
+            .reply_consumers
+            .lock()
+            .get(&msg.routing_key)
+            .and_then(|c| Some((c.target.upgrade()?, c.tag.clone())));
+        let Some((target, tag)) = consumer else {
+            return false;
+        };
+        let id = self.next_id();
+        let qm = QueuedMessage {
+            seq: id,
+            message: msg,
+            redelivered: false,
+            stored: None,
+            expires_at: None,
+        };
+        target.deliver(&self.reply_queue, &tag, true, qm).is_ok()
     }
 
     /// A new queue of this vhost, with its clock, vhost handle and store.
@@ -365,6 +433,14 @@ impl VHost {
         msg: Arc<Message>,
         waiter: Option<(Arc<dyn Completion>, u64)>,
     ) -> std::result::Result<Published, PublishError> {
+        if msg.exchange.is_empty() && msg.routing_key.starts_with(REPLY_TO) {
+            return Ok(Published {
+                routed: self.deliver_reply(msg),
+                stored: false,
+                pressured: None,
+                rejected: false,
+            });
+        }
         let mut queues = Vec::new();
         self.route(
             &msg.exchange,

@@ -22,7 +22,7 @@ use warren_amqp::table::put_shortstr;
 use warren_amqp::{constants, Method};
 use warren_broker::exchange::Destination;
 use warren_broker::queue::Settlement;
-use warren_broker::vhost::{ExchangeDeclare as ExchangeSpec, QueueDeclare as QueueSpec};
+use warren_broker::vhost::{ExchangeDeclare as ExchangeSpec, QueueDeclare as QueueSpec, REPLY_TO};
 use warren_broker::{
     names, BrokerError, Completion, Consumer, DeliveryTarget, Message, PublishError, Published,
     Queue, QueuedMessage, VHost,
@@ -352,6 +352,8 @@ pub struct Channel {
     consumer_prefetch: u16,
     /// A queue this channel published to that asks publishers to pause.
     pressure: Option<Arc<Queue>>,
+    /// The `reply_to` name of this channel's direct reply-to consumer.
+    reply_to: Option<String>,
 }
 
 /// The connection context a channel works in.
@@ -393,6 +395,7 @@ impl Channel {
             tx: None,
             consumer_prefetch: 0,
             pressure: None,
+            reply_to: None,
         }
     }
 
@@ -676,6 +679,16 @@ impl Channel {
     }
 
     fn queue_declare(&mut self, ctx: &Context, m: QueueDeclare) -> MethodResult {
+        if m.passive && m.queue == REPLY_TO {
+            if !m.nowait {
+                self.send(QueueDeclareOk {
+                    queue: m.queue,
+                    message_count: 0,
+                    consumer_count: 0,
+                });
+            }
+            return Ok(());
+        }
         let (q, counts) = ctx.vhost.declare_queue(
             &QueueSpec {
                 name: m.queue,
@@ -738,6 +751,9 @@ impl Channel {
                 "attempt to reuse consumer tag '{tag}'"
             )));
         }
+        if m.queue == REPLY_TO {
+            return self.consume_replies(ctx, tag, m.no_ack, m.nowait);
+        }
         let consumer = Consumer::new(
             tag.clone(),
             self.shared.clone(),
@@ -761,8 +777,54 @@ impl Channel {
         Ok(())
     }
 
+    /// basic.consume on `amq.rabbitmq.reply-to` (direct reply-to): no queue, just a name that
+    /// this channel's requests will carry in `reply_to`.
+    fn consume_replies(
+        &mut self,
+        ctx: &Context,
+        tag: Arc<str>,
+        no_ack: bool,
+        nowait: bool,
+    ) -> MethodResult {
+        if !no_ack {
+            return Err(BrokerError::precondition_failed(
+                "reply consumer cannot acknowledge",
+            ));
+        }
+        if self.reply_to.is_some() {
+            return Err(BrokerError::precondition_failed(
+                "reply consumer already set",
+            ));
+        }
+        let target: Arc<dyn DeliveryTarget> = self.shared.clone();
+        let name = ctx
+            .vhost
+            .add_reply_consumer(Arc::downgrade(&target), tag.clone());
+        self.reply_to = Some(name);
+        self.shared.st.lock().consumers.insert(
+            tag.clone(),
+            ConsumerInfo {
+                queue: ctx.vhost.reply_queue().clone(),
+            },
+        );
+        if !nowait {
+            self.send(BasicConsumeOk {
+                consumer_tag: tag.to_string(),
+            });
+        }
+        Ok(())
+    }
+
     fn cancel_consumer(&mut self, ctx: &Context, tag: &str) {
         let info = self.shared.st.lock().consumers.remove(tag);
+        if let Some(info) = &info {
+            if Arc::ptr_eq(&info.queue, ctx.vhost.reply_queue()) {
+                if let Some(name) = self.reply_to.take() {
+                    ctx.vhost.remove_reply_consumer(&name);
+                }
+                return;
+            }
+        }
         if let Some(info) = info {
             if info.queue.remove_consumer(self.shared.key, tag) {
                 ctx.vhost.remove_queue(&info.queue);
@@ -968,7 +1030,17 @@ impl Channel {
         let Some(content) = self.content.take() else {
             return Ok(());
         };
-        let (_, properties) = content.header.unwrap_or_default();
+        let (_, mut properties) = content.header.unwrap_or_default();
+        if properties.reply_to.as_deref() == Some(REPLY_TO) {
+            match &self.reply_to {
+                Some(name) => properties.reply_to = Some(name.clone()),
+                None => {
+                    return Err(BrokerError::precondition_failed(
+                        "fast reply consumer does not exist",
+                    ))
+                }
+            }
+        }
         if let Some(claimed) = properties.user_id.as_deref() {
             if claimed != ctx.user {
                 return Err(BrokerError::precondition_failed(format!(
@@ -1075,6 +1147,9 @@ impl Channel {
     /// Releases everything the channel holds: consumers are cancelled (auto-delete queues that
     /// lose their last consumer are deleted) and unacked messages are requeued.
     pub fn cleanup(&mut self, ctx: &Context) {
+        if let Some(name) = self.reply_to.take() {
+            ctx.vhost.remove_reply_consumer(&name);
+        }
         let (consumers, unacked) = {
             let mut st = self.shared.st.lock();
             st.open = false;

@@ -150,6 +150,7 @@ fn server_properties() -> FieldTable {
         "consumer_priorities",
         "authentication_failure_close",
         "per_consumer_qos",
+        "direct_reply_to",
     ] {
         caps.insert(c, FieldValue::Bool(true));
     }

@@ -491,3 +491,108 @@ async fn all_basic_properties_and_header_types_round_trip() {
     }
     env.stop().await;
 }
+
+#[tokio::test]
+async fn direct_reply_to_rpc_round_trip() {
+    use futures_util::StreamExt;
+    use lapin::options::BasicConsumeOptions;
+    use lapin::types::FieldTable;
+    let env = Env::start().await;
+    let server_conn = env.connect().await;
+    let server_ch = within("channel", server_conn.create_channel())
+        .await
+        .unwrap();
+    let rpc = declare_queue(&server_ch, "").await;
+    let mut requests = within(
+        "basic.consume",
+        server_ch.basic_consume(
+            rpc.as_str().into(),
+            "server".into(),
+            BasicConsumeOptions {
+                no_ack: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .unwrap();
+
+    let client = env.channel().await;
+    let mut replies = within(
+        "basic.consume amq.rabbitmq.reply-to",
+        client.basic_consume(
+            "amq.rabbitmq.reply-to".into(),
+            "replies".into(),
+            BasicConsumeOptions {
+                no_ack: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .unwrap();
+    publish_props(
+        &client,
+        "",
+        &rpc,
+        b"ping",
+        BasicProperties::default()
+            .with_reply_to("amq.rabbitmq.reply-to".into())
+            .with_correlation_id("c1".into()),
+    )
+    .await;
+
+    // The server sees a rewritten reply_to and answers to it through the default exchange.
+    let req = within("request", requests.next()).await.unwrap().unwrap();
+    let reply_to = req.properties.reply_to().clone().unwrap().to_string();
+    assert!(reply_to.starts_with("amq.rabbitmq.reply-to."), "{reply_to}");
+    publish_props(
+        &server_ch,
+        "",
+        &reply_to,
+        b"pong",
+        BasicProperties::default().with_correlation_id("c1".into()),
+    )
+    .await;
+    let reply = within("reply", replies.next()).await.unwrap().unwrap();
+    assert_eq!(reply.data, b"pong");
+    assert_eq!(
+        reply.properties.correlation_id().clone().unwrap().as_str(),
+        "c1"
+    );
+
+    // Without a reply consumer on the channel, reply_to amq.rabbitmq.reply-to is refused.
+    let other = env.channel().await;
+    let res = other
+        .basic_publish(
+            "".into(),
+            rpc.as_str().into(),
+            Default::default(),
+            b"x",
+            BasicProperties::default().with_reply_to("amq.rabbitmq.reply-to".into()),
+        )
+        .await;
+    let res = match res {
+        Ok(_) => within("channel close", other.basic_qos(1, Default::default()))
+            .await
+            .map(|_| ()),
+        Err(e) => Err(e),
+    };
+    expect_code(res, 406);
+    // A reply consumer must not ack.
+    let acking = env.channel().await;
+    let res = within(
+        "basic.consume",
+        acking.basic_consume(
+            "amq.rabbitmq.reply-to".into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        ),
+    )
+    .await;
+    expect_code(res.map(|_| ()), 406);
+    env.stop().await;
+}

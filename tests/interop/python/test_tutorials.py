@@ -472,6 +472,36 @@ def test_rpc(conn, res):
         server.join(WAIT)
 
 
+def test_rpc_direct_reply_to(conn, res):
+    """The RPC tutorial with RabbitMQ's direct reply-to instead of a callback queue."""
+    rpc_q = res.queue("rpc-direct")
+    server = RpcServer(rpc_q)
+    server.start()
+    try:
+        assert server.ready.wait(WAIT), "RPC server did not start"
+        ch = conn.channel()
+        responses = {}
+
+        def on_response(ch_, method, props, body):
+            responses[props.correlation_id] = body
+
+        ch.basic_consume("amq.rabbitmq.reply-to", on_response, auto_ack=True)
+        for n in (3, 12):
+            corr = str(uuid.uuid4())
+            ch.basic_publish(
+                "", rpc_q,
+                properties=pika.BasicProperties(
+                    reply_to="amq.rabbitmq.reply-to", correlation_id=corr),
+                body=str(n).encode(),
+            )
+            assert pump_until(conn, lambda: corr in responses), "no direct reply for fib(%d)" % n
+            assert int(responses[corr]) == fib(n)
+        assert server.error is None, server.error
+    finally:
+        server.stop.set()
+        server.join(WAIT)
+
+
 # ---------------------------------------------------------------------------
 # Extras
 # ---------------------------------------------------------------------------
