@@ -1132,6 +1132,11 @@ impl Channel {
         Ok(Some(published))
     }
 
+    /// True when the channel has consumers.
+    pub fn has_consumers(&self) -> bool {
+        !self.shared.st.lock().consumers.is_empty()
+    }
+
     /// Takes the queue, if any, that asked this channel's publisher to pause.
     pub fn take_pressure(&mut self) -> Option<Arc<Queue>> {
         self.pressure.take()

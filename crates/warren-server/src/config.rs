@@ -17,8 +17,42 @@ pub struct Config {
     pub storage: StorageConfig,
     /// Logging.
     pub log: LogConfig,
+    /// Memory alarm.
+    pub memory: MemoryConfig,
     /// Users; when empty, the default `guest`/`guest` (loopback only) is created.
     pub users: Vec<UserConfig>,
+}
+
+/// `[memory]`: the memory alarm (RabbitMQ's `vm_memory_high_watermark`). Above the
+/// watermark, connections that publish (and consume nothing) are no longer read from, and
+/// clients that declared the capability get connection.blocked, until memory use falls back.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct MemoryConfig {
+    /// Watermark as a fraction of the machine's memory (RabbitMQ 4.x default 0.6).
+    pub high_watermark: f64,
+    /// Watermark in bytes; when non-zero it replaces `high_watermark`.
+    pub high_watermark_bytes: u64,
+}
+
+impl Default for MemoryConfig {
+    fn default() -> Self {
+        MemoryConfig {
+            high_watermark: 0.6,
+            high_watermark_bytes: 0,
+        }
+    }
+}
+
+impl MemoryConfig {
+    /// The watermark in bytes for a machine with `total` bytes of memory.
+    pub fn limit(&self, total: u64) -> u64 {
+        if self.high_watermark_bytes > 0 {
+            self.high_watermark_bytes
+        } else {
+            (total as f64 * self.high_watermark) as u64
+        }
+    }
 }
 
 /// `[amqp]`: the AMQP 0-9-1 listener.
@@ -156,7 +190,7 @@ pub enum ConfigError {
     Invalid(String),
 }
 
-const SECTIONS: &[&str] = &["amqp", "storage", "log"];
+const SECTIONS: &[&str] = &["amqp", "storage", "log", "memory"];
 
 impl Config {
     /// Loads `path` (if given), then applies `WARREN_<SECTION>_<KEY>` variables from `env`.
@@ -225,6 +259,9 @@ impl Config {
         if a.max_table_depth == 0 {
             return bad("amqp.max_table_depth must be at least 1".into());
         }
+        if !(self.memory.high_watermark > 0.0 && self.memory.high_watermark <= 1.0) {
+            return bad("memory.high_watermark must be in (0, 1]".into());
+        }
         if self.storage.segment_size < 4096 {
             return bad("storage.segment_size must be at least 4096 bytes".into());
         }
@@ -278,6 +315,12 @@ queue_window_bytes = {queue_window_bytes}
 # error, warn, info, debug, trace, or a tracing filter such as "warren_server=debug".
 level = "{level}"
 
+[memory]
+# Memory alarm: above this fraction of the machine's memory (or high_watermark_bytes when
+# non-zero), publishing connections are paused and get connection.blocked.
+high_watermark = {high_watermark}
+high_watermark_bytes = {high_watermark_bytes}
+
 # Users. With none listed, guest/guest is created and may only log in from localhost.
 # [[users]]
 # name = "admin"
@@ -299,6 +342,8 @@ level = "{level}"
             queue_window = d.storage.queue_window,
             queue_window_bytes = d.storage.queue_window_bytes,
             level = d.log.level,
+            high_watermark = d.memory.high_watermark,
+            high_watermark_bytes = d.memory.high_watermark_bytes,
         )
     }
 }

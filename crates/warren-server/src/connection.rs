@@ -297,6 +297,7 @@ where
         cancel_notify: session.cancel_notify,
         max_message_size: cfg.max_message_size,
         user: session.user,
+        published: false,
     };
     if session.blocked_notify {
         state.listen_blocked(&outbox);
@@ -324,6 +325,17 @@ where
         conn.flush_confirms();
         if outbox.is_closing() {
             break End::Eof;
+        }
+        // Memory alarm: a connection that publishes and consumes nothing is not read from
+        // until memory use falls back (connections that also consume keep going, so that
+        // their acks can free memory).
+        if conn.published && state.memory_alarm() && !conn.has_consumers() {
+            while state.memory_alarm() {
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                    _ = shutdown.changed() => break,
+                }
+            }
         }
         for q in conn.take_pressure() {
             let t = std::time::Instant::now();
@@ -585,6 +597,8 @@ struct Conn {
     cancel_notify: bool,
     max_message_size: u64,
     user: String,
+    /// The client has published at least once (the memory alarm pauses publishers).
+    published: bool,
 }
 
 impl Conn {
@@ -609,6 +623,9 @@ impl Conn {
                     )));
                 }
                 let (class_id, method_id) = (method.class_id(), method.method_id());
+                if matches!(method, Method::BasicPublish(_)) {
+                    self.published = true;
+                }
                 let Some(ch) = self.channels.get_mut(&channel) else {
                     return match method {
                         Method::ChannelOpen(_) => {
@@ -745,6 +762,10 @@ impl Conn {
                 )
             })),
         }
+    }
+
+    fn has_consumers(&self) -> bool {
+        self.channels.values().any(|c| c.has_consumers())
     }
 
     fn take_pressure(&mut self) -> Vec<Arc<warren_broker::Queue>> {

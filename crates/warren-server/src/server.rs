@@ -31,6 +31,32 @@ pub struct ServerState {
     /// Connections that declared the `connection.blocked` capability.
     blocked_listeners: parking_lot::Mutex<Vec<std::sync::Weak<crate::outbox::Outbox>>>,
     blocked: std::sync::atomic::AtomicBool,
+    /// The memory alarm is on: publishers are paused.
+    memory_alarm: std::sync::atomic::AtomicBool,
+    /// The memory watermark in bytes.
+    memory_limit: u64,
+}
+
+/// Total memory of the machine in bytes (`MemTotal` of /proc/meminfo), if known.
+fn total_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
+}
+
+/// This process's resident memory in bytes (/proc/self/statm), if known.
+fn resident_memory() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    Some(pages * u64::try_from(page).unwrap_or(4096))
 }
 
 /// The reason sent in connection.blocked while the message store cannot write (RabbitMQ sends
@@ -80,6 +106,7 @@ impl ServerState {
                 broker
             }
         };
+        let memory_limit = config.memory.limit(total_memory().unwrap_or(u64::MAX));
         Ok(ServerState {
             broker,
             config,
@@ -87,6 +114,8 @@ impl ServerState {
             connections: AtomicUsize::new(0),
             blocked_listeners: parking_lot::Mutex::new(Vec::new()),
             blocked: std::sync::atomic::AtomicBool::new(false),
+            memory_alarm: std::sync::atomic::AtomicBool::new(false),
+            memory_limit,
         })
     }
 
@@ -97,29 +126,62 @@ impl ServerState {
         l.retain(|w| w.strong_count() > 0);
         l.push(Arc::downgrade(outbox));
         if self.blocked.load(Ordering::Relaxed) {
-            outbox.send(0, &blocked_method(true));
+            outbox.send(0, &blocked_method(true, self.blocked_reason()));
         }
     }
 
-    /// Follows the message store's health: when writes start failing, every listening
-    /// connection gets connection.blocked; when they succeed again, connection.unblocked.
+    /// True while the memory alarm is on (publishing connections wait).
+    pub fn memory_alarm(&self) -> bool {
+        self.memory_alarm.load(Ordering::Relaxed)
+    }
+
+    fn blocked_reason(&self) -> &'static str {
+        if self.memory_alarm() {
+            "low on memory"
+        } else {
+            BLOCKED_REASON
+        }
+    }
+
+    /// Follows the memory alarm and the message store's health: when memory use goes over the
+    /// watermark or store writes start failing, every listening connection gets
+    /// connection.blocked; when both are fine again, connection.unblocked.
     fn check_blocked(&self) {
-        let failed = self.broker.store().is_some_and(|s| s.is_failed());
+        let mut rss = resident_memory().unwrap_or(0);
+        if rss > self.memory_limit {
+            // Freed heap may still count as resident: give it back before deciding.
+            #[cfg(all(target_os = "linux", target_env = "gnu"))]
+            // SAFETY: malloc_trim only releases free heap pages; it has no preconditions.
+            unsafe {
+                libc::malloc_trim(0);
+            }
+            rss = resident_memory().unwrap_or(0);
+        }
+        let memory = rss > self.memory_limit;
+        if self.memory_alarm.swap(memory, Ordering::Relaxed) != memory {
+            warn!(
+                rss_mb = rss >> 20,
+                limit_mb = self.memory_limit >> 20,
+                "memory alarm {}",
+                if memory {
+                    "set: publishers paused"
+                } else {
+                    "cleared"
+                }
+            );
+        }
+        let failed = memory || self.broker.store().is_some_and(|s| s.is_failed());
         if self.blocked.swap(failed, Ordering::Relaxed) == failed {
             return;
         }
         warn!(
             blocked = failed,
             "publishers {}",
-            if failed {
-                "blocked: message store cannot write"
-            } else {
-                "unblocked"
-            }
+            if failed { "blocked" } else { "unblocked" }
         );
         let l = self.blocked_listeners.lock();
         for o in l.iter().filter_map(|w| w.upgrade()) {
-            o.send(0, &blocked_method(failed));
+            o.send(0, &blocked_method(failed, self.blocked_reason()));
         }
     }
 
@@ -134,11 +196,11 @@ impl ServerState {
     }
 }
 
-fn blocked_method(blocked: bool) -> warren_amqp::Method {
+fn blocked_method(blocked: bool, reason: &str) -> warren_amqp::Method {
     use warren_amqp::generated::{ConnectionBlocked, ConnectionUnblocked};
     if blocked {
         warren_amqp::Method::ConnectionBlocked(ConnectionBlocked {
-            reason: BLOCKED_REASON.into(),
+            reason: reason.into(),
         })
     } else {
         warren_amqp::Method::ConnectionUnblocked(ConnectionUnblocked {})

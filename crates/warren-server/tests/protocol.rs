@@ -236,6 +236,7 @@ fn client_properties() -> FieldTable {
     let mut caps = FieldTable::new();
     caps.insert("authentication_failure_close", FieldValue::Bool(true));
     caps.insert("consumer_cancel_notify", FieldValue::Bool(true));
+    caps.insert("connection.blocked", FieldValue::Bool(true));
     let mut t = FieldTable::new();
     t.insert("capabilities", FieldValue::Table(caps));
     t.insert(
@@ -947,5 +948,58 @@ async fn server_channel_close_then_close_ok_and_reopen() {
     }
     raw.send(1, ChannelCloseOk {}).await;
     raw.open_channel(1).await;
+    stop(b).await;
+}
+
+#[tokio::test]
+async fn memory_alarm_blocks_and_pauses_publishers_only() {
+    let mut cfg = Config::default();
+    // A watermark of one byte: the alarm is on from the broker's first health check.
+    cfg.memory.high_watermark_bytes = 1;
+    let b = broker_with(cfg).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+
+    let mut publisher = open_with(b.amqp_addr(), 2047, 131_072, 0).await;
+    match publisher.recv_method(0).await {
+        Method::ConnectionBlocked(m) => assert_eq!(m.reason, "low on memory"),
+        m => panic!("expected connection.blocked, got {m:?}"),
+    }
+    publisher.open_channel(1).await;
+    publisher.declare_queue(1, "mem-alarm").await;
+    publisher.publish(1, "", "mem-alarm", b"x").await;
+    // Having published, the connection is no longer read from: a declare gets no answer.
+    publisher
+        .send(
+            1,
+            QueueDeclare {
+                queue: "mem-alarm".into(),
+                passive: true,
+                ..Default::default()
+            },
+        )
+        .await;
+    assert!(
+        publisher.quiet_for(Duration::from_millis(800)).await,
+        "a publisher was served during the memory alarm"
+    );
+
+    // A connection that consumes keeps being served, so its acks can free memory.
+    let mut consumer = open_with(b.amqp_addr(), 2047, 131_072, 0).await;
+    let _blocked = consumer.recv_method(0).await;
+    consumer.open_channel(1).await;
+    consumer
+        .send(
+            1,
+            BasicConsume {
+                queue: "mem-alarm".into(),
+                consumer_tag: "c".into(),
+                ..Default::default()
+            },
+        )
+        .await;
+    match consumer.recv_method(1).await {
+        Method::BasicConsumeOk(_) => {}
+        m => panic!("expected basic.consume-ok, got {m:?}"),
+    }
     stop(b).await;
 }
