@@ -607,7 +607,15 @@ async fn invalid_expiration_closes_the_channel_with_406() {
     let env = Env::start().await;
     let ch = env.channel().await;
     declare_queue(&ch, "q").await;
-    let _ = within(
+    // In confirm mode the pending confirm fails with the channel's close reason, whichever of
+    // lapin's tasks sees the channel.close first.
+    within(
+        "confirm.select",
+        ch.confirm_select(lapin::options::ConfirmSelectOptions::default()),
+    )
+    .await
+    .expect("confirm.select");
+    let res = match within(
         "basic.publish",
         ch.basic_publish(
             "".into(),
@@ -617,9 +625,13 @@ async fn invalid_expiration_closes_the_channel_with_406() {
             BasicProperties::default().with_expiration("10s".into()),
         ),
     )
-    .await;
+    .await
+    {
+        Ok(pc) => within("confirm", pc).await.map(|_| ()),
+        Err(e) => Err(e),
+    };
     expect_406(
-        declare_args(&ch, "q", FieldTable::default()).await,
+        res,
         "PRECONDITION_FAILED - invalid expiration '10s': {leftover_string,\"s\"}",
     );
     env.stop().await;
