@@ -1611,6 +1611,20 @@ mod tests {
                 ..Default::default()
             })
             .unwrap_err();
-        assert_eq!(e.code, 503);
+        // RabbitMQ 4.x: a channel error (3.x closed the connection with 503).
+        assert_eq!(e.code, 406);
+        assert_eq!(e.text, "unknown exchange type 'nope'");
+        // An existing amq.* exchange may be redeclared, but not deleted.
+        v.declare_exchange(&ExchangeDeclare {
+            name: "amq.direct".into(),
+            kind: "direct".into(),
+            durable: true,
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(
+            v.delete_exchange("amq.direct", false).unwrap_err().text,
+            "deletion of system exchange 'amq.direct' in vhost '/' not allowed"
+        );
     }
 }
