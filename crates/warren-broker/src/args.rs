@@ -142,6 +142,16 @@ impl QueueArgs {
                 "invalid arg '{key}' for {resource}: {reason}"
             ))
         };
+        // rabbit_channel checks the type of the dead-letter exchange name before the queue
+        // type validates the other arguments, with its own wording.
+        if let Some(v) = args.get("x-dead-letter-exchange") {
+            if !matches!(v, FieldValue::LongString(_)) {
+                return Err(BrokerError::precondition_failed(format!(
+                    "invalid type '{}' for arg 'x-dead-letter-exchange' in {resource}",
+                    type_name(v)
+                )));
+            }
+        }
         // Checked in RabbitMQ's order (`rabbit_amqqueue:declare_args/0`).
         if let Some(v) = args.get("x-expires") {
             let n = int(v)
@@ -304,7 +314,7 @@ mod tests {
         );
         assert_eq!(
             reason(&[("x-dead-letter-exchange", FieldValue::I32(1))]),
-            "invalid arg 'x-dead-letter-exchange' for queue 'q' in vhost '/': {unacceptable_type,signedint}"
+            "invalid type 'signedint' for arg 'x-dead-letter-exchange' in queue 'q' in vhost '/'"
         );
         assert_eq!(
             reason(&[("x-dead-letter-routing-key", s("rk"))]),

@@ -639,8 +639,10 @@ impl VHost {
         BrokerError::not_found(format!("no {}", self.queue_resource(name)))
     }
 
-    /// exchange.declare. Errors: 404 (passive, missing), 403 (`amq.` prefix or default
-    /// exchange), 503 (unknown type), 406 (inequivalent type, flags or `alternate-exchange`).
+    /// exchange.declare. Errors: 404 (passive, missing), 406 (unknown type, as in RabbitMQ 4.x;
+    /// 3.x closed the connection with 503), 403 (default exchange, or `amq.` prefix for an
+    /// exchange that does not exist yet), 406 (inequivalent type, flags or
+    /// `alternate-exchange`).
     pub fn declare_exchange(&self, d: &ExchangeDeclare) -> Result<()> {
         if d.passive {
             let topo = self.topology.read();
@@ -649,13 +651,15 @@ impl VHost {
                 None => Err(self.no_exchange(&d.name)),
             };
         }
+        let kind = ExchangeKind::parse(&d.kind).ok_or_else(|| {
+            BrokerError::precondition_failed(format!("unknown exchange type '{}'", d.kind))
+        })?;
         if d.name.is_empty() {
             return Err(default_exchange_refused());
         }
-        let kind = ExchangeKind::parse(&d.kind).ok_or_else(|| {
-            BrokerError::command_invalid(format!("invalid exchange type '{}'", d.kind))
-        })?;
-        if d.name.starts_with("amq.") {
+        // The reserved prefix only stops creating an exchange: redeclaring an existing
+        // `amq.*` exchange equivalently succeeds, as in RabbitMQ.
+        if d.name.starts_with("amq.") && !self.exchange_exists(&d.name) {
             return Err(BrokerError::access_refused(format!(
                 "exchange name '{}' contains reserved prefix 'amq.*'",
                 d.name
@@ -696,7 +700,8 @@ impl VHost {
         }
         if name.starts_with("amq.") {
             return Err(BrokerError::access_refused(format!(
-                "exchange name '{name}' contains reserved prefix 'amq.*'"
+                "deletion of system {} not allowed",
+                self.exchange_resource(name)
             )));
         }
         let mut topo = self.topology.write();
@@ -748,8 +753,9 @@ impl VHost {
             }
             d.name.clone()
         };
-        QueueArgs::parse(&self.queue_resource(&name), &d.arguments)?;
         let mut topo = self.topology.write();
+        // As in RabbitMQ, the arguments of an existing queue are only compared (an invalid
+        // value is reported as inequivalent); they are validated when the queue is created.
         if let Some(q) = topo.queues.get(&name) {
             let owner = d.exclusive.then_some(connection_id);
             if q.exclusive_owner != owner {
@@ -767,6 +773,7 @@ impl VHost {
             let counts = q.counts();
             return Ok((q.clone(), counts));
         }
+        QueueArgs::parse(&self.queue_resource(&name), &d.arguments)?;
         let q = Arc::new(self.new_queue(Queue::new(
             name.clone(),
             self.name.clone(),
@@ -825,7 +832,7 @@ impl VHost {
             }
             if if_empty && counts.ready > 0 {
                 return Err(BrokerError::precondition_failed(format!(
-                    "{} is not empty",
+                    "{} not empty",
                     q.resource_name()
                 )));
             }
@@ -888,7 +895,7 @@ impl VHost {
         arguments: &FieldTable,
         connection_id: u64,
     ) -> Result<()> {
-        if source.is_empty() {
+        if source.is_empty() || destination == Destination::Exchange(String::new()) {
             return Err(default_exchange_refused());
         }
         let mut topo = self.topology.write();
@@ -900,10 +907,19 @@ impl VHost {
         if x.kind == ExchangeKind::Headers
             && crate::headers::MatchMode::from_args(arguments).is_none()
         {
-            return Err(BrokerError::precondition_failed(format!(
-                "Invalid x-match field value {:?}; expected all, any, all-with-x, or any-with-x",
-                arguments.get("x-match")
-            )));
+            return Err(BrokerError::precondition_failed(
+                match arguments.get("x-match") {
+                    Some(FieldValue::LongString(b)) => format!(
+                    "Invalid x-match field value <<\"{}\">>; expected all, any, all-with-x, or \
+                     any-with-x",
+                    String::from_utf8_lossy(b)
+                ),
+                    other => {
+                        let (ty, shown) = other.map(arg_type_and_value).unwrap_or_default();
+                        format!("Invalid x-match field type {ty} (value {shown}); expected longstr")
+                    }
+                },
+            ));
         }
         let durable_source = x.durable;
         let added = x.bind(Binding {
@@ -927,20 +943,35 @@ impl VHost {
         arguments: &FieldTable,
         connection_id: u64,
     ) -> Result<()> {
-        if source.is_empty() {
+        if source.is_empty() || destination == Destination::Exchange(String::new()) {
             return Err(default_exchange_refused());
         }
         let mut topo = self.topology.write();
+        let binding = Binding {
+            destination: destination.clone(),
+            routing_key: routing_key.to_string(),
+            arguments: arguments.clone(),
+        };
+        // As in RabbitMQ, unbinding is idempotent: a missing source, destination or binding
+        // is not an error, and exclusivity is only checked for a binding that exists.
+        let dest_exists = match &destination {
+            Destination::Queue(q) => topo.queues.contains_key(q),
+            Destination::Exchange(x) => topo.exchanges.contains_key(x),
+        };
+        let exists = dest_exists
+            && topo
+                .exchanges
+                .get(source)
+                .is_some_and(|x| x.bindings().contains(&binding));
+        if !exists {
+            return Ok(());
+        }
         self.check_destination(&topo, &destination, connection_id)?;
         let x = topo
             .exchanges
             .get_mut(source)
             .ok_or_else(|| self.no_exchange(source))?;
-        let removed = x.unbind(&Binding {
-            destination: destination.clone(),
-            routing_key: routing_key.to_string(),
-            arguments: arguments.clone(),
-        });
+        let removed = x.unbind(&binding);
         let (durable_source, now_unused) = (x.durable, x.auto_delete && x.bindings().is_empty());
         let durable = durable_source && topo.destination_is_durable(&destination);
         if removed && now_unused {
@@ -1203,21 +1234,37 @@ fn dead_lettered(from: &Queue, dlx: &str, l: &DeadLetter, now_s: u64) -> Arc<Mes
         Some(i) => {
             let mut t = deaths.remove(i).as_table().cloned().unwrap_or_default();
             let count = t.get("count").and_then(|v| v.as_i64()).unwrap_or(0);
+            // `time` stays the time of the first death (RabbitMQ 4.x); the entry is written
+            // in RabbitMQ's field order.
             t.insert("count", FieldValue::I64(count + 1));
-            t.insert("time", FieldValue::Timestamp(now_s));
-            t
+            let mut ordered = FieldTable::new();
+            for key in [
+                "original-expiration",
+                "count",
+                "reason",
+                "queue",
+                "time",
+                "exchange",
+                "routing-keys",
+            ] {
+                if let Some(v) = t.remove(key) {
+                    ordered.insert(key, v);
+                }
+            }
+            ordered.0.append(&mut t.0);
+            ordered
         }
         None => {
             let mut t = FieldTable::new();
+            if let Some(e) = &props.expiration {
+                t.insert("original-expiration", s(e));
+            }
             t.insert("count", FieldValue::I64(1));
             t.insert("reason", s(reason));
             t.insert("queue", s(&from.name));
             t.insert("time", FieldValue::Timestamp(now_s));
             t.insert("exchange", s(&m.exchange));
             t.insert("routing-keys", FieldValue::Array(vec![s(&m.routing_key)]));
-            if let Some(e) = &props.expiration {
-                t.insert("original-expiration", s(e));
-            }
             t
         }
     };
@@ -1232,6 +1279,8 @@ fn dead_lettered(from: &Queue, dlx: &str, l: &DeadLetter, now_s: u64) -> Arc<Mes
     headers.insert("x-last-death-reason", s(reason));
     headers.insert("x-last-death-queue", s(&from.name));
     headers.insert("x-last-death-exchange", s(&m.exchange));
+    // RabbitMQ 4.x hands out a dead-lettered message's headers sorted by name.
+    headers.0.sort_by(|a, b| a.0.cmp(&b.0));
     props.headers = Some(headers);
     Arc::new(Message::new(
         dlx.to_string(),
@@ -1288,26 +1337,32 @@ fn check_args(
         let same = match (c, r) {
             (None, None) => true,
             (Some(a), Some(b)) => a == b || (a.as_i64().is_some() && a.as_i64() == b.as_i64()),
-            _ => false,
+            // A classic queue may or may not carry `x-queue-type: classic`.
+            (None, Some(v)) | (Some(v), None) => {
+                *key == "x-queue-type" && v.as_str() == Some("classic")
+            }
         };
         if !same {
+            // RabbitMQ (rabbit_misc:assert_args_equivalence) shows plain values when both
+            // sides have the argument, and the value with its type against `none` otherwise.
+            let (shown_r, shown_c) = match (r, c) {
+                (Some(r), Some(c)) => (
+                    format!("'{}'", arg_type_and_value(r).1),
+                    format!("'{}'", arg_type_and_value(c).1),
+                ),
+                _ => (describe_arg(r), describe_arg(c)),
+            };
             return Err(BrokerError::precondition_failed(format!(
-                "inequivalent arg '{key}' for {what}: received {} but current is {}",
-                describe_arg(r),
-                describe_arg(c)
+                "inequivalent arg '{key}' for {what}: received {shown_r} but current is {shown_c}"
             )));
         }
     }
     Ok(())
 }
 
-/// RabbitMQ's wording for an argument value in inequivalence errors:
-/// `the value '2000' of type 'signedint'`, or `none`.
-fn describe_arg(v: Option<&FieldValue>) -> String {
-    let Some(v) = v else {
-        return "none".into();
-    };
-    let (ty, shown) = match v {
+/// RabbitMQ's type name for a field value and the value as its error texts show it.
+fn arg_type_and_value(v: &FieldValue) -> (&'static str, String) {
+    match v {
         FieldValue::Bool(b) => ("bool", b.to_string()),
         FieldValue::I8(i) => ("byte", i.to_string()),
         FieldValue::U8(i) => ("unsignedbyte", i.to_string()),
@@ -1325,7 +1380,16 @@ fn describe_arg(v: Option<&FieldValue>) -> String {
         FieldValue::Timestamp(t) => ("timestamp", t.to_string()),
         FieldValue::Table(t) => ("table", format!("{t:?}")),
         FieldValue::Void => ("void", "void".into()),
+    }
+}
+
+/// RabbitMQ's wording for an argument value in inequivalence errors when only one side has
+/// it: `the value '2000' of type 'signedint'`, or `none`.
+fn describe_arg(v: Option<&FieldValue>) -> String {
+    let Some(v) = v else {
+        return "none".into();
     };
+    let (ty, shown) = arg_type_and_value(v);
     format!("the value '{shown}' of type '{ty}'")
 }
 
@@ -1623,6 +1687,20 @@ mod tests {
                 ..Default::default()
             })
             .unwrap_err();
-        assert_eq!(e.code, 503);
+        // RabbitMQ 4.x: a channel error (3.x closed the connection with 503).
+        assert_eq!(e.code, 406);
+        assert_eq!(e.text, "unknown exchange type 'nope'");
+        // An existing amq.* exchange may be redeclared, but not deleted.
+        v.declare_exchange(&ExchangeDeclare {
+            name: "amq.direct".into(),
+            kind: "direct".into(),
+            durable: true,
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(
+            v.delete_exchange("amq.direct", false).unwrap_err().text,
+            "deletion of system exchange 'amq.direct' in vhost '/' not allowed"
+        );
     }
 }

@@ -350,6 +350,9 @@ pub struct Channel {
     confirm: Option<Arc<Confirms>>,
     tx: Option<TxState>,
     consumer_prefetch: u16,
+    /// The queue most recently declared on this channel: an empty queue name in queue.bind,
+    /// queue.unbind, queue.purge, queue.delete, basic.consume and basic.get stands for it.
+    last_queue: String,
     /// A queue this channel published to that asks publishers to pause.
     pressure: Option<Arc<Queue>>,
     /// The `reply_to` name of this channel's direct reply-to consumer.
@@ -394,6 +397,7 @@ impl Channel {
             confirm: None,
             tx: None,
             consumer_prefetch: 0,
+            last_queue: String::new(),
             pressure: None,
             reply_to: None,
         }
@@ -422,6 +426,8 @@ impl Channel {
                 ),
             ));
         }
+        let mut method = method;
+        self.expand_shortcuts(&mut method)?;
         match method {
             Method::ChannelOpen(_) => Err(BrokerError::new(
                 constants::CHANNEL_ERROR,
@@ -678,6 +684,44 @@ impl Channel {
         Ok(())
     }
 
+    /// RabbitMQ's queue name shortcuts: an empty queue name means the queue most recently
+    /// declared on the channel (404 when there is none), and in queue.bind / queue.unbind an
+    /// empty routing key with an empty queue name means that queue's name too.
+    fn expand_shortcuts(&self, method: &mut Method) -> MethodResult {
+        let expand = |q: &mut String| -> MethodResult {
+            if q.is_empty() {
+                if self.last_queue.is_empty() {
+                    return Err(BrokerError::not_found("no previously declared queue"));
+                }
+                q.clone_from(&self.last_queue);
+            }
+            Ok(())
+        };
+        match method {
+            Method::BasicGet(m) => expand(&mut m.queue),
+            Method::BasicConsume(m) => expand(&mut m.queue),
+            Method::QueueDelete(m) => expand(&mut m.queue),
+            Method::QueuePurge(m) => expand(&mut m.queue),
+            Method::QueueBind(m) => {
+                let empty = m.queue.is_empty();
+                expand(&mut m.queue)?;
+                if empty && m.routing_key.is_empty() {
+                    m.routing_key.clone_from(&self.last_queue);
+                }
+                Ok(())
+            }
+            Method::QueueUnbind(m) => {
+                let empty = m.queue.is_empty();
+                expand(&mut m.queue)?;
+                if empty && m.routing_key.is_empty() {
+                    m.routing_key.clone_from(&self.last_queue);
+                }
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
     fn queue_declare(&mut self, ctx: &Context, m: QueueDeclare) -> MethodResult {
         if m.passive && m.queue == REPLY_TO {
             if !m.nowait {
@@ -700,6 +744,7 @@ impl Channel {
             },
             ctx.connection_id,
         )?;
+        self.last_queue.clone_from(&q.name);
         if !m.nowait {
             self.send(QueueDeclareOk {
                 queue: q.name.clone(),

@@ -790,7 +790,7 @@ async fn queue_delete_if_unused_and_if_empty_are_precondition_failed() {
     expect_closed(
         &mut ev3,
         406,
-        "PRECONDITION_FAILED - queue 'full' in vhost '/' is not empty",
+        "PRECONDITION_FAILED - queue 'full' in vhost '/' not empty",
         50,
         40,
     )

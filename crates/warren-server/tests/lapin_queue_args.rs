@@ -152,11 +152,6 @@ async fn invalid_arguments_are_refused_with_rabbitmq_texts() {
         ),
         ("x-overflow", s("drop-tail"), "invalid_overflow"),
         (
-            "x-dead-letter-exchange",
-            AMQPValue::LongInt(1),
-            "{unacceptable_type,signedint}",
-        ),
-        (
             "x-dead-letter-routing-key",
             s("rk"),
             "routing_key_but_no_dlx_defined",
@@ -191,6 +186,18 @@ async fn invalid_arguments_are_refused_with_rabbitmq_texts() {
             ),
         );
     }
+    // The dead-letter exchange's type is checked first, with rabbit_channel's wording.
+    let ch = env.channel().await;
+    expect_406(
+        declare_args(
+            &ch,
+            "bad",
+            args(&[("x-dead-letter-exchange", AMQPValue::LongInt(1))]),
+        )
+        .await,
+        "PRECONDITION_FAILED - invalid type 'signedint' for arg 'x-dead-letter-exchange' in \
+         queue 'bad' in vhost '/'",
+    );
     // Nothing was created; valid arguments are accepted.
     let ch = env.channel().await;
     declare_ok(
