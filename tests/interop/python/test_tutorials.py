@@ -403,6 +403,9 @@ class RpcServer(threading.Thread):
                 def on_request(ch_, method, props, body):
                     n = int(body)
                     resp = str(fib(n)).encode()
+                    # Counted before replying: the client may check the count as soon as the
+                    # reply arrives.
+                    self.handled += 1
                     ch_.basic_publish(
                         exchange="",
                         routing_key=props.reply_to,
@@ -410,7 +413,6 @@ class RpcServer(threading.Thread):
                         body=resp,
                     )
                     ch_.basic_ack(method.delivery_tag)
-                    self.handled += 1
 
                 ch.basic_consume(self.queue, on_request)
                 self.ready.set()
