@@ -89,12 +89,32 @@ pub async fn serve<S>(
 }
 
 async fn read_more<R: AsyncRead + Unpin>(rd: &mut R, buf: &mut BytesMut) -> std::io::Result<()> {
-    if buf.capacity() - buf.len() < 4096 {
-        buf.reserve(64 * 1024);
+    read_more_sized(rd, buf, &mut 4096).await
+}
+
+/// Largest read buffer a connection grows to, bytes.
+const MAX_READ: usize = 64 * 1024;
+
+/// Reads more bytes into `buf`, with room for at least half of `size` bytes. A read that fills
+/// all the room doubles `size` (up to [`MAX_READ`]): busy connections get large reads that
+/// batch many frames, idle ones keep a small buffer.
+async fn read_more_sized<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    buf: &mut BytesMut,
+    size: &mut usize,
+) -> std::io::Result<()> {
+    if buf.capacity() - buf.len() < *size / 2 {
+        buf.reserve(*size);
     }
+    let room = buf.capacity() - buf.len();
     match rd.read_buf(buf).await? {
         0 => Err(std::io::ErrorKind::UnexpectedEof.into()),
-        _ => Ok(()),
+        n => {
+            if n >= room && *size < MAX_READ {
+                *size = (*size * 2).min(MAX_READ);
+            }
+            Ok(())
+        }
     }
 }
 
@@ -221,7 +241,8 @@ where
     W: AsyncWrite + Unpin + Send + 'static,
 {
     let cfg = &state.config.amqp;
-    let mut rbuf = BytesMut::with_capacity(64 * 1024);
+    // Small at first: an idle connection should cost little; busy ones grow it in read_more.
+    let mut rbuf = BytesMut::with_capacity(4 * 1024);
     let handshake = Duration::from_secs(cfg.handshake_timeout.max(1));
 
     // Protocol header.
@@ -307,6 +328,7 @@ where
         max_table_depth: cfg.max_table_depth,
     };
     let idle_limit = heartbeat.map(|h| h * 2);
+    let mut read_size = 4096;
 
     let end = 'outer: loop {
         loop {
@@ -344,10 +366,12 @@ where
         }
         let read = async {
             match idle_limit {
-                Some(limit) => tokio::time::timeout(limit, read_more(&mut rd, &mut rbuf))
-                    .await
-                    .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into())),
-                None => read_more(&mut rd, &mut rbuf).await,
+                Some(limit) => {
+                    tokio::time::timeout(limit, read_more_sized(&mut rd, &mut rbuf, &mut read_size))
+                        .await
+                        .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))
+                }
+                None => read_more_sized(&mut rd, &mut rbuf, &mut read_size).await,
             }
         };
         tokio::select! {

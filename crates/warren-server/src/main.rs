@@ -2,6 +2,12 @@
 //! overrides and flags.
 
 use clap::Parser;
+
+/// The broker allocates and frees small objects for every message (frames, properties,
+/// queue entries); mimalloc handles that pattern with less CPU than the system allocator.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
