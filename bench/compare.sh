@@ -68,7 +68,32 @@ stop_rabbit() {
     fi
 }
 
+# The broker not under test is paused (SIGSTOP) while the other one runs a workload, and
+# resumed (SIGCONT) afterwards: on a 2-core machine an idle Erlang VM still spins its
+# schedulers and would take CPU from the broker being measured (an idle Warren takes none,
+# but is paused all the same, for symmetry).
+broker_pids() {
+    case "$1" in
+        warren) [ -n "$WARREN_PID" ] && echo "$WARREN_PID" ;;
+        rabbitmq) pgrep -x beam.smp || true; pgrep -x erl_child_setup || true ;;
+    esac
+}
+pause_others() {
+    local o p
+    for o in $BROKERS; do
+        [ "$o" = "$1" ] && continue
+        for p in $(broker_pids "$o"); do kill -STOP "$p" 2>/dev/null || true; done
+    done
+}
+resume_all() {
+    local o p
+    for o in $BROKERS; do
+        for p in $(broker_pids "$o"); do kill -CONT "$p" 2>/dev/null || true; done
+    done
+}
+
 cleanup() {
+    resume_all
     stop_warren
     stop_rabbit
 }
@@ -255,7 +280,9 @@ case " $WORKLOADS " in *" h "*) RUN_ORDER="h" ;; esac
 for w in $WORKLOADS; do [ "$w" = h ] || RUN_ORDER="$RUN_ORDER $w"; done
 for w in $RUN_ORDER; do
     for b in $BROKERS; do
+        pause_others "$b"
         run_one "$b" "$w"
+        resume_all
     done
 done
 
