@@ -72,6 +72,11 @@ stop_rabbit() {
 # resumed (SIGCONT) afterwards: on a 2-core machine an idle Erlang VM still spins its
 # schedulers and would take CPU from the broker being measured (an idle Warren takes none,
 # but is paused all the same, for symmetry).
+# Stopping a process of this script's process group while the group is (or becomes) orphaned,
+# e.g. when the script runs detached from the shell that started it, makes the kernel send the
+# group SIGHUP; ignore it (children inherit the disposition).
+trap '' HUP
+
 broker_pids() {
     case "$1" in
         warren) [ -n "$WARREN_PID" ] && echo "$WARREN_PID" ;;
