@@ -76,8 +76,6 @@ pub async fn serve<S>(
 {
     let id = state.next_connection_id();
     let span = tracing::info_span!("conn", id, %peer);
-    let _e = span.enter();
-    drop(_e);
     let (rd, wr) = tokio::io::split(stream);
     let fut = async move {
         match run(state.clone(), id, rd, wr, peer, shutdown).await {

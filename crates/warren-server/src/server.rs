@@ -50,6 +50,17 @@ fn total_memory() -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// Returns the system allocator's free heap pages to the OS (glibc keeps them otherwise, and
+/// they count as resident). The `warren` binary allocates with mimalloc, which returns memory
+/// by itself; this matters to programs that embed the broker on the system allocator.
+fn release_free_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free heap pages; it has no preconditions.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// This process's resident memory in bytes (/proc/self/statm), if known.
 fn resident_memory() -> Option<u64> {
     let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
@@ -98,11 +109,7 @@ impl ServerState {
                     "recovered durable state"
                 );
                 // Recovery's scratch maps are gone; hand their pages back to the OS.
-                #[cfg(all(target_os = "linux", target_env = "gnu"))]
-                // SAFETY: malloc_trim only releases free heap pages; it has no preconditions.
-                unsafe {
-                    libc::malloc_trim(0);
-                }
+                release_free_heap();
                 broker
             }
         };
@@ -150,11 +157,7 @@ impl ServerState {
         let mut rss = resident_memory().unwrap_or(0);
         if rss > self.memory_limit {
             // Freed heap may still count as resident: give it back before deciding.
-            #[cfg(all(target_os = "linux", target_env = "gnu"))]
-            // SAFETY: malloc_trim only releases free heap pages; it has no preconditions.
-            unsafe {
-                libc::malloc_trim(0);
-            }
+            release_free_heap();
             rss = resident_memory().unwrap_or(0);
         }
         let memory = rss > self.memory_limit;

@@ -178,8 +178,8 @@ struct Inner {
     failed: AtomicBool,
 }
 
-/// The message store. Cheap to clone; the writer thread stops when [`Store::close`] is called
-/// or every clone is dropped.
+/// The message store. Cheap to clone; the writer thread runs until [`Store::close`], which
+/// writes and syncs whatever is pending first.
 #[derive(Clone)]
 pub struct Store {
     inner: Arc<Inner>,
