@@ -9,6 +9,7 @@
 //! lock may be held while calling into a [`queue::DeliveryTarget`] (a channel), never the reverse.
 //! Channels therefore never call back into a queue while holding their own lock.
 
+pub mod access;
 pub mod args;
 pub mod auth;
 pub mod clock;
