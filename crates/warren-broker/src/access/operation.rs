@@ -492,7 +492,12 @@ impl<'a> Requirement<'a> {
         self.with(ResourceKind::Queue, name, Need::Permission(permission))
     }
 
-    fn topic(mut self, exchange: &'a str, permission: Permission, routing_key: &'a str) -> Self {
+    fn with_topic(
+        mut self,
+        exchange: &'a str,
+        permission: Permission,
+        routing_key: &'a str,
+    ) -> Self {
         self.topic = Some(TopicCheck {
             exchange: exchange_permission_name(exchange),
             permission,
@@ -555,7 +560,7 @@ pub fn required_access<'a>(op: &Operation<'a>) -> Requirement<'a> {
         } => none
             .on_exchange(destination, Write)
             .on_exchange(source, Read)
-            .topic(source, Read, routing_key),
+            .with_topic(source, Read, routing_key),
 
         Operation::QueueDeclare { queue, .. } if queue.starts_with(DIRECT_REPLY_TO_QUEUE) => none,
         Operation::QueueDeclare {
@@ -587,7 +592,7 @@ pub fn required_access<'a>(op: &Operation<'a>) -> Requirement<'a> {
         } => none
             .on_queue(queue, Write)
             .on_exchange(exchange, Read)
-            .topic(exchange, Read, routing_key),
+            .with_topic(exchange, Read, routing_key),
         Operation::QueuePurge { queue } => none.on_queue(queue, Read),
 
         Operation::BasicPublish {
@@ -598,7 +603,7 @@ pub fn required_access<'a>(op: &Operation<'a>) -> Requirement<'a> {
             user_id,
             ..none
                 .on_exchange(exchange, Write)
-                .topic(exchange, Write, routing_key)
+                .with_topic(exchange, Write, routing_key)
         },
         Operation::BasicGet { queue } => none.on_queue(queue, Read),
         Operation::BasicConsume { queue } if queue == DIRECT_REPLY_TO_QUEUE => none,
