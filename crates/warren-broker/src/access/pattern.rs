@@ -17,6 +17,9 @@
 //! - Look-around, back-references and `\Q…\E` do not exist in `regex`: a pattern using them is
 //!   refused with the compiler's message when it is set.
 //!
+//! One difference remains: `regex` matches by Unicode character where RabbitMQ's PCRE matches by
+//! byte, so a counted `.` (`^.{3}$`) or `\w` can differ on names with non-ASCII characters.
+//!
 //! Matching is linear-time in `regex`, so RabbitMQ's PCRE match limit has no counterpart; the
 //! compiled size is bounded instead ([`MAX_COMPILED_PATTERN_BYTES`]).
 
