@@ -5,13 +5,19 @@
 //! consumers and prefetch accounting ([`queue`]), and the user table ([`auth`]). The server crate
 //! drives it from connection tasks; tests drive it directly.
 //!
+//! [`access`] (users with RabbitMQ's password hashes, vhost and user limits, permissions, and the
+//! table of what each operation needs) and [`definitions`] (RabbitMQ's definitions files) are the
+//! pieces of the coming operations layer; the server does not use them yet.
+//!
 //! Locking discipline: a vhost's topology lock may be held while taking a queue lock, and a queue
 //! lock may be held while calling into a [`queue::DeliveryTarget`] (a channel), never the reverse.
 //! Channels therefore never call back into a queue while holding their own lock.
 
+pub mod access;
 pub mod args;
 pub mod auth;
 pub mod clock;
+pub mod definitions;
 pub mod error;
 pub mod exchange;
 pub mod headers;
