@@ -12,6 +12,7 @@
 pub mod args;
 pub mod auth;
 pub mod clock;
+pub mod data_dir;
 pub mod error;
 pub mod exchange;
 pub mod headers;
@@ -23,6 +24,7 @@ pub mod topic;
 pub mod vhost;
 
 pub use auth::{User, Users};
+pub use data_dir::{DataDir, DataDirError};
 pub use error::{BrokerError, Result};
 pub use exchange::{Destination, ExchangeKind};
 pub use message::{Message, QueuedMessage};
