@@ -326,9 +326,10 @@ where
         user: session.user,
         published: false,
     };
-    if session.blocked_notify {
-        state.listen_blocked(&outbox);
-    }
+    // connection.blocked goes to connections that publish, as in RabbitMQ (a client such as
+    // lapin stops sending anything once blocked, acks included): registered at the first
+    // publish.
+    let mut blocked_listener = false;
     let limits = Limits {
         frame_max: tuned.frame_max,
         max_table_depth: cfg.max_table_depth,
@@ -361,6 +362,10 @@ where
             }
         }
         conn.flush_confirms();
+        if conn.published && session.blocked_notify && !blocked_listener {
+            state.listen_blocked(&outbox);
+            blocked_listener = true;
+        }
         if outbox.is_closing() {
             break End::Eof;
         }
