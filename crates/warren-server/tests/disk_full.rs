@@ -180,9 +180,8 @@ async fn full_disk_nacks_blocks_and_recovers() {
     server.kill();
 }
 
-/// A publish caught by a failing write is nacked at once, while the disk is still full, and
-/// so are the publishes behind it on the same channel; everything confirmed before survives
-/// SIGKILL.
+/// A publish caught by a failing write is nacked at once, while the disk is still full (not
+/// when it comes back); everything confirmed before survives SIGKILL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn publishes_that_cannot_be_stored_are_nacked_promptly() {
     let dir = tempdir("diskfull-prompt");
@@ -240,25 +239,16 @@ async fn publishes_that_cannot_be_stored_are_nacked_promptly() {
     // Fill the disk and keep it full.
     filler(&dir.join("filler"), 16 << 20);
     let start = std::time::Instant::now();
-    // Few enough to sit in the socket buffers at once: lapin stops sending when the broker
-    // says connection.blocked, which it does soon after the write fails.
-    let mut pending = Vec::new();
-    for i in 100..108u32 {
-        pending.push(publish(i).await);
-    }
-    let mut nacked = 0;
-    for pc in pending {
-        if !within("a confirm while the disk is full", pc)
-            .await
-            .unwrap()
-            .is_ack()
-        {
-            nacked += 1;
-        }
-    }
+    // One publish, caught by the first write that fails. (More would race with
+    // connection.blocked, after which lapin holds further publishes on its side.)
+    let pc = publish(100).await;
+    let nacked = !within("a confirm while the disk is full", pc)
+        .await
+        .unwrap()
+        .is_ack();
     let waited = start.elapsed();
-    eprintln!("{nacked} of 8 nacked within {waited:?} on a full disk");
-    assert!(nacked > 0, "nothing was nacked on a full disk");
+    eprintln!("nacked within {waited:?} on a full disk");
+    assert!(nacked, "a publish was confirmed on a full disk");
     // The store retries once a second; a confirm held until the disk came back would never
     // have arrived here (the disk is still full).
     assert!(
