@@ -76,29 +76,20 @@ async fn low_disk_blocks_publishers_while_consumers_drain() {
     .await
     .unwrap();
     let queue = declare_queue(&pch, "disk-alarm").await;
-    let publish = |body: &'static [u8]| {
-        let pch = pch.clone();
-        let queue = queue.clone();
-        async move {
-            within(
-                "basic.publish",
-                pch.basic_publish(
-                    "".into(),
-                    queue.as_str().into(),
-                    BasicPublishOptions::default(),
-                    body,
-                    Default::default(),
-                ),
-            )
-            .await
-            .unwrap()
-        }
-    };
     for _ in 0..10 {
-        assert!(within("confirm", publish(b"before").await)
-            .await
-            .unwrap()
-            .is_ack());
+        let pc = within(
+            "basic.publish",
+            pch.basic_publish(
+                "".into(),
+                queue.as_str().into(),
+                BasicPublishOptions::default(),
+                b"before",
+                Default::default(),
+            ),
+        )
+        .await
+        .unwrap();
+        assert!(within("confirm", pc).await.unwrap().is_ack());
     }
 
     // More free space required than any disk has: the alarm goes off.

@@ -180,6 +180,25 @@ async fn full_disk_nacks_blocks_and_recovers() {
     server.kill();
 }
 
+/// Publishes 64 KB numbered `i` and waits for its confirm: true for basic.ack.
+async fn publish_confirmed(ch: &lapin::Channel, i: u32) -> bool {
+    let mut b = vec![b'.'; 64 * 1024];
+    b[..4].copy_from_slice(&i.to_be_bytes());
+    let pc = within(
+        "publish",
+        ch.basic_publish(
+            "".into(),
+            "prompt".into(),
+            BasicPublishOptions::default(),
+            &b,
+            persistent(),
+        ),
+    )
+    .await
+    .unwrap();
+    within("confirm", pc).await.unwrap().is_ack()
+}
+
 /// A publish caught by a failing write is nacked at once, while the disk is still full (not
 /// when it comes back); everything confirmed before survives SIGKILL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -212,28 +231,9 @@ async fn publishes_that_cannot_be_stored_are_nacked_promptly() {
     )
     .await
     .unwrap();
-    let publish = |i: u32| {
-        let ch = ch.clone();
-        async move {
-            let mut b = vec![b'.'; 64 * 1024];
-            b[..4].copy_from_slice(&i.to_be_bytes());
-            within(
-                "publish",
-                ch.basic_publish(
-                    "".into(),
-                    "prompt".into(),
-                    BasicPublishOptions::default(),
-                    &b,
-                    persistent(),
-                ),
-            )
-            .await
-            .unwrap()
-        }
-    };
     let mut confirmed = Vec::new();
     for i in 0..5u32 {
-        assert!(within("confirm", publish(i).await).await.unwrap().is_ack());
+        assert!(publish_confirmed(&ch, i).await);
         confirmed.push(i);
     }
     // Fill the disk and keep it full.
@@ -241,11 +241,7 @@ async fn publishes_that_cannot_be_stored_are_nacked_promptly() {
     let start = std::time::Instant::now();
     // One publish, caught by the first write that fails. (More would race with
     // connection.blocked, after which lapin holds further publishes on its side.)
-    let pc = publish(100).await;
-    let nacked = !within("a confirm while the disk is full", pc)
-        .await
-        .unwrap()
-        .is_ack();
+    let nacked = !publish_confirmed(&ch, 100).await;
     let waited = start.elapsed();
     eprintln!("nacked within {waited:?} on a full disk");
     assert!(nacked, "a publish was confirmed on a full disk");
