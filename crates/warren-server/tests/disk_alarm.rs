@@ -177,7 +177,8 @@ async fn real_free_space_sets_and_clears_the_alarm() {
     }
     let _unmount = Unmount(&dir);
     let data = dir.join("data");
-    let log = binary_support::tempdir("disk-alarm-tmpfs-log").join("warren.log");
+    let log_dir = binary_support::tempdir("disk-alarm-tmpfs-log");
+    let log = log_dir.join("warren.log");
     let server = binary_support::Server::start_logging(
         &data,
         &[("WARREN_STORAGE_DISK_FREE_LIMIT", "16MB")],
@@ -202,6 +203,7 @@ async fn real_free_space_sets_and_clears_the_alarm() {
     );
     drop(conn);
     server.kill();
+    std::fs::remove_dir_all(&log_dir).unwrap();
 }
 
 /// SIGHUP applies a new `disk_free_limit` from the configuration file.
