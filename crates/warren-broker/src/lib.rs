@@ -18,6 +18,7 @@ pub mod args;
 pub mod auth;
 pub mod clock;
 pub mod definitions;
+pub mod data_dir;
 pub mod error;
 pub mod exchange;
 pub mod headers;
@@ -29,6 +30,7 @@ pub mod topic;
 pub mod vhost;
 
 pub use auth::{User, Users};
+pub use data_dir::{DataDir, DataDirError};
 pub use error::{BrokerError, Result};
 pub use exchange::{Destination, ExchangeKind};
 pub use message::{Message, QueuedMessage};

@@ -5,7 +5,14 @@
 //! (the codec's own encoding, so argument types survive exactly). Writes go to a temporary file
 //! that is fsynced and renamed over the old one, and the directory is fsynced: after a crash
 //! the file is either the old or the new version, never half of one.
+//!
+//! A save reports its failure ([`Persistence::save_definitions`] returns the I/O error): the
+//! vhost then refuses the change that needed it, or, for a change no client asked for
+//! (auto-delete, expiry), keeps retrying until a save succeeds. A definitions file that cannot
+//! be read stops the broker from starting: starting without it would delete the messages of
+//! every queue it defines.
 
+use crate::data_dir::DataDir;
 use bytes::{Bytes, BytesMut};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -62,15 +69,38 @@ pub struct Persistence {
     /// Paging settings.
     pub options: StorageOptions,
     spill_counter: AtomicU64,
+    /// The locked data directory; `None` once the broker is closed (nothing is written then).
+    dir: parking_lot::Mutex<Option<DataDir>>,
+}
+
+/// A definitions file that cannot be read.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "cannot read durable definitions {}: {reason}; not starting, since starting without them \
+     would delete the messages of every queue they define (move the file away to start without \
+     them)",
+    path.display()
+)]
+pub struct DefinitionsError {
+    /// The file.
+    pub path: PathBuf,
+    /// Why.
+    pub reason: String,
 }
 
 impl Persistence {
-    pub(crate) fn new(store: Store, options: StorageOptions) -> Self {
+    pub(crate) fn new(store: Store, options: StorageOptions, dir: DataDir) -> Self {
         Persistence {
             store,
             options,
             spill_counter: AtomicU64::new(0),
+            dir: parking_lot::Mutex::new(Some(dir)),
         }
+    }
+
+    /// Releases the data directory's lock; later saves fail. Called once the store is closed.
+    pub(crate) fn release(&self) {
+        self.dir.lock().take();
     }
 
     /// A fresh spill file path (spill files are scratch space, named by a counter).
@@ -86,8 +116,17 @@ impl Persistence {
         self.options.data_dir.join("definitions")
     }
 
-    /// Writes `table` as vhost `vhost`'s definitions, atomically.
+    /// Writes `table` as vhost `vhost`'s definitions, atomically: when this returns `Ok`, the
+    /// new definitions are on disk (fsynced, directory included).
+    ///
+    /// Errors: any I/O error (the old file, or the new one, is left whole), or the broker is
+    /// closed.
     pub fn save_definitions(&self, vhost: &str, table: &FieldTable) -> std::io::Result<()> {
+        // Held during the write: a broker that has released the directory writes nothing.
+        let held = self.dir.lock();
+        if held.is_none() {
+            return Err(std::io::Error::other("the broker is closed"));
+        }
         let dir = self.definitions_dir();
         std::fs::create_dir_all(&dir)?;
         let mut body = BytesMut::new();
@@ -98,36 +137,48 @@ impl Persistence {
         out.extend_from_slice(&body);
         let path = dir.join(file_name(vhost));
         let tmp = path.with_extension("tmp");
-        {
+        let written = (|| {
             use std::io::Write;
             let mut f = std::fs::File::create(&tmp)?;
             f.write_all(&out)?;
-            f.sync_all()?;
+            f.sync_all()
+        })();
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
         }
         std::fs::rename(&tmp, &path)?;
         std::fs::File::open(&dir)?.sync_all()?;
         Ok(())
     }
 
-    /// Reads every vhost's definitions. Unreadable files are reported and skipped.
-    pub fn load_definitions(&self) -> Vec<FieldTable> {
+    /// Reads every vhost's definitions.
+    ///
+    /// Errors: a definitions file that cannot be read or fails its checksum.
+    pub fn load_definitions(&self) -> Result<Vec<FieldTable>, DefinitionsError> {
         let mut out = Vec::new();
-        let Ok(entries) = std::fs::read_dir(self.definitions_dir()) else {
-            return out;
+        let entries = match std::fs::read_dir(self.definitions_dir()) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+            Err(e) => {
+                return Err(DefinitionsError {
+                    path: self.definitions_dir(),
+                    reason: e.to_string(),
+                })
+            }
         };
         for e in entries.filter_map(|e| e.ok()) {
             let path = e.path();
             if path.extension().is_none_or(|x| x != "defs") {
                 continue;
             }
-            match read_definitions(&path) {
-                Ok(t) => out.push(t),
-                Err(err) => {
-                    tracing::error!(path = %path.display(), error = %err, "cannot read definitions")
-                }
-            }
+            let t = read_definitions(&path).map_err(|reason| DefinitionsError {
+                path: path.clone(),
+                reason,
+            })?;
+            out.push(t);
         }
-        out
+        Ok(out)
     }
 }
 

@@ -56,9 +56,21 @@ pub struct Broker {
 /// Why a durable broker could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
-    /// The message store failed to open or recover.
+    /// The data directory cannot be used (not a directory, locked by another broker, a
+    /// format this build does not know).
     #[error(transparent)]
-    Store(#[from] warren_store::StoreError),
+    DataDir(#[from] crate::data_dir::DataDirError),
+    /// The message store failed to open or recover.
+    #[error("message store {}: {source}", dir.display())]
+    Store {
+        /// The store's directory.
+        dir: std::path::PathBuf,
+        /// The cause.
+        source: warren_store::StoreError,
+    },
+    /// A definitions file cannot be read.
+    #[error(transparent)]
+    Definitions(#[from] crate::persist::DefinitionsError),
 }
 
 impl Broker {
@@ -81,15 +93,32 @@ impl Broker {
         b
     }
 
-    /// A durable broker on `options.data_dir`: recovers durable definitions and the messages
-    /// of durable queues, and pages every queue beyond its in-memory window to disk.
+    /// A durable broker on `options.data_dir`: locks the directory for as long as the broker
+    /// lives (until [`Broker::close`]), checks its format version, recovers durable
+    /// definitions and the messages of durable queues, and pages every queue beyond its
+    /// in-memory window to disk.
+    ///
+    /// Errors: [`OpenError`]: the directory is unusable or in use by another broker, the
+    /// store cannot be opened, or a definitions file cannot be read.
     pub fn open(
         users: Users,
         options: StorageOptions,
     ) -> std::result::Result<(Broker, RecoveryReport), OpenError> {
-        let (store, recovered) = Store::open(options.store_config())?;
+        let dir = crate::data_dir::DataDir::open(&options.data_dir)?;
+        let (store, recovered) =
+            Store::open(options.store_config()).map_err(|source| OpenError::Store {
+                dir: options.data_dir.join("messages"),
+                source,
+            })?;
         let _ = std::fs::remove_dir_all(options.data_dir.join("spill"));
-        let persist = Arc::new(Persistence::new(store.clone(), options));
+        let persist = Arc::new(Persistence::new(store.clone(), options, dir));
+        let definitions = match persist.load_definitions() {
+            Ok(d) => d,
+            Err(e) => {
+                store.close();
+                return Err(e.into());
+            }
+        };
         let b = Broker {
             vhosts: RwLock::new(HashMap::new()),
             users: RwLock::new(users),
@@ -97,7 +126,7 @@ impl Broker {
             ids: Arc::new(AtomicU64::new(0)),
             clock: Arc::new(SystemClock),
         };
-        for defs in persist.load_definitions() {
+        for defs in definitions {
             let vh = b.add_vhost(get_str(&defs, "name"));
             vh.load_definitions(&defs);
         }
@@ -130,10 +159,12 @@ impl Broker {
         self.persist.as_ref().map(|p| &p.store)
     }
 
-    /// Stops the message store's writer after a final fsync.
+    /// Stops the message store's writer after a final fsync and releases the data
+    /// directory's lock (another broker may open it from then on).
     pub fn close(&self) {
         if let Some(p) = &self.persist {
             p.store.close();
+            p.release();
         }
     }
 
@@ -188,6 +219,11 @@ pub struct VHost {
     reply_consumers: parking_lot::Mutex<HashMap<String, ReplyConsumer>>,
     /// Stands in for a queue in deliveries to direct reply-to consumers (never routed to).
     reply_queue: Arc<Queue>,
+    /// The stored definitions may differ from the ones in memory (a save failed): the next
+    /// sweep writes them again.
+    defs_dirty: std::sync::atomic::AtomicBool,
+    /// No retry of a failed save before this instant.
+    defs_retry_at: parking_lot::Mutex<Option<std::time::Instant>>,
 }
 
 /// The pseudo-queue of RabbitMQ's direct reply-to: a requester consumes from it in no-ack
@@ -304,6 +340,8 @@ impl VHost {
                 false,
                 FieldTable::new(),
             )),
+            defs_dirty: std::sync::atomic::AtomicBool::new(false),
+            defs_retry_at: parking_lot::Mutex::new(None),
         }
     }
 
@@ -359,9 +397,11 @@ impl VHost {
         queue
     }
 
-    /// Periodic housekeeping: expires messages at the head of each queue and deletes the
-    /// queues unused for longer than their `x-expires`.
+    /// Periodic housekeeping: retries a failed save of the durable definitions (at most once a
+    /// second), expires messages at the head of each queue and deletes the queues unused for
+    /// longer than their `x-expires`.
     pub fn sweep(&self) {
+        self.retry_save();
         for q in self.queues() {
             if q.sweep() {
                 self.remove_queue(&q);
@@ -559,14 +599,54 @@ impl VHost {
         })
     }
 
-    /// Saves this vhost's durable definitions (called with the topology lock held, so saves
-    /// happen in the order of the changes).
-    fn save(&self, topo: &Topology) {
+    /// Stores this vhost's durable definitions as they are in `topo` (called with the topology
+    /// write lock held, so saves happen in the order of the changes).
+    ///
+    /// Errors: the I/O error. A change a client asked for is then rolled back and refused; one
+    /// the broker made itself (auto-delete, expiry) stays, and the definitions are marked
+    /// dirty so that [`VHost::sweep`] writes them again until a save succeeds. Either way the
+    /// file may hold the old or the new version, so the next save rewrites it from memory.
+    fn save(&self, topo: &Topology) -> std::io::Result<()> {
         let Some(p) = &self.persist else {
-            return;
+            return Ok(());
         };
-        if let Err(e) = p.save_definitions(&self.name, &topo.snapshot(&self.name)) {
-            tracing::error!(vhost = %self.name, error = %e, "cannot save durable definitions");
+        match p.save_definitions(&self.name, &topo.snapshot(&self.name)) {
+            Ok(()) => {
+                if self.defs_dirty.swap(false, Ordering::Relaxed) {
+                    tracing::info!(vhost = %self.name, "durable definitions stored again");
+                }
+                Ok(())
+            }
+            Err(e) => {
+                if !self.defs_dirty.swap(true, Ordering::Relaxed) {
+                    tracing::error!(
+                        vhost = %self.name,
+                        error = %e,
+                        "cannot store durable definitions; changes that need it are refused, \
+                         and the save is retried every second"
+                    );
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Writes the definitions again after a failed save, at most once a second.
+    fn retry_save(&self) {
+        if !self.defs_dirty.load(Ordering::Relaxed) {
+            return;
+        }
+        let now = std::time::Instant::now();
+        {
+            let mut at = self.defs_retry_at.lock();
+            if at.is_some_and(|t| now < t) {
+                return;
+            }
+            *at = Some(now + std::time::Duration::from_secs(1));
+        }
+        let topo = self.topology.write();
+        if let Err(e) = self.save(&topo) {
+            tracing::debug!(vhost = %self.name, error = %e, "durable definitions still not stored");
         }
     }
 
@@ -631,6 +711,13 @@ impl VHost {
         resource("queue", name, &self.name)
     }
 
+    fn destination_resource(&self, d: &Destination) -> String {
+        match d {
+            Destination::Queue(q) => self.queue_resource(q),
+            Destination::Exchange(x) => self.exchange_resource(x),
+        }
+    }
+
     fn no_exchange(&self, name: &str) -> BrokerError {
         BrokerError::not_found(format!("no {}", self.exchange_resource(name)))
     }
@@ -687,7 +774,13 @@ impl VHost {
             ),
         );
         if d.durable {
-            self.save(&topo);
+            if let Err(e) = self.save(&topo) {
+                topo.exchanges.remove(&d.name);
+                return Err(not_stored(
+                    format!("failed to declare {}", self.exchange_resource(&d.name)),
+                    &e,
+                ));
+            }
         }
         Ok(())
     }
@@ -714,10 +807,16 @@ impl VHost {
                 self.exchange_resource(name)
             )));
         }
-        let durable = x.durable;
-        topo.remove_exchange(name);
-        if durable {
-            self.save(&topo);
+        let mut undo = Undo::default();
+        topo.remove_exchange(name, &mut undo);
+        if undo.durable {
+            if let Err(e) = self.save(&topo) {
+                topo.rollback(undo);
+                return Err(not_stored(
+                    format!("failed to delete {}", self.exchange_resource(name)),
+                    &e,
+                ));
+            }
         }
         Ok(())
     }
@@ -784,7 +883,13 @@ impl VHost {
         )));
         topo.queues.insert(name.clone(), q.clone());
         if topo.queue_is_durable(&name) {
-            self.save(&topo);
+            if let Err(e) = self.save(&topo) {
+                topo.queues.remove(&name);
+                return Err(not_stored(
+                    format!("failed to declare {}", self.queue_resource(&name)),
+                    &e,
+                ));
+            }
         }
         Ok((q, QueueCounts::default()))
     }
@@ -836,10 +941,16 @@ impl VHost {
                     q.resource_name()
                 )));
             }
-            let durable = topo.queue_is_durable(name);
-            topo.remove_queue(name);
-            if durable {
-                self.save(&topo);
+            let mut undo = Undo::default();
+            topo.remove_queue(name, &mut undo);
+            if undo.durable {
+                if let Err(e) = self.save(&topo) {
+                    topo.rollback(undo);
+                    return Err(not_stored(
+                        format!("failed to delete {}", q.resource_name()),
+                        &e,
+                    ));
+                }
             }
             q
         };
@@ -853,10 +964,11 @@ impl VHost {
             let mut topo = self.topology.write();
             match topo.queues.get(&queue.name) {
                 Some(q) if Arc::ptr_eq(q, queue) => {
-                    let durable = topo.queue_is_durable(&queue.name);
-                    topo.remove_queue(&queue.name);
-                    if durable {
-                        self.save(&topo);
+                    let mut undo = Undo::default();
+                    topo.remove_queue(&queue.name, &mut undo);
+                    // No client waits on this: a failed save is retried by the sweep.
+                    if undo.durable {
+                        let _ = self.save(&topo);
                     }
                 }
                 _ => return,
@@ -922,13 +1034,26 @@ impl VHost {
             ));
         }
         let durable_source = x.durable;
-        let added = x.bind(Binding {
+        let binding = Binding {
             destination: destination.clone(),
             routing_key: routing_key.to_string(),
             arguments: arguments.clone(),
-        });
+        };
+        let added = x.bind(binding.clone());
         if added && durable_source && topo.destination_is_durable(&destination) {
-            self.save(&topo);
+            if let Err(e) = self.save(&topo) {
+                if let Some(x) = topo.exchanges.get_mut(source) {
+                    x.unbind(&binding);
+                }
+                return Err(not_stored(
+                    format!(
+                        "could not create binding from {} to {}",
+                        self.exchange_resource(source),
+                        self.destination_resource(&destination)
+                    ),
+                    &e,
+                ));
+            }
         }
         Ok(())
     }
@@ -973,12 +1098,27 @@ impl VHost {
             .ok_or_else(|| self.no_exchange(source))?;
         let removed = x.unbind(&binding);
         let (durable_source, now_unused) = (x.durable, x.auto_delete && x.bindings().is_empty());
-        let durable = durable_source && topo.destination_is_durable(&destination);
-        if removed && now_unused {
-            topo.remove_exchange(source);
+        let mut undo = Undo::default();
+        if removed {
+            undo.durable = durable_source && topo.destination_is_durable(&destination);
+            undo.steps
+                .push(Removed::Binding(source.to_string(), binding.clone()));
+            if now_unused {
+                topo.remove_exchange(source, &mut undo);
+            }
         }
-        if removed && durable {
-            self.save(&topo);
+        if undo.durable {
+            if let Err(e) = self.save(&topo) {
+                topo.rollback(undo);
+                return Err(not_stored(
+                    format!(
+                        "could not delete binding from {} to {}",
+                        self.exchange_resource(source),
+                        self.destination_resource(&destination)
+                    ),
+                    &e,
+                ));
+            }
         }
         Ok(())
     }
@@ -1181,28 +1321,95 @@ impl Topology {
     }
 
     /// Removes an exchange, its bindings as a source and as a destination, and then any
-    /// auto-delete exchange left without bindings.
-    fn remove_exchange(&mut self, name: &str) {
-        self.exchanges.remove(name);
-        self.unbind_everywhere(&Destination::Exchange(name.to_string()));
+    /// auto-delete exchange left without bindings; records each removal in `undo`.
+    fn remove_exchange(&mut self, name: &str, undo: &mut Undo) {
+        if let Some(x) = self.exchanges.remove(name) {
+            undo.durable |= x.durable;
+            undo.steps.push(Removed::Exchange(x));
+        }
+        self.unbind_everywhere(&Destination::Exchange(name.to_string()), undo);
     }
 
-    fn remove_queue(&mut self, name: &str) {
-        self.queues.remove(name);
-        self.unbind_everywhere(&Destination::Queue(name.to_string()));
+    /// Removes a queue and its bindings, and then any auto-delete exchange left without
+    /// bindings; records each removal in `undo`.
+    fn remove_queue(&mut self, name: &str, undo: &mut Undo) {
+        if let Some(q) = self.queues.remove(name) {
+            undo.durable |= q.durable && q.exclusive_owner.is_none();
+            undo.steps.push(Removed::Queue(q));
+        }
+        self.unbind_everywhere(&Destination::Queue(name.to_string()), undo);
     }
 
-    fn unbind_everywhere(&mut self, dest: &Destination) {
+    /// Removes every binding to `dest` (removed destinations were recorded as durable when
+    /// they were, which covers their bindings).
+    fn unbind_everywhere(&mut self, dest: &Destination, undo: &mut Undo) {
         let mut emptied = Vec::new();
         for x in self.exchanges.values_mut() {
-            if x.unbind_destination(dest) > 0 && x.auto_delete && x.bindings().is_empty() {
+            let gone: Vec<Binding> = x
+                .bindings()
+                .iter()
+                .filter(|b| &b.destination == dest)
+                .cloned()
+                .collect();
+            if gone.is_empty() {
+                continue;
+            }
+            x.unbind_destination(dest);
+            for b in gone {
+                undo.steps.push(Removed::Binding(x.name.clone(), b));
+            }
+            if x.auto_delete && x.bindings().is_empty() {
                 emptied.push(x.name.clone());
             }
         }
         for name in emptied {
-            self.remove_exchange(&name);
+            self.remove_exchange(&name, undo);
         }
     }
+
+    /// Puts back what a change removed, newest first (the change could not be stored).
+    fn rollback(&mut self, undo: Undo) {
+        for step in undo.steps.into_iter().rev() {
+            match step {
+                Removed::Exchange(x) => {
+                    self.exchanges.insert(x.name.clone(), x);
+                }
+                Removed::Binding(source, b) => {
+                    if let Some(x) = self.exchanges.get_mut(&source) {
+                        x.bind(b);
+                    }
+                }
+                Removed::Queue(q) => {
+                    self.queues.insert(q.name.clone(), q);
+                }
+            }
+        }
+    }
+}
+
+/// What a topology change removed, so that it can be put back when the change cannot be
+/// stored.
+#[derive(Default)]
+struct Undo {
+    steps: Vec<Removed>,
+    /// Something durable was removed: the definitions must be saved.
+    durable: bool,
+}
+
+enum Removed {
+    Exchange(Exchange),
+    /// A binding removed from the named source exchange.
+    Binding(String, Binding),
+    Queue(Arc<Queue>),
+}
+
+/// 541 INTERNAL_ERROR for a topology change refused because the definitions could not be
+/// stored: RabbitMQ answers a metadata store failure (a Khepri timeout) with this code and a
+/// text such as `failed to declare exchange 'x' in vhost '/' because the operation timed out`.
+fn not_stored(what: String, e: &std::io::Error) -> BrokerError {
+    BrokerError::internal(format!(
+        "{what} because the definitions could not be stored: {e}"
+    ))
 }
 
 /// The copy of a dead letter that goes to the dead-letter exchange `dlx`: routed with the

@@ -327,9 +327,13 @@ struct CommitOk {
 }
 
 impl Completion for CommitOk {
-    fn complete(&self, _tokens: &[u64], _ok: bool) {
-        self.outbox
-            .send(self.channel, &Method::TxCommitOk(TxCommitOk {}));
+    fn complete(&self, _tokens: &[u64], ok: bool) {
+        // Not ok only when the store closed (broker shutdown) before the transaction's
+        // messages could be written: no commit-ok then.
+        if ok {
+            self.outbox
+                .send(self.channel, &Method::TxCommitOk(TxCommitOk {}));
+        }
     }
 }
 

@@ -2,9 +2,13 @@
 //! flags, in increasing order of precedence.
 //!
 //! Every limit the broker enforces is here, with RabbitMQ's default where RabbitMQ has one.
+//! Every error names where the bad setting came from: the file (with line and column), the
+//! environment variable, or the flag. Values that would leave the broker unable to serve
+//! (a zero `max_message_size`, a zero fsync batch) are refused at start.
 
+use crate::listen::ListenAddr;
 use serde::{Deserialize, Serialize};
-use std::net::SocketAddr;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 /// The whole configuration.
@@ -59,8 +63,10 @@ impl MemoryConfig {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct AmqpConfig {
-    /// Address to listen on (RabbitMQ's `listeners.tcp.default`), default `0.0.0.0:5672`.
-    pub listen: SocketAddr,
+    /// Where to listen (RabbitMQ's `listeners.tcp.default`): a bare port listens on every
+    /// interface, IPv4 and IPv6; `IP:PORT` on one address; `HOST:PORT` on every address the
+    /// host name resolves to. Default `5672`.
+    pub listen: ListenAddr,
     /// Largest frame in bytes offered in connection.tune, headers included (RabbitMQ
     /// `frame_max`, default 131072). Clients may lower it, not raise it.
     pub frame_max: u32,
@@ -69,7 +75,8 @@ pub struct AmqpConfig {
     /// Heartbeat interval in seconds offered in connection.tune (RabbitMQ `heartbeat`, default
     /// 60); 0 disables heartbeats unless the client asks for them.
     pub heartbeat: u16,
-    /// Largest message body in bytes (RabbitMQ `max_message_size`, default 16 MiB in 4.x).
+    /// Largest message body in bytes (RabbitMQ `max_message_size`, default 16 MiB in 4.x, at
+    /// most 512 MiB as in RabbitMQ).
     pub max_message_size: u64,
     /// Most concurrent client connections; further ones are refused at accept.
     pub max_connections: usize,
@@ -78,6 +85,9 @@ pub struct AmqpConfig {
     /// Seconds a client has to complete the handshake (RabbitMQ `handshake_timeout`, 10 s).
     pub handshake_timeout: u64,
 }
+
+/// RabbitMQ's largest accepted `max_message_size`, 512 MiB.
+pub const MAX_MESSAGE_SIZE_LIMIT: u64 = 512 * 1024 * 1024;
 
 /// `[storage]`: where and how messages and durable definitions are kept.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -97,14 +107,187 @@ pub struct StorageConfig {
     pub queue_window: usize,
     /// Ready message bytes a queue keeps in memory; beyond this they are paged to disk.
     pub queue_window_bytes: usize,
+    /// The disk alarm (RabbitMQ's `disk_free_limit.absolute`): when the file system holding
+    /// the data directory has less free space than this, publishers are blocked. Default
+    /// 50 MB, as RabbitMQ.
+    pub disk_free_limit: DiskFreeLimit,
+    /// RabbitMQ's `disk_free_limit.relative`: the limit as a multiple of the machine's memory
+    /// (e.g. 1.0 = as much free disk as there is RAM). When above 0 it replaces
+    /// `disk_free_limit`.
+    pub disk_free_limit_relative: f64,
 }
 
-/// `[log]`.
+/// The free disk space below which publishers are blocked.
+///
+/// In TOML, environment and flags: an integer number of bytes (`50000000`), a string with
+/// RabbitMQ's information units (`"50MB"`, `"1GB"`, `"512MiB"`: `k`/`kB`, `M`/`MB`, `G`/`GB`,
+/// `T`/`TB`, `P`/`PB` are powers of 1000, `Ki`/`KiB`, `Mi`/`MiB`, `Gi`/`GiB`, `Ti`/`TiB`,
+/// `Pi`/`PiB` powers of 1024), or a number between 0 and 1 for a fraction of the file
+/// system's size (`0.05` = 5 %).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum DiskFreeLimit {
+    /// Bytes.
+    Bytes(u64),
+    /// A fraction of the file system's total size, in (0, 1).
+    FractionOfDisk(f64),
+}
+
+impl Default for DiskFreeLimit {
+    fn default() -> Self {
+        DiskFreeLimit::Bytes(50_000_000)
+    }
+}
+
+impl DiskFreeLimit {
+    /// The limit in bytes on a file system of `disk_total` bytes.
+    pub fn bytes(&self, disk_total: u64) -> u64 {
+        match self {
+            DiskFreeLimit::Bytes(b) => *b,
+            DiskFreeLimit::FractionOfDisk(f) => (disk_total as f64 * f) as u64,
+        }
+    }
+}
+
+impl std::fmt::Display for DiskFreeLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DiskFreeLimit::Bytes(b) if *b > 0 && b % 1_000_000_000 == 0 => {
+                write!(f, "{}GB", b / 1_000_000_000)
+            }
+            DiskFreeLimit::Bytes(b) if *b > 0 && b % 1_000_000 == 0 => {
+                write!(f, "{}MB", b / 1_000_000)
+            }
+            DiskFreeLimit::Bytes(b) => write!(f, "{b}"),
+            DiskFreeLimit::FractionOfDisk(x) => write!(f, "{x}"),
+        }
+    }
+}
+
+/// Parses RabbitMQ's information units (rabbit_resource_monitor_misc:parse_information_unit):
+/// digits, then optionally a unit.
+pub fn parse_information_unit(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let digits = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    if digits == 0 {
+        return None;
+    }
+    let n: u64 = s[..digits].parse().ok()?;
+    let unit = s[digits..].to_ascii_lowercase();
+    let k = 1000u64;
+    let ki = 1024u64;
+    let m = match unit.as_str() {
+        "" => 1,
+        "k" | "kb" => k,
+        "m" | "mb" => k.pow(2),
+        "g" | "gb" => k.pow(3),
+        "t" | "tb" => k.pow(4),
+        "p" | "pb" => k.pow(5),
+        "ki" | "kib" => ki,
+        "mi" | "mib" => ki.pow(2),
+        "gi" | "gib" => ki.pow(3),
+        "ti" | "tib" => ki.pow(4),
+        "pi" | "pib" => ki.pow(5),
+        _ => return None,
+    };
+    n.checked_mul(m)
+}
+
+impl Serialize for DiskFreeLimit {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            DiskFreeLimit::FractionOfDisk(x) => s.serialize_f64(*x),
+            other => s.collect_str(other),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for DiskFreeLimit {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = DiskFreeLimit;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(
+                    "bytes (50000000), a size with a unit (\"50MB\", \"1GiB\") or a fraction of \
+                     the disk between 0 and 1 (0.05)",
+                )
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<DiskFreeLimit, E> {
+                u64::try_from(v)
+                    .map(DiskFreeLimit::Bytes)
+                    .map_err(|_| E::custom(format!("{v} is negative")))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<DiskFreeLimit, E> {
+                Ok(DiskFreeLimit::Bytes(v))
+            }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<DiskFreeLimit, E> {
+                if v > 0.0 && v < 1.0 {
+                    Ok(DiskFreeLimit::FractionOfDisk(v))
+                } else {
+                    Err(E::custom(format!(
+                        "{v}: a fraction of the disk must be between 0 and 1 (bytes are an \
+                         integer or a string such as \"50MB\")"
+                    )))
+                }
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<DiskFreeLimit, E> {
+                if let Some(b) = parse_information_unit(v) {
+                    return Ok(DiskFreeLimit::Bytes(b));
+                }
+                match v.trim().parse::<f64>() {
+                    Ok(x) => self.visit_f64(x),
+                    Err(_) => Err(E::custom(format!(
+                        "'{v}' is not a size (examples: 50000000, \"50MB\", \"1GB\", \"512MiB\", \
+                         0.05)"
+                    ))),
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// `[log]`: where the broker's log goes and how it looks. Used by the `warren` binary; a
+/// program that embeds the broker installs its own `tracing` subscriber.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct LogConfig {
-    /// Level or `tracing` filter directive: `error`, `warn`, `info`, `debug`, `trace`.
+    /// Level or `tracing` filter directive: `error`, `warn`, `info`, `debug`, `trace`, or e.g.
+    /// `warren_server=debug,info`. Reloaded on SIGHUP.
     pub level: String,
+    /// Log file. Empty: no file. A relative name goes into the data directory's `log/` folder
+    /// (`warren.log` → `<data_dir>/log/warren.log`); an absolute path is used as is. The file
+    /// is appended to, and reopened on SIGHUP (for log rotation).
+    pub file: String,
+    /// Also log to standard output.
+    pub console: bool,
+    /// `plain` (human-readable lines) or `json` (one JSON object per line).
+    pub format: LogFormat,
+}
+
+/// The log line format.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Plain,
+    /// One JSON object per line.
+    Json,
+}
+
+impl LogConfig {
+    /// The log file's path for data directory `data_dir`, if a file is configured.
+    pub fn file_path(&self, data_dir: Option<&Path>) -> Option<PathBuf> {
+        if self.file.is_empty() {
+            return None;
+        }
+        let f = Path::new(&self.file);
+        Some(match data_dir {
+            Some(d) if f.is_relative() => d.join("log").join(f),
+            _ => f.to_path_buf(),
+        })
+    }
 }
 
 /// One `[[users]]` entry.
@@ -126,7 +309,7 @@ pub struct UserConfig {
 impl Default for AmqpConfig {
     fn default() -> Self {
         AmqpConfig {
-            listen: "0.0.0.0:5672".parse().expect("valid literal address"),
+            listen: ListenAddr::Port(5672),
             frame_max: 131_072,
             channel_max: 2047,
             heartbeat: 60,
@@ -147,6 +330,8 @@ impl Default for StorageConfig {
             fsync_delay_us: 0,
             queue_window: 2048,
             queue_window_bytes: 8 * 1024 * 1024,
+            disk_free_limit: DiskFreeLimit::default(),
+            disk_free_limit_relative: 0.0,
         }
     }
 }
@@ -164,109 +349,320 @@ impl StorageConfig {
             ..warren_broker::StorageOptions::new(dir)
         })
     }
+
+    /// The disk alarm's limit in bytes for a file system of `disk_total` bytes on a machine
+    /// with `memory_total` bytes of memory.
+    pub fn disk_free_limit_bytes(&self, disk_total: u64, memory_total: u64) -> u64 {
+        if self.disk_free_limit_relative > 0.0 {
+            (memory_total as f64 * self.disk_free_limit_relative) as u64
+        } else {
+            self.disk_free_limit.bytes(disk_total)
+        }
+    }
 }
 
 impl Default for LogConfig {
     fn default() -> Self {
         LogConfig {
             level: "info".into(),
+            file: String::new(),
+            console: true,
+            format: LogFormat::Plain,
         }
     }
 }
 
-/// Errors loading configuration.
+/// Errors loading configuration; each names the source of the bad setting.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file could not be read.
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read configuration file {path}: {source}")]
     Read {
         /// File path.
         path: PathBuf,
         /// Cause.
         source: std::io::Error,
     },
-    /// The TOML (after environment overrides) did not fit the schema.
-    #[error("invalid configuration: {0}")]
-    Invalid(String),
+    /// The file is not valid TOML or does not fit the schema (the message has line, column
+    /// and key).
+    #[error("invalid configuration file {path}: {message}")]
+    File {
+        /// File path.
+        path: PathBuf,
+        /// What is wrong, where.
+        message: String,
+    },
+    /// A `WARREN_*` environment variable or a flag does not fit the schema.
+    #[error("invalid {origin}: {message}")]
+    Override {
+        /// `environment variable WARREN_…` or `flag --…`.
+        origin: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A value is out of its range.
+    #[error("invalid {key} = {value} ({origin}): {message}")]
+    Invalid {
+        /// `section.key`.
+        key: String,
+        /// The value as given.
+        value: String,
+        /// Where it came from: the file, an environment variable, a flag, or the default.
+        origin: String,
+        /// The allowed range.
+        message: String,
+    },
 }
 
 const SECTIONS: &[&str] = &["amqp", "storage", "log", "memory"];
 
+/// `WARREN_*` variables that are not configuration: the scripts of this repository use them
+/// for themselves (the interop suite's broker binary, the benchmark's port), and a broker they
+/// start inherits them.
+pub const NON_CONFIG_VARIABLES: &[&str] = &["WARREN_BIN", "WARREN_PORT"];
+
+/// A setting given on the command line: `section.key = value`, from flag `flag`.
+#[derive(Debug, Clone)]
+pub struct Override {
+    /// Section, e.g. `amqp`.
+    pub section: &'static str,
+    /// Key, e.g. `listen`.
+    pub key: &'static str,
+    /// The value (a TOML value: flags give strings, read as the key's type).
+    pub value: toml::Value,
+    /// The flag, e.g. `--amqp-listen`.
+    pub flag: &'static str,
+}
+
+/// Reads an override's text as a TOML value when it parses as one (`60`, `true`, `0.05`), and
+/// as a string otherwise (`0.0.0.0:5672`, `50MB`).
+fn toml_value(text: &str) -> toml::Value {
+    format!("v = {text}")
+        .parse::<toml::Table>()
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .filter(|x| !x.is_table())
+        .unwrap_or_else(|| toml::Value::String(text.to_string()))
+}
+
 impl Config {
     /// Loads `path` (if given), then applies `WARREN_<SECTION>_<KEY>` variables from `env`.
-    ///
-    /// An environment value is read as a TOML value when it parses as one (`60`, `true`), and as
-    /// a string otherwise (`0.0.0.0:5672`).
+    /// See [`Config::load_with`].
     pub fn load(
         path: Option<&Path>,
         env: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Config, ConfigError> {
+        Self::load_with(path, env, &[])
+    }
+
+    /// Loads `path` (if given), applies `WARREN_<SECTION>_<KEY>` variables from `env`, then
+    /// `flags`, and validates the result.
+    ///
+    /// An environment value is read as a TOML value when it parses as one (`60`, `true`), and
+    /// as a string otherwise (`0.0.0.0:5672`). Variables other than `WARREN_*` are ignored, as
+    /// are the [`NON_CONFIG_VARIABLES`]; any other `WARREN_*` variable must name a section and
+    /// key.
+    ///
+    /// Errors: [`ConfigError`], naming the file (line and column), variable or flag at fault.
+    pub fn load_with(
+        path: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+        flags: &[Override],
+    ) -> Result<Config, ConfigError> {
+        let mut origins: HashMap<String, String> = HashMap::new();
         let mut root: toml::Table = match path {
             Some(p) => {
                 let text = std::fs::read_to_string(p).map_err(|source| ConfigError::Read {
                     path: p.to_path_buf(),
                     source,
                 })?;
-                text.parse()
-                    .map_err(|e: toml::de::Error| ConfigError::Invalid(e.to_string()))?
+                let file_err = |e: toml::de::Error| ConfigError::File {
+                    path: p.to_path_buf(),
+                    message: e.to_string().trim_end().to_string(),
+                };
+                // Deserializing the text itself gives errors with line, column and key.
+                toml::from_str::<Config>(&text).map_err(file_err)?;
+                let table: toml::Table = text.parse().map_err(file_err)?;
+                for (section, v) in &table {
+                    if let Some(t) = v.as_table() {
+                        for key in t.keys() {
+                            origins.insert(format!("{section}.{key}"), p.display().to_string());
+                        }
+                    }
+                }
+                table
             }
             None => toml::Table::new(),
         };
-        for (k, v) in env {
-            let Some(rest) = k.strip_prefix("WARREN_") else {
-                continue;
-            };
-            let rest = rest.to_ascii_lowercase();
+        let mut env: Vec<(String, String)> = env
+            .into_iter()
+            .filter(|(k, _)| k.starts_with("WARREN_"))
+            .filter(|(k, _)| !NON_CONFIG_VARIABLES.contains(&k.as_str()))
+            .collect();
+        env.sort();
+        for (var, text) in env {
+            let origin = format!("environment variable {var}");
+            let rest = var["WARREN_".len()..].to_ascii_lowercase();
             let Some(section) = SECTIONS.iter().find(|s| rest.starts_with(&format!("{s}_"))) else {
-                continue;
+                return Err(ConfigError::Override {
+                    origin,
+                    message: format!(
+                        "no such setting: configuration variables are WARREN_<SECTION>_<KEY> \
+                         with SECTION one of {}",
+                        SECTIONS.join(", ").to_ascii_uppercase()
+                    ),
+                });
             };
-            let key = &rest[section.len() + 1..];
-            // `v = <value>` parses values like `60` or `true`; anything else is a string.
-            let value = format!("v = {v}")
-                .parse::<toml::Table>()
-                .ok()
-                .and_then(|mut t| t.remove("v"))
-                .filter(|x| !x.is_table())
-                .unwrap_or(toml::Value::String(v));
-            root.entry(section.to_string())
-                .or_insert_with(|| toml::Value::Table(toml::Table::new()))
-                .as_table_mut()
-                .ok_or_else(|| ConfigError::Invalid(format!("[{section}] is not a table")))?
-                .insert(key.to_string(), value);
+            let key = rest[section.len() + 1..].to_string();
+            apply(&mut root, section, &key, toml_value(&text), &origin)?;
+            origins.insert(format!("{section}.{key}"), origin);
         }
-        let config = Config::deserialize(toml::Value::Table(root))
-            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
-        config.validate()?;
+        for f in flags {
+            let origin = format!("flag {}", f.flag);
+            apply(&mut root, f.section, f.key, f.value.clone(), &origin)?;
+            origins.insert(format!("{}.{}", f.section, f.key), origin);
+        }
+        let config =
+            Config::deserialize(toml::Value::Table(root)).map_err(|e| ConfigError::Override {
+                origin: "configuration".into(),
+                message: e.to_string(),
+            })?;
+        config.validate_with(&|key| {
+            origins
+                .get(key)
+                .cloned()
+                .unwrap_or_else(|| "the default".into())
+        })?;
         Ok(config)
     }
 
-    /// Rejects settings no client could work with.
+    /// Rejects settings that would leave the broker unable to serve.
+    ///
+    /// Errors: [`ConfigError::Invalid`] for the first bad setting.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let bad = |m: String| Err(ConfigError::Invalid(m));
+        self.validate_with(&|_| "configuration".into())
+    }
+
+    fn validate_with(&self, origin: &dyn Fn(&str) -> String) -> Result<(), ConfigError> {
+        let bad = |key: &str, value: &dyn std::fmt::Display, message: &str| {
+            Err(ConfigError::Invalid {
+                key: key.to_string(),
+                value: value.to_string(),
+                origin: origin(key),
+                message: message.to_string(),
+            })
+        };
         let a = &self.amqp;
         if a.frame_max < 4096 {
-            return bad(format!(
-                "amqp.frame_max = {} is below the AMQP minimum of 4096",
-                a.frame_max
-            ));
+            return bad(
+                "amqp.frame_max",
+                &a.frame_max,
+                "must be at least 4096 (the AMQP minimum frame size)",
+            );
         }
         if a.channel_max == 0 {
-            return bad("amqp.channel_max must be at least 1".into());
+            return bad("amqp.channel_max", &a.channel_max, "must be at least 1");
+        }
+        if a.max_message_size == 0 || a.max_message_size > MAX_MESSAGE_SIZE_LIMIT {
+            return bad(
+                "amqp.max_message_size",
+                &a.max_message_size,
+                "must be between 1 and 536870912 bytes (512 MiB, RabbitMQ's limit)",
+            );
         }
         if a.max_connections == 0 {
-            return bad("amqp.max_connections must be at least 1".into());
+            return bad(
+                "amqp.max_connections",
+                &a.max_connections,
+                "must be at least 1",
+            );
         }
         if a.max_table_depth == 0 {
-            return bad("amqp.max_table_depth must be at least 1".into());
+            return bad(
+                "amqp.max_table_depth",
+                &a.max_table_depth,
+                "must be at least 1",
+            );
         }
-        if !(self.memory.high_watermark > 0.0 && self.memory.high_watermark <= 1.0) {
-            return bad("memory.high_watermark must be in (0, 1]".into());
+        if a.handshake_timeout == 0 {
+            return bad(
+                "amqp.handshake_timeout",
+                &a.handshake_timeout,
+                "must be at least 1 second",
+            );
         }
-        if self.storage.segment_size < 4096 {
-            return bad("storage.segment_size must be at least 4096 bytes".into());
+        let s = &self.storage;
+        if let Some(d) = &s.data_dir {
+            if d.as_os_str().is_empty() {
+                return bad("storage.data_dir", &"\"\"", "must not be empty");
+            }
         }
-        if self.storage.queue_window == 0 || self.storage.queue_window_bytes == 0 {
-            return bad("storage.queue_window and queue_window_bytes must be at least 1".into());
+        if s.segment_size < 4096 {
+            return bad(
+                "storage.segment_size",
+                &s.segment_size,
+                "must be at least 4096 bytes",
+            );
+        }
+        if s.fsync_batch_bytes < 4096 {
+            return bad(
+                "storage.fsync_batch_bytes",
+                &s.fsync_batch_bytes,
+                "must be at least 4096 bytes",
+            );
+        }
+        if s.fsync_delay_us > 1_000_000 {
+            return bad(
+                "storage.fsync_delay_us",
+                &s.fsync_delay_us,
+                "must be at most 1000000 (1 s): every confirm waits this long",
+            );
+        }
+        if s.queue_window == 0 {
+            return bad(
+                "storage.queue_window",
+                &s.queue_window,
+                "must be at least 1",
+            );
+        }
+        if s.queue_window_bytes == 0 {
+            return bad(
+                "storage.queue_window_bytes",
+                &s.queue_window_bytes,
+                "must be at least 1",
+            );
+        }
+        if !(s.disk_free_limit_relative.is_finite() && s.disk_free_limit_relative >= 0.0) {
+            return bad(
+                "storage.disk_free_limit_relative",
+                &s.disk_free_limit_relative,
+                "must be 0 (unset) or a positive multiple of the machine's memory",
+            );
+        }
+        let m = &self.memory;
+        if !(m.high_watermark > 0.0 && m.high_watermark <= 1.0) {
+            return bad(
+                "memory.high_watermark",
+                &m.high_watermark,
+                "must be in (0, 1]",
+            );
+        }
+        if !is_log_filter(&self.log.level) {
+            return bad(
+                "log.level",
+                &format!("\"{}\"", self.log.level),
+                "use error, warn, info, debug, trace or a filter such as warren_server=debug",
+            );
+        }
+        let mut names = Vec::new();
+        for u in &self.users {
+            if u.name.is_empty() {
+                return bad("users.name", &"\"\"", "a user needs a name");
+            }
+            if names.contains(&&u.name) {
+                return bad("users.name", &u.name, "listed twice");
+            }
+            names.push(&u.name);
         }
         Ok(())
     }
@@ -280,15 +676,17 @@ impl Config {
 # Command-line flags override both.
 
 [amqp]
-# Address of the AMQP 0-9-1 listener.
-listen = "{listen}"
+# Where the AMQP 0-9-1 listener listens: a port alone listens on every interface, IPv4 and
+# IPv6 (as RabbitMQ's listeners.tcp.default); "IP:PORT" or "[IPv6]:PORT" on one address;
+# "HOST:PORT" on every address the host name resolves to (e.g. "localhost:5672").
+listen = {listen}
 # Largest frame in bytes offered in connection.tune (clients may lower it).
 frame_max = {frame_max}
 # Highest channel number per connection.
 channel_max = {channel_max}
 # Heartbeat interval offered in connection.tune, seconds (0 = none unless the client asks).
 heartbeat = {heartbeat}
-# Largest message body in bytes.
+# Largest message body in bytes (at most 536870912, 512 MiB).
 max_message_size = {max_message_size}
 # Most concurrent client connections.
 max_connections = {max_connections}
@@ -298,22 +696,36 @@ max_table_depth = {max_table_depth}
 handshake_timeout = {handshake_timeout}
 
 [storage]
-# Data directory (durable definitions and messages). The warren binary uses ./warren-data
-# when none is set here or with --data-dir.
+# Data directory (durable definitions and messages; the log folder when [log] file is set).
+# The warren binary uses ./warren-data when none is set here or with --data-dir.
 # data_dir = "/var/lib/warren"
 # Message-store segment file size, bytes.
 segment_size = {segment_size}
 # Most bytes of appends covered by one fsync (group commit); publishers wait beyond this.
 fsync_batch_bytes = {fsync_batch_bytes}
-# Microseconds to wait for more publishes before each fsync (0 = none).
+# Microseconds to wait for more publishes before each fsync (0 = none, at most 1000000).
 fsync_delay_us = {fsync_delay_us}
 # Ready messages (and bytes) a queue keeps in memory before paging to disk.
 queue_window = {queue_window}
 queue_window_bytes = {queue_window_bytes}
+# Disk alarm: below this much free space on the data directory's file system, publishers
+# are blocked (connection.blocked "low on disk") until space returns. Bytes, a size with a
+# unit ("50MB", "1GB", "512MiB") or a fraction of the file system (0.05). Reloaded on SIGHUP.
+disk_free_limit = "{disk_free_limit}"
+# The limit as a multiple of the machine's memory (RabbitMQ's disk_free_limit.relative);
+# 0 = unset, above 0 it replaces disk_free_limit.
+disk_free_limit_relative = {disk_free_limit_relative:?}
 
 [log]
-# error, warn, info, debug, trace, or a tracing filter such as "warren_server=debug".
+# error, warn, info, debug, trace, or a tracing filter such as "warren_server=debug,info".
+# Reloaded on SIGHUP.
 level = "{level}"
+# Log file: empty for none; a relative name goes into <data_dir>/log/. Reopened on SIGHUP.
+file = "{file}"
+# Also log to standard output.
+console = {console}
+# "plain" lines or "json" (one JSON object per line).
+format = "plain"
 
 [memory]
 # Memory alarm: above this fraction of the machine's memory (or high_watermark_bytes when
@@ -328,7 +740,10 @@ high_watermark_bytes = {high_watermark_bytes}
 # tags = ["administrator"]
 # loopback_only = false
 "#,
-            listen = d.amqp.listen,
+            listen = match &d.amqp.listen {
+                ListenAddr::Port(p) => p.to_string(),
+                other => format!("\"{other}\""),
+            },
             frame_max = d.amqp.frame_max,
             channel_max = d.amqp.channel_max,
             heartbeat = d.amqp.heartbeat,
@@ -341,21 +756,76 @@ high_watermark_bytes = {high_watermark_bytes}
             fsync_delay_us = d.storage.fsync_delay_us,
             queue_window = d.storage.queue_window,
             queue_window_bytes = d.storage.queue_window_bytes,
+            disk_free_limit = d.storage.disk_free_limit,
+            disk_free_limit_relative = d.storage.disk_free_limit_relative,
             level = d.log.level,
+            file = d.log.file,
+            console = d.log.console,
             high_watermark = d.memory.high_watermark,
             high_watermark_bytes = d.memory.high_watermark_bytes,
         )
     }
 }
 
+/// Inserts `section.key = value` into `root` and checks that the result still fits the
+/// schema, so that an error names the variable or flag that broke it.
+fn apply(
+    root: &mut toml::Table,
+    section: &str,
+    key: &str,
+    value: toml::Value,
+    origin: &str,
+) -> Result<(), ConfigError> {
+    let err = |message: String| ConfigError::Override {
+        origin: origin.to_string(),
+        message,
+    };
+    root.entry(section.to_string())
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+        .as_table_mut()
+        .ok_or_else(|| err(format!("[{section}] is not a table")))?
+        .insert(key.to_string(), value);
+    Config::deserialize(toml::Value::Table(root.clone()))
+        .map(|_| ())
+        .map_err(|e| err(format!("{section}.{key}: {e}")))
+}
+
+/// True when every directive of `spec` names a known level (a bare word such as `verbose`
+/// would otherwise be taken as a target name and silently log nothing).
+pub fn is_log_filter(spec: &str) -> bool {
+    const LEVELS: [&str; 6] = ["error", "warn", "info", "debug", "trace", "off"];
+    !spec.trim().is_empty()
+        && spec.split(',').all(|d| {
+            let level = d
+                .rsplit('=')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase();
+            LEVELS.contains(&level.as_str())
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("warren-cfg-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
     #[test]
     fn commented_default_parses_to_default() {
-        let dir = std::env::temp_dir().join(format!("warren-cfg-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = scratch("default");
         let p = dir.join("warren.toml");
         std::fs::write(&p, Config::commented_default()).unwrap();
         let c = Config::load(Some(&p), Vec::new()).unwrap();
@@ -365,24 +835,156 @@ mod tests {
 
     #[test]
     fn env_overrides() {
-        let env = vec![
-            (
-                "WARREN_AMQP_LISTEN".to_string(),
-                "127.0.0.1:5999".to_string(),
-            ),
-            ("WARREN_AMQP_FRAME_MAX".to_string(), "8192".to_string()),
-            ("WARREN_LOG_LEVEL".to_string(), "debug".to_string()),
-            ("OTHER".to_string(), "x".to_string()),
-        ];
-        let c = Config::load(None, env).unwrap();
+        let c = Config::load(
+            None,
+            env(&[
+                ("WARREN_AMQP_LISTEN", "127.0.0.1:5999"),
+                ("WARREN_AMQP_FRAME_MAX", "8192"),
+                ("WARREN_LOG_LEVEL", "debug"),
+                ("WARREN_STORAGE_DISK_FREE_LIMIT", "1GB"),
+                ("WARREN_BIN", "target/debug/warren"),
+                ("OTHER", "x"),
+            ]),
+        )
+        .unwrap();
         assert_eq!(c.amqp.listen.port(), 5999);
         assert_eq!(c.amqp.frame_max, 8192);
         assert_eq!(c.log.level, "debug");
+        assert_eq!(
+            c.storage.disk_free_limit,
+            DiskFreeLimit::Bytes(1_000_000_000)
+        );
     }
 
     #[test]
-    fn unknown_keys_are_errors() {
-        let env = vec![("WARREN_AMQP_NOPE".to_string(), "1".to_string())];
-        assert!(Config::load(None, env).is_err());
+    fn listen_forms_in_file_env_and_flags() {
+        let dir = scratch("listen");
+        let p = dir.join("warren.toml");
+        std::fs::write(&p, "[amqp]\nlisten = 5673\n").unwrap();
+        let c = Config::load(Some(&p), Vec::new()).unwrap();
+        assert_eq!(c.amqp.listen, ListenAddr::Port(5673));
+        let c = Config::load(None, env(&[("WARREN_AMQP_LISTEN", "5674")])).unwrap();
+        assert_eq!(c.amqp.listen, ListenAddr::Port(5674));
+        let flag = Override {
+            section: "amqp",
+            key: "listen",
+            value: toml::Value::String("localhost:5675".into()),
+            flag: "--amqp-listen",
+        };
+        let c = Config::load_with(Some(&p), Vec::new(), &[flag]).unwrap();
+        assert_eq!(c.amqp.listen, ListenAddr::Host("localhost".into(), 5675));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn errors_name_their_source() {
+        // An unknown key: the variable is named.
+        let e = Config::load(None, env(&[("WARREN_AMQP_NOPE", "1")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("WARREN_AMQP_NOPE") && e.contains("nope"), "{e}");
+        // An unknown section is refused like an unknown key.
+        let e = Config::load(None, env(&[("WARREN_FOO_BAR", "1")]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("WARREN_FOO_BAR") && e.contains("no such setting"),
+            "{e}"
+        );
+        // A bad value in the file: the file, line and key.
+        let dir = scratch("errors");
+        let p = dir.join("warren.toml");
+        std::fs::write(&p, "[amqp]\nheartbeat = 10\nlistne = 5672\n").unwrap();
+        let e = Config::load(Some(&p), Vec::new()).unwrap_err().to_string();
+        assert!(e.contains(&p.display().to_string()), "{e}");
+        assert!(e.contains("line 3") && e.contains("listne"), "{e}");
+        std::fs::write(&p, "[amqp]\nmax_message_size = 0\n").unwrap();
+        let e = Config::load(Some(&p), Vec::new()).unwrap_err().to_string();
+        assert!(
+            e.contains("amqp.max_message_size = 0") && e.contains(&p.display().to_string()),
+            "{e}"
+        );
+        // A range error from the environment names the variable.
+        let e = Config::load(None, env(&[("WARREN_STORAGE_FSYNC_BATCH_BYTES", "0")]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("environment variable WARREN_STORAGE_FSYNC_BATCH_BYTES"),
+            "{e}"
+        );
+        let e = Config::load(None, env(&[("WARREN_AMQP_LISTEN", "nowhere")]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("WARREN_AMQP_LISTEN") && e.contains("nowhere"),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn useless_values_are_refused() {
+        for (var, value) in [
+            ("WARREN_AMQP_FRAME_MAX", "1024"),
+            ("WARREN_AMQP_CHANNEL_MAX", "0"),
+            ("WARREN_AMQP_MAX_MESSAGE_SIZE", "0"),
+            ("WARREN_AMQP_MAX_MESSAGE_SIZE", "536870913"),
+            ("WARREN_AMQP_MAX_CONNECTIONS", "0"),
+            ("WARREN_AMQP_MAX_TABLE_DEPTH", "0"),
+            ("WARREN_AMQP_HANDSHAKE_TIMEOUT", "0"),
+            ("WARREN_STORAGE_DATA_DIR", "\"\""),
+            ("WARREN_STORAGE_SEGMENT_SIZE", "100"),
+            ("WARREN_STORAGE_FSYNC_BATCH_BYTES", "0"),
+            ("WARREN_STORAGE_FSYNC_DELAY_US", "60000000"),
+            ("WARREN_STORAGE_QUEUE_WINDOW", "0"),
+            ("WARREN_STORAGE_QUEUE_WINDOW_BYTES", "0"),
+            ("WARREN_STORAGE_DISK_FREE_LIMIT", "1.5"),
+            ("WARREN_STORAGE_DISK_FREE_LIMIT", "lots"),
+            ("WARREN_STORAGE_DISK_FREE_LIMIT_RELATIVE", "-1"),
+            ("WARREN_MEMORY_HIGH_WATERMARK", "0"),
+            ("WARREN_MEMORY_HIGH_WATERMARK", "2"),
+            ("WARREN_LOG_LEVEL", "verbose"),
+            ("WARREN_LOG_FORMAT", "xml"),
+        ] {
+            let e = Config::load(None, env(&[(var, value)]));
+            assert!(e.is_err(), "{var}={value} accepted");
+            let text = e.unwrap_err().to_string();
+            assert!(text.contains(var), "{var}={value}: {text}");
+        }
+        let dir = scratch("users");
+        let p = dir.join("warren.toml");
+        std::fs::write(
+            &p,
+            "[[users]]\nname = \"a\"\npassword = \"x\"\n[[users]]\nname = \"a\"\npassword = \"y\"\n",
+        )
+        .unwrap();
+        let e = Config::load(Some(&p), Vec::new()).unwrap_err().to_string();
+        assert!(e.contains("listed twice"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn information_units_as_rabbitmq() {
+        assert_eq!(parse_information_unit("50MB"), Some(50_000_000));
+        assert_eq!(parse_information_unit("1GB"), Some(1_000_000_000));
+        assert_eq!(parse_information_unit("1G"), Some(1_000_000_000));
+        assert_eq!(parse_information_unit("512MiB"), Some(512 << 20));
+        assert_eq!(parse_information_unit("2Gi"), Some(2 << 30));
+        assert_eq!(parse_information_unit("100"), Some(100));
+        assert_eq!(parse_information_unit("kB"), None);
+        assert_eq!(parse_information_unit("5 MB"), None);
+        assert_eq!(parse_information_unit("5XB"), None);
+        let c = Config::load(None, env(&[("WARREN_STORAGE_DISK_FREE_LIMIT", "0.05")])).unwrap();
+        assert_eq!(
+            c.storage.disk_free_limit,
+            DiskFreeLimit::FractionOfDisk(0.05)
+        );
+        assert_eq!(c.storage.disk_free_limit_bytes(1000, 0), 50);
+        let c = Config::load(
+            None,
+            env(&[("WARREN_STORAGE_DISK_FREE_LIMIT_RELATIVE", "1.5")]),
+        )
+        .unwrap();
+        assert_eq!(c.storage.disk_free_limit_bytes(1000, 2000), 3000);
     }
 }

@@ -65,11 +65,13 @@ enum End {
     Error(ConnError),
 }
 
-/// Serves one accepted socket until it closes.
+/// Serves one accepted socket (from `peer`, accepted on local address `local`) until it
+/// closes.
 pub async fn serve<S>(
     state: Arc<ServerState>,
     stream: S,
     peer: SocketAddr,
+    local: SocketAddr,
     shutdown: watch::Receiver<bool>,
 ) where
     S: AsyncRead + AsyncWrite + Send + 'static,
@@ -78,7 +80,7 @@ pub async fn serve<S>(
     let span = tracing::info_span!("conn", id, %peer);
     let (rd, wr) = tokio::io::split(stream);
     let fut = async move {
-        match run(state.clone(), id, rd, wr, peer, shutdown).await {
+        match run(state.clone(), id, rd, wr, peer, local, shutdown).await {
             Ok(()) => debug!("connection closed"),
             Err(e) => debug!(error = %e, "connection ended"),
         }
@@ -232,12 +234,15 @@ async fn run<R, W>(
     mut rd: R,
     mut wr: W,
     peer: SocketAddr,
+    local: SocketAddr,
     mut shutdown: watch::Receiver<bool>,
 ) -> std::io::Result<()>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin + Send + 'static,
 {
+    // How RabbitMQ names a connection in its log.
+    let name = format!("{peer} -> {local}");
     let cfg = &state.config.amqp;
     // Small at first: an idle connection should cost little; busy ones grow it in read_more.
     let mut rbuf = BytesMut::with_capacity(4 * 1024);
@@ -274,7 +279,10 @@ where
     let (tuned, vhost, session) = match negotiated {
         Ok(v) => v,
         Err(e) => {
-            warn!(code = e.code, text = %e.text, "handshake failed");
+            warn!(
+                code = e.code,
+                "closing AMQP connection ({name}): handshake failed: {}", e.text
+            );
             let mut out = BytesMut::new();
             encode_method_frame(
                 0,
@@ -318,15 +326,26 @@ where
         user: session.user,
         published: false,
     };
-    if session.blocked_notify {
-        state.listen_blocked(&outbox);
-    }
+    // connection.blocked goes to connections that publish, as in RabbitMQ (a client such as
+    // lapin stops sending anything once blocked, acks included): registered at the first
+    // publish.
+    let mut blocked_listener = false;
     let limits = Limits {
         frame_max: tuned.frame_max,
         max_table_depth: cfg.max_table_depth,
     };
     let idle_limit = heartbeat.map(|h| h * 2);
     let mut read_size = 4096;
+    let who = format!(
+        "{name}, vhost: '{}', user: '{}'",
+        conn.vhost.name, conn.user
+    );
+    info!(
+        "connection ({name}): user '{}' authenticated and granted access to vhost '{}'",
+        conn.user, conn.vhost.name
+    );
+    // Why the peer went away, when it did without connection.close.
+    let mut eof_reason = "client unexpectedly closed TCP connection".to_string();
 
     let end = 'outer: loop {
         loop {
@@ -343,14 +362,18 @@ where
             }
         }
         conn.flush_confirms();
+        if conn.published && session.blocked_notify && !blocked_listener {
+            state.listen_blocked(&outbox);
+            blocked_listener = true;
+        }
         if outbox.is_closing() {
             break End::Eof;
         }
         // Memory alarm: a connection that publishes and consumes nothing is not read from
         // until memory use falls back (connections that also consume keep going, so that
         // their acks can free memory).
-        if conn.published && state.memory_alarm() && !conn.has_consumers() {
-            while state.memory_alarm() {
+        if conn.published && state.publishers_paused() && !conn.has_consumers() {
+            while state.publishers_paused() {
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_millis(100)) => {}
                     _ = shutdown.changed() => break,
@@ -376,7 +399,7 @@ where
             r = read => match r {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
-                    warn!("missed heartbeats from client, timeout: {}s", tuned.heartbeat);
+                    eof_reason = format!("missed heartbeats from client, timeout: {}s", tuned.heartbeat);
                     break End::Eof;
                 }
                 Err(_) => break End::Eof,
@@ -392,10 +415,14 @@ where
 
     conn.cleanup();
     match end {
-        End::Eof => {}
-        End::ClientClosed => {}
+        End::Eof => warn!("closing AMQP connection ({who}): {eof_reason}"),
+        End::ClientClosed => info!("closing AMQP connection ({who})"),
         End::Error(e) => {
-            info!(code = e.code, text = %e.text, "closing connection");
+            if e.code == constants::CONNECTION_FORCED {
+                info!(code = e.code, "closing AMQP connection ({who}): {}", e.text);
+            } else {
+                warn!(code = e.code, "closing AMQP connection ({who}): {}", e.text);
+            }
             outbox.send(
                 0,
                 &Method::ConnectionClose(ConnectionClose {
@@ -597,7 +624,6 @@ where
         &mut out,
     );
     wr.write_all(&out).await.map_err(io_err)?;
-    info!(user = %user, vhost = %open.virtual_host, "connection open");
     Ok((
         tuned,
         vhost,

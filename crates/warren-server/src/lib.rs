@@ -4,11 +4,14 @@
 //! Layout: [`server`] accepts connections and owns the shared state; [`connection`] runs one
 //! client connection (handshake, frame loop, heartbeats, close); [`channel`] implements the
 //! channel-level methods on top of the `warren-broker` model; [`outbox`] batches outgoing
-//! frames into few socket writes; [`config`] loads settings.
+//! frames into few socket writes; [`config`] loads settings; [`listen`] binds listen
+//! addresses; [`logging`] sets up the `warren` binary's log.
 
 pub mod channel;
 pub mod config;
 pub mod connection;
+pub mod listen;
+pub mod logging;
 pub mod outbox;
 pub mod server;
 

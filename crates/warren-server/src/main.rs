@@ -1,5 +1,9 @@
 //! The `warren` binary: starts the broker with embedded defaults, a TOML file, environment
 //! overrides and flags.
+//!
+//! Signals: SIGTERM and SIGINT stop the broker gracefully (listeners closed, connections closed
+//! with 320 CONNECTION_FORCED, the store flushed, exit status 0); SIGHUP reloads what can
+//! change while running (the log level, the disk alarm's limit) and reopens the log file.
 
 use clap::Parser;
 
@@ -8,10 +12,11 @@ use clap::Parser;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use warren_server::{Broker, Config};
+use warren_server::config::Override;
+use warren_server::logging::LogHandle;
+use warren_server::{Broker, Config, RunningBroker};
 
 /// Warren, an AMQP 0-9-1 message broker that RabbitMQ clients use unchanged.
 #[derive(Parser, Debug)]
@@ -20,12 +25,14 @@ struct Args {
     /// TOML configuration file (see --generate-config).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Write a commented default configuration to FILE and exit.
+    /// Write a commented default configuration to FILE (never over an existing file; `-` for
+    /// standard output) and exit.
     #[arg(long, value_name = "FILE")]
     generate_config: Option<PathBuf>,
-    /// AMQP listen address [default: 0.0.0.0:5672].
+    /// AMQP listen address: PORT (every interface, IPv4 and IPv6), IP:PORT, [IPv6]:PORT or
+    /// HOST:PORT [default: 5672].
     #[arg(long, value_name = "ADDR")]
-    amqp_listen: Option<SocketAddr>,
+    amqp_listen: Option<String>,
     /// Data directory [default: ./warren-data].
     #[arg(long, value_name = "DIR")]
     data_dir: Option<PathBuf>,
@@ -34,64 +41,108 @@ struct Args {
     log_level: Option<String>,
 }
 
+impl Args {
+    /// The flags that set configuration keys, as overrides of the file and environment.
+    fn overrides(&self) -> Vec<Override> {
+        let s = |v: &str| toml::Value::String(v.to_string());
+        let mut out = Vec::new();
+        if let Some(a) = &self.amqp_listen {
+            out.push(Override {
+                section: "amqp",
+                key: "listen",
+                value: s(a),
+                flag: "--amqp-listen",
+            });
+        }
+        if let Some(d) = &self.data_dir {
+            out.push(Override {
+                section: "storage",
+                key: "data_dir",
+                value: s(&d.to_string_lossy()),
+                flag: "--data-dir",
+            });
+        }
+        if let Some(l) = &self.log_level {
+            out.push(Override {
+                section: "log",
+                key: "level",
+                value: s(l),
+                flag: "--log-level",
+            });
+        }
+        out
+    }
+
+    /// The configuration from the file, the environment and the flags.
+    fn load(&self) -> Result<Config, warren_server::config::ConfigError> {
+        let mut config =
+            Config::load_with(self.config.as_deref(), std::env::vars(), &self.overrides())?;
+        config
+            .storage
+            .data_dir
+            .get_or_insert_with(|| PathBuf::from("warren-data"));
+        Ok(config)
+    }
+}
+
+fn generate_config(path: &Path) -> ExitCode {
+    if path == Path::new("-") {
+        print!("{}", Config::commented_default());
+        return ExitCode::SUCCESS;
+    }
+    use std::io::Write;
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .and_then(|mut f| f.write_all(Config::commented_default().as_bytes()));
+    match written {
+        Ok(()) => {
+            println!("wrote {}", path.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            eprintln!(
+                "warren: {} already exists; not overwriting it (remove it first, or use \
+                 --generate-config - to print the defaults)",
+                path.display()
+            );
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("warren: cannot write {}: {e}", path.display());
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
     if let Some(path) = &args.generate_config {
-        if let Err(e) = std::fs::write(path, Config::commented_default()) {
-            eprintln!("warren: cannot write {}: {e}", path.display());
-            return ExitCode::FAILURE;
-        }
-        println!("wrote {}", path.display());
-        return ExitCode::SUCCESS;
+        return generate_config(path);
     }
-    let mut config = match Config::load(args.config.as_deref(), std::env::vars()) {
+    let config = match args.load() {
         Ok(c) => c,
         Err(e) => {
             eprintln!("warren: {e}");
             return ExitCode::FAILURE;
         }
     };
-    if let Some(a) = args.amqp_listen {
-        config.amqp.listen = a;
-    }
-    if let Some(d) = args.data_dir {
-        config.storage.data_dir = Some(d);
-    }
-    let data_dir = config
-        .storage
-        .data_dir
-        .get_or_insert_with(|| PathBuf::from("warren-data"))
-        .clone();
-    if let Some(l) = args.log_level {
-        config.log.level = l;
-    }
-    if let Err(e) = config.validate() {
-        eprintln!("warren: {e}");
-        return ExitCode::FAILURE;
-    }
-    let filter = match tracing_subscriber::EnvFilter::try_new(&config.log.level) {
-        Ok(f) if is_log_filter(&config.log.level) => f,
-        _ => {
-            eprintln!(
-                "warren: invalid log level '{}' (use error, warn, info, debug, trace or a filter such as warren_server=debug)",
-                config.log.level
-            );
-            return ExitCode::FAILURE;
-        }
-    };
-    use std::io::IsTerminal;
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::stdout().is_terminal())
-        .init();
-
-    if let Err(e) = std::fs::create_dir_all(&data_dir) {
+    let data_dir = config.storage.data_dir.clone().expect("set by Args::load");
+    if data_dir.exists() && !data_dir.is_dir() {
         eprintln!(
-            "warren: cannot create data directory {}: {e}",
+            "warren: data directory {} exists and is not a directory (storage.data_dir)",
             data_dir.display()
         );
         return ExitCode::FAILURE;
     }
+    let log = match warren_server::logging::init(&config.log, Some(&data_dir)) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("warren: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -103,52 +154,110 @@ fn main() -> ExitCode {
         }
     };
     runtime.block_on(async move {
+        // Before anything slow (recovery): a signal during startup is handled, not fatal.
+        let mut signals = match Signals::new() {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("warren: cannot install signal handlers: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
         let broker = match Broker::builder().config(config).start().await {
             Ok(b) => b,
             Err(e) => {
+                tracing::error!("cannot start: {e}");
                 eprintln!("warren: cannot start: {e}");
                 return ExitCode::FAILURE;
             }
         };
+        let addrs: Vec<String> = broker.amqp_addrs().iter().map(|a| a.to_string()).collect();
         tracing::info!(
-            amqp = %broker.amqp_addr(),
+            amqp = %addrs.join(", "),
             data_dir = %data_dir.display(),
+            log_file = %log.file().map(|p| p.display().to_string()).unwrap_or_default(),
             version = env!("CARGO_PKG_VERSION"),
+            pid = std::process::id(),
             "Warren started"
         );
-        wait_for_signal().await;
-        tracing::info!("shutting down");
+        loop {
+            match signals.next().await {
+                Signal::Stop(name) => {
+                    tracing::info!("{name} received: shutting down");
+                    break;
+                }
+                Signal::Reload => reload(&args, &broker, &log),
+            }
+        }
         broker.shutdown().await;
+        tracing::info!("stopped");
         ExitCode::SUCCESS
     })
 }
 
-async fn wait_for_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        if let Ok(mut term) = signal(SignalKind::terminate()) {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
+/// SIGHUP: reads the configuration again and applies what can change while running.
+fn reload(args: &Args, broker: &RunningBroker, log: &LogHandle) {
+    let new = match args.load() {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!("SIGHUP: configuration not reloaded, the old one stays: {e}");
             return;
         }
+    };
+    if let Err(e) = log.reload(&new.log) {
+        tracing::error!("SIGHUP: {e}");
     }
-    let _ = tokio::signal::ctrl_c().await;
+    broker.state().set_disk_free_limit(
+        new.storage.disk_free_limit,
+        new.storage.disk_free_limit_relative,
+    );
+    // Everything else needs a restart: say so when it changed.
+    let old = &broker.state().config;
+    let mut cmp = new.clone();
+    cmp.log.level = old.log.level.clone();
+    cmp.storage.disk_free_limit = old.storage.disk_free_limit;
+    cmp.storage.disk_free_limit_relative = old.storage.disk_free_limit_relative;
+    if &cmp != old {
+        tracing::warn!(
+            "SIGHUP: settings other than log.level and storage.disk_free_limit changed; they \
+             take effect at the next start"
+        );
+    }
+    tracing::info!(
+        log_level = %new.log.level,
+        disk_free_limit = %new.storage.disk_free_limit,
+        disk_free_limit_relative = new.storage.disk_free_limit_relative,
+        "SIGHUP: configuration reloaded"
+    );
 }
 
-/// True when every directive of `spec` names a known level (a bare word such as `verbose`
-/// would otherwise be taken as a target name and silently log nothing).
-fn is_log_filter(spec: &str) -> bool {
-    const LEVELS: [&str; 6] = ["error", "warn", "info", "debug", "trace", "off"];
-    spec.split(',').all(|d| {
-        let level = d
-            .rsplit('=')
-            .next()
-            .unwrap_or("")
-            .trim()
-            .to_ascii_lowercase();
-        LEVELS.contains(&level.as_str())
-    })
+enum Signal {
+    /// SIGTERM or SIGINT.
+    Stop(&'static str),
+    /// SIGHUP.
+    Reload,
+}
+
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> std::io::Result<Signals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Signals {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+            hup: signal(SignalKind::hangup())?,
+        })
+    }
+
+    async fn next(&mut self) -> Signal {
+        tokio::select! {
+            _ = self.term.recv() => Signal::Stop("SIGTERM"),
+            _ = self.int.recv() => Signal::Stop("SIGINT"),
+            _ = self.hup.recv() => Signal::Reload,
+        }
+    }
 }

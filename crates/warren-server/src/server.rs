@@ -9,9 +9,10 @@
 //! # Ok(()) }
 //! ```
 
-use crate::config::Config;
+use crate::config::{Config, DiskFreeLimit};
+use crate::listen::{ListenAddr, ListenError};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -35,6 +36,31 @@ pub struct ServerState {
     memory_alarm: std::sync::atomic::AtomicBool,
     /// The memory watermark in bytes.
     memory_limit: u64,
+    /// The disk alarm is on: publishers are paused.
+    disk_alarm: AtomicBool,
+    /// The disk alarm's limit (changeable at run time).
+    disk_limit: parking_lot::Mutex<DiskLimit>,
+}
+
+/// The disk alarm's setting: the configured limit, or RabbitMQ's memory-relative one.
+#[derive(Debug, Clone, Copy)]
+struct DiskLimit {
+    limit: DiskFreeLimit,
+    memory_relative: f64,
+}
+
+/// (free bytes available to the broker, total bytes) of the file system holding `path`.
+fn disk_space(path: &std::path::Path) -> std::io::Result<(u64, u64)> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    // SAFETY: statvfs writes into the zeroed struct we pass; the path is NUL-terminated.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let frsize = st.f_frsize as u64;
+    Ok((st.f_bavail as u64 * frsize, st.f_blocks as u64 * frsize))
 }
 
 /// Total memory of the machine in bytes (`MemTotal` of /proc/meminfo), if known.
@@ -114,6 +140,10 @@ impl ServerState {
             }
         };
         let memory_limit = config.memory.limit(total_memory().unwrap_or(u64::MAX));
+        let disk_limit = DiskLimit {
+            limit: config.storage.disk_free_limit,
+            memory_relative: config.storage.disk_free_limit_relative,
+        };
         Ok(ServerState {
             broker,
             config,
@@ -123,7 +153,68 @@ impl ServerState {
             blocked: std::sync::atomic::AtomicBool::new(false),
             memory_alarm: std::sync::atomic::AtomicBool::new(false),
             memory_limit,
+            disk_alarm: AtomicBool::new(false),
+            disk_limit: parking_lot::Mutex::new(disk_limit),
         })
+    }
+
+    /// Changes the disk alarm's limit while the broker runs (as RabbitMQ's
+    /// `rabbitmqctl set_disk_free_limit`); `memory_relative` above 0 replaces `limit` with a
+    /// multiple of the machine's memory. Takes effect at the next check (within 250 ms).
+    pub fn set_disk_free_limit(&self, limit: DiskFreeLimit, memory_relative: f64) {
+        *self.disk_limit.lock() = DiskLimit {
+            limit,
+            memory_relative,
+        };
+    }
+
+    /// True while the disk alarm is on (free space below `disk_free_limit`).
+    pub fn disk_alarm(&self) -> bool {
+        self.disk_alarm.load(Ordering::Relaxed)
+    }
+
+    /// True while publishing connections must not be read from: the memory or the disk
+    /// alarm is on.
+    pub fn publishers_paused(&self) -> bool {
+        self.memory_alarm() || self.disk_alarm()
+    }
+
+    /// Follows the free space of the data directory's file system (RabbitMQ's disk alarm);
+    /// returns whether the alarm is on. A broker without a data directory has no disk alarm.
+    fn check_disk(&self) -> bool {
+        let Some(dir) = &self.config.storage.data_dir else {
+            return false;
+        };
+        let (free, total) = match disk_space(dir) {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::debug!(dir = %dir.display(), error = %e, "cannot read free disk space");
+                return self.disk_alarm();
+            }
+        };
+        let l = *self.disk_limit.lock();
+        let limit = if l.memory_relative > 0.0 {
+            (total_memory().unwrap_or(0) as f64 * l.memory_relative) as u64
+        } else {
+            l.limit.bytes(total)
+        };
+        let low = free < limit;
+        if self.disk_alarm.swap(low, Ordering::Relaxed) != low {
+            if low {
+                warn!(
+                    dir = %dir.display(),
+                    "free disk space is insufficient: {free} bytes free, limit {limit} bytes; \
+                     publishers blocked"
+                );
+            } else {
+                info!(
+                    dir = %dir.display(),
+                    "free disk space is sufficient again: {free} bytes free, limit {limit} bytes; \
+                     publishers unblocked"
+                );
+            }
+        }
+        low
     }
 
     /// Registers a connection for connection.blocked / unblocked notifications; it is told at
@@ -143,7 +234,7 @@ impl ServerState {
     }
 
     fn blocked_reason(&self) -> &'static str {
-        if self.memory_alarm() {
+        if self.memory_alarm() && !self.disk_alarm() {
             "low on memory"
         } else {
             BLOCKED_REASON
@@ -173,7 +264,8 @@ impl ServerState {
                 }
             );
         }
-        let failed = memory || self.broker.store().is_some_and(|s| s.is_failed());
+        let disk = self.check_disk();
+        let failed = memory || disk || self.broker.store().is_some_and(|s| s.is_failed());
         if self.blocked.swap(failed, Ordering::Relaxed) == failed {
             return;
         }
@@ -240,30 +332,47 @@ impl BrokerBuilder {
         self
     }
 
-    /// Sets the AMQP listen address (`"127.0.0.1:0"` picks a free port).
+    /// Sets the AMQP listen address ([`ListenAddr`]: `"127.0.0.1:0"` picks a free port,
+    /// `"5672"` listens on every interface, `"localhost:5672"` on the host's addresses).
     ///
     /// # Panics
-    /// When `addr` is not a socket address literal.
+    /// When `addr` is not a listen address.
     pub fn bind(mut self, addr: &str) -> Self {
-        self.config.amqp.listen = addr.parse().expect("bind() takes an IP:port literal");
+        self.config.amqp.listen = addr
+            .parse()
+            .unwrap_or_else(|e: String| panic!("bind(): {e}"));
         self
     }
 
-    /// Binds the listener and starts accepting connections on the current tokio runtime.
+    /// Recovers durable state, binds the listeners and starts accepting connections on the
+    /// current tokio runtime.
     ///
-    /// Errors: the listener could not be bound.
+    /// Errors: the data directory or the store could not be opened (message naming the
+    /// directory), or a listener could not be bound ([`ListenError`] naming the address).
     pub async fn start(self) -> std::io::Result<RunningBroker> {
         // Recover first, listen after: clients never wait on a broker that is still recovering.
-        let listen = self.config.amqp.listen;
+        let listen: ListenAddr = self.config.amqp.listen.clone();
         let config = self.config;
         let state = Arc::new(tokio::task::spawn_blocking(move || ServerState::new(config)).await??);
-        let listener = TcpListener::bind(listen).await?;
-        let addr = listener.local_addr()?;
+        let listeners = match listen.bind("amqp.listen").await {
+            Ok(l) => l,
+            Err(e) => {
+                // Release the data directory for whoever starts next.
+                state.broker.close();
+                return Err(std::io::Error::other(e));
+            }
+        };
+        let addrs: Vec<SocketAddr> = listeners
+            .iter()
+            .filter_map(|l| l.local_addr().ok())
+            .collect();
         let (tx, rx) = watch::channel(false);
-        let task = tokio::spawn(accept_loop(listener, state.clone(), rx));
-        info!(%addr, "AMQP listener started");
+        for a in &addrs {
+            info!(addr = %a, "started TCP listener for AMQP 0-9-1");
+        }
+        let task = tokio::spawn(accept_loop(listeners, state.clone(), rx));
         Ok(RunningBroker {
-            amqp_addr: addr,
+            amqp_addrs: addrs,
             state,
             shutdown: tx,
             task,
@@ -271,18 +380,30 @@ impl BrokerBuilder {
     }
 }
 
+/// The error of a listener that could not be bound, as a [`ListenError`] inside the
+/// `io::Error` that [`BrokerBuilder::start`] returns.
+pub fn listen_error(e: &std::io::Error) -> Option<&ListenError> {
+    e.get_ref()?.downcast_ref()
+}
+
 /// A running broker.
 pub struct RunningBroker {
-    amqp_addr: SocketAddr,
+    amqp_addrs: Vec<SocketAddr>,
     state: Arc<ServerState>,
     shutdown: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl RunningBroker {
-    /// The address the AMQP listener is bound to.
+    /// The address of the (first) AMQP listener: the IPv4 one when a bare port binds both
+    /// families.
     pub fn amqp_addr(&self) -> SocketAddr {
-        self.amqp_addr
+        self.amqp_addrs[0]
+    }
+
+    /// The addresses of every AMQP listener.
+    pub fn amqp_addrs(&self) -> &[SocketAddr] {
+        &self.amqp_addrs
     }
 
     /// The shared state (broker model and configuration).
@@ -302,11 +423,44 @@ impl RunningBroker {
 /// TTL by at most this much when nothing else touches its queue.
 const SWEEP_MS: u64 = 50;
 
-async fn accept_loop(
+/// Accepts on one listener and hands each connection to the accept loop.
+async fn accept_from(
     listener: TcpListener,
+    accepted: tokio::sync::mpsc::Sender<(tokio::net::TcpStream, SocketAddr, SocketAddr)>,
+) {
+    let local = match listener.local_addr() {
+        Ok(a) => a,
+        Err(_) => return,
+    };
+    loop {
+        match listener.accept().await {
+            Ok((stream, peer)) => {
+                if accepted.send((stream, peer, local)).await.is_err() {
+                    return;
+                }
+            }
+            Err(e) => {
+                warn!(%local, error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// The broker's lifecycle: accepts on every listener, runs the periodic checks, and on
+/// shutdown stops accepting on all listeners, closes every connection with 320
+/// CONNECTION_FORCED and closes the store (final fsync).
+async fn accept_loop(
+    listeners: Vec<TcpListener>,
     state: Arc<ServerState>,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let mut acceptors = JoinSet::new();
+    let (accepted_tx, mut accepted) = tokio::sync::mpsc::channel(64);
+    for l in listeners {
+        acceptors.spawn(accept_from(l, accepted_tx.clone()));
+    }
+    drop(accepted_tx);
     let mut tasks = JoinSet::new();
     let mut health = tokio::time::interval(Duration::from_millis(250));
     // Message TTLs and queue expiry (x-message-ttl, expiration, x-expires).
@@ -316,15 +470,7 @@ async fn accept_loop(
         tokio::select! {
             _ = health.tick() => state.check_blocked(),
             _ = sweep.tick() => state.broker.sweep(),
-            accepted = listener.accept() => {
-                let (stream, peer) = match accepted {
-                    Ok(x) => x,
-                    Err(e) => {
-                        warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
+            Some((stream, peer, local)) = accepted.recv() => {
                 if state.connection_count() >= state.config.amqp.max_connections {
                     warn!(%peer, "connection refused: max_connections reached");
                     drop(stream);
@@ -334,8 +480,9 @@ async fn accept_loop(
                 let st = state.clone();
                 let rx = shutdown.clone();
                 st.connections.fetch_add(1, Ordering::Relaxed);
+                info!("accepting AMQP connection ({peer} -> {local})");
                 tasks.spawn(async move {
-                    crate::connection::serve(st.clone(), stream, peer, rx).await;
+                    crate::connection::serve(st.clone(), stream, peer, local, rx).await;
                     st.connections.fetch_sub(1, Ordering::Relaxed);
                 });
             }
@@ -343,7 +490,9 @@ async fn accept_loop(
             _ = shutdown.changed() => break,
         }
     }
-    drop(listener);
+    // Stop accepting on every listener (dropping them closes the sockets).
+    acceptors.shutdown().await;
+    drop(accepted);
     let _ = tokio::time::timeout(Duration::from_secs(12), async {
         while tasks.join_next().await.is_some() {}
     })

@@ -21,6 +21,17 @@
 //! [`StoreError::Unavailable`] so publishers can be told, the unwritten batch is kept and
 //! retried every second, and once a retry succeeds the store serves again. Nothing already
 //! confirmed is touched by a failed write: the file is cut back to its last good length first.
+//!
+//! The waiters of the batch that failed are completed with `ok = false` at once (publishers
+//! get basic.nack without waiting for the disk to come back), but the batch itself is not
+//! dropped: its records already have their locations, later records and the queues' indexes
+//! refer to them, and it may hold `ACK` records of other messages. So a message whose publish
+//! was nacked stays in its queues and is written when a retry succeeds: it may still be
+//! delivered, and may survive a restart, as a nacked message may in RabbitMQ (a nack means
+//! "not taken responsibility for"; a publisher that sends it again may cause a duplicate,
+//! which at-least-once delivery allows). If the broker stops before a retry succeeds, the
+//! batch is lost, which the nack already told. Barriers ([`Store::sync`], tx.commit) are not
+//! failed: they complete once everything before them is written, after the retry.
 
 pub mod record;
 mod recovery;
@@ -122,7 +133,10 @@ struct State {
     pending_bytes: usize,
     /// Taken by the writer and not yet known to be written.
     writing: Vec<(u32, u64, Bytes)>,
+    /// Completed after the fsync that covers their record, or failed with it.
     waiters: Vec<Waiter>,
+    /// Completed once everything appended before them is written (kept across retries).
+    barriers: Vec<Waiter>,
     /// Live (message, queue) pairs per segment.
     live: BTreeMap<u32, i64>,
     failed: Option<String>,
@@ -213,6 +227,7 @@ impl Store {
                 pending_bytes: 0,
                 writing: Vec::new(),
                 waiters: Vec::new(),
+                barriers: Vec::new(),
                 live: rec.live,
                 failed: None,
                 shutdown: false,
@@ -369,10 +384,11 @@ impl Store {
     }
 
     /// Completes `waiter` after everything appended so far is fsynced (a barrier, for
-    /// tx.commit).
+    /// tx.commit). While writes fail it waits for a retry to succeed; it is completed with
+    /// `ok = false` only when the store closes first.
     pub fn sync(&self, waiter: (Arc<dyn Completion>, u64)) {
         let mut st = self.inner.state.lock();
-        st.waiters.push(waiter);
+        st.barriers.push(waiter);
         drop(st);
         self.inner.wake_writer.notify_one();
     }
@@ -499,19 +515,21 @@ struct OpenSegment {
 
 fn writer_loop(inner: Arc<Inner>) {
     let mut open: Option<OpenSegment> = None;
+    // A batch whose write failed, with its barriers (its waiters were failed at once).
     let mut retry: Option<(Batch, Vec<Waiter>)> = None;
     loop {
-        let (mut batch, waiters, shutdown) = match retry.take() {
-            Some((b, w)) => {
+        let (mut batch, waiters, barriers, shutdown) = match retry.take() {
+            Some((b, barriers)) => {
                 std::thread::sleep(Duration::from_secs(1));
                 // Settled segments can go even while writes fail: that may be what frees space.
                 inner.delete_dead_segments();
-                (b, w, inner.state.lock().shutdown)
+                (b, Vec::new(), barriers, inner.state.lock().shutdown)
             }
             None => {
                 let mut st = inner.state.lock();
                 while st.pending.is_empty()
                     && st.waiters.is_empty()
+                    && st.barriers.is_empty()
                     && st.delivered.is_empty()
                     && !st.shutdown
                     && !st.reclaim
@@ -541,13 +559,14 @@ fn writer_loop(inner: Arc<Inner>) {
                 st.writing = batch.iter().cloned().collect();
                 st.pending_bytes = 0;
                 let waiters = std::mem::take(&mut st.waiters);
+                let barriers = std::mem::take(&mut st.barriers);
                 let shutdown = st.shutdown;
                 drop(st);
                 inner.wake_appenders.notify_all();
-                (batch, waiters, shutdown)
+                (batch, waiters, barriers, shutdown)
             }
         };
-        if batch.is_empty() && waiters.is_empty() && shutdown {
+        if batch.is_empty() && waiters.is_empty() && barriers.is_empty() && shutdown {
             return;
         }
         match write_batch(&inner.cfg.dir, &mut open, &mut batch) {
@@ -560,6 +579,7 @@ fn writer_loop(inner: Arc<Inner>) {
                 }
                 drop(st);
                 complete(&waiters, true);
+                complete(&barriers, true);
                 inner.delete_dead_segments();
             }
             Err(e) => {
@@ -568,11 +588,14 @@ fn writer_loop(inner: Arc<Inner>) {
                 }
                 inner.state.lock().failed = Some(e.to_string());
                 inner.wake_appenders.notify_all();
+                // Appends are refused from now on; whoever waits on this batch learns now,
+                // not when the disk comes back.
+                complete(&waiters, false);
                 if shutdown {
-                    complete(&waiters, false);
+                    complete(&barriers, false);
                     return;
                 }
-                retry = Some((batch, waiters));
+                retry = Some((batch, barriers));
             }
         }
     }

@@ -232,3 +232,66 @@ fn missing_segment_is_reported() {
     store.close();
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// A failed write completes its waiters with `ok = false` at once (not when the disk comes
+/// back), refuses appends meanwhile, keeps barriers until the retry writes the batch, and the
+/// retried batch is written exactly once.
+#[test]
+fn failed_write_fails_its_waiters_at_once_and_retries_the_batch() {
+    let dir = tempdir("fail-fast");
+    // The first segment the writer opens is 1; a directory in its place makes the open fail
+    // (EISDIR), for root too.
+    let (store, _) = Store::open(cfg(&dir)).unwrap();
+    let blocker = dir.join("00000001.seg");
+    std::fs::create_dir(&blocker).unwrap();
+    let done = Arc::new(Done(Mutex::new(Vec::new())));
+    let sink: Arc<dyn Completion> = done.clone();
+    let id = store.next_id();
+    store
+        .append_publish(
+            id,
+            "",
+            "k",
+            &persistent(),
+            b"caught",
+            &["q"],
+            Some((sink.clone(), 7)),
+        )
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while done.0.lock().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "waiter not failed");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(*done.0.lock(), vec![(7, false)]);
+    assert!(store.is_failed());
+    // Appends are refused while the store is failed; a barrier waits for the retry.
+    let id2 = store.next_id();
+    assert!(store
+        .append_publish(id2, "", "k", &persistent(), b"refused", &["q"], None)
+        .is_err());
+    store.sync((sink.clone(), 8));
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(
+        done.0.lock().len(),
+        1,
+        "barrier completed while writes fail"
+    );
+    // The disk comes back: the retry writes the batch and completes the barrier.
+    std::fs::remove_dir(&blocker).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while done.0.lock().len() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "barrier never completed"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(done.0.lock()[1], (8, true));
+    assert!(!store.is_failed());
+    store.close();
+    let (store, rec) = Store::open(cfg(&dir)).unwrap();
+    assert_eq!(ids(&rec, "q"), vec![id], "the retried batch is there, once");
+    store.close();
+    std::fs::remove_dir_all(&dir).unwrap();
+}

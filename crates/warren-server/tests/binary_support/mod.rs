@@ -27,6 +27,34 @@ pub struct Server {
     pub port: u16,
 }
 
+/// A free TCP port on 127.0.0.1 (and, in practice, on [::1]).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The `warren` binary with `args` and `env`, its output captured: (exit status, stdout,
+/// stderr). For starts that must fail.
+pub fn run_warren(
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (std::process::ExitStatus, String, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_warren"));
+    cmd.args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("warren runs");
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 impl Server {
     pub fn start(data: &Path, env: &[(&str, &str)]) -> Server {
         Self::spawn(data, env, None)
@@ -38,19 +66,47 @@ impl Server {
     }
 
     fn spawn(data: &Path, env: &[(&str, &str)], log: Option<&Path>) -> Server {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = free_port();
+        Self::spawn_on(&format!("127.0.0.1:{port}"), port, data, env, log, &[])
+    }
+
+    /// Starts `warren --amqp-listen <listen>` (which must listen on 127.0.0.1:`port`) with
+    /// `extra` arguments (with `--log-level` or `--config` among them, the log level is
+    /// theirs).
+    pub fn start_listening(
+        listen: &str,
+        port: u16,
+        data: &Path,
+        env: &[(&str, &str)],
+        log: Option<&Path>,
+        extra: &[&str],
+    ) -> Server {
+        Self::spawn_on(listen, port, data, env, log, extra)
+    }
+
+    fn spawn_on(
+        listen: &str,
+        port: u16,
+        data: &Path,
+        env: &[(&str, &str)],
+        log: Option<&Path>,
+        extra: &[&str],
+    ) -> Server {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_warren"));
-        cmd.arg("--amqp-listen")
-            .arg(format!("127.0.0.1:{port}"))
+        cmd.args(extra)
+            .arg("--amqp-listen")
+            .arg(listen)
             .arg("--data-dir")
             .arg(data)
-            .arg("--log-level")
-            .arg(if log.is_some() { "info" } else { "warn" })
             .stderr(Stdio::inherit());
+        // The level comes from `extra` (a flag or a configuration file) when it says so.
+        if !extra
+            .iter()
+            .any(|a| *a == "--log-level" || *a == "--config")
+        {
+            cmd.arg("--log-level")
+                .arg(if log.is_some() { "info" } else { "warn" });
+        }
         match log {
             Some(path) => cmd.stdout(std::fs::File::create(path).expect("log file")),
             None => cmd.stdout(Stdio::null()),
@@ -70,6 +126,35 @@ impl Server {
     pub fn kill(mut self) {
         self.child.kill().expect("SIGKILL");
         self.child.wait().expect("reaped");
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends `signal` (e.g. `libc::SIGHUP`).
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: kill(2) on our own child's pid.
+        let r = unsafe { libc::kill(self.child.id() as i32, signal) };
+        assert_eq!(r, 0, "kill({signal})");
+    }
+
+    /// The exit status, once the process exits (within [`WAIT`]).
+    pub fn wait_exit(&mut self) -> std::process::ExitStatus {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "warren did not exit");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// True while the process runs.
+    pub fn running(&mut self) -> bool {
+        self.child.try_wait().expect("try_wait").is_none()
     }
 
     pub fn rss_kib(&self) -> u64 {
