@@ -126,7 +126,7 @@ fn read(key: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
 fn pem_reason(e: &pem::Error) -> String {
     match e {
         pem::Error::MissingSectionEnd { end_marker } => format!(
-            "not a valid PEM file: no {} line",
+            "not a valid PEM file: no -----END {}----- line",
             String::from_utf8_lossy(end_marker)
         ),
         pem::Error::IllegalSectionStart { line } => format!(
@@ -432,5 +432,208 @@ impl TlsSessionInfo {
             Some(rustls::ProtocolVersion::TLSv1_2) => "tlsv1.2",
             _ => "",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tls::test_certs::{Ca, TempDir};
+
+    /// `[tls]` settings for `dir`'s `server.pem` / `server.key` (and `ca.pem` when `ca`).
+    fn settings(dir: &TempDir, ca: bool) -> TlsConfig {
+        TlsConfig {
+            cert_file: Some(dir.path().join("server.pem")),
+            key_file: Some(dir.path().join("server.key")),
+            ca_file: ca.then(|| dir.path().join("ca.pem")),
+            ..TlsConfig::default()
+        }
+    }
+
+    /// A directory with a CA, and a server certificate and key it signed.
+    fn good_files(prefix: &str) -> (TempDir, Ca) {
+        let dir = TempDir::new(prefix);
+        let ca = Ca::new("Warren test CA");
+        let server = ca.server();
+        dir.write("server.pem", &server.cert_pem);
+        dir.write("server.key", &server.key_pem);
+        dir.write("ca.pem", ca.pem());
+        (dir, ca)
+    }
+
+    fn error_text(settings: &TlsConfig) -> String {
+        load_server_config(settings, &[]).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn good_files_load() {
+        let (dir, _ca) = good_files("warren-tls-good");
+        let h = TlsAcceptorHandle::new(&settings(&dir, false)).unwrap();
+        assert!(h.server_config().alpn_protocols.is_empty());
+        assert_eq!(h.reload_count(), 0);
+        let alpn = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        let h = TlsAcceptorHandle::with_alpn(&settings(&dir, true), alpn.clone()).unwrap();
+        assert_eq!(h.server_config().alpn_protocols, alpn);
+        let mut verify = settings(&dir, true);
+        verify.verify_peer = true;
+        verify.fail_if_no_peer_cert = true;
+        TlsAcceptorHandle::new(&verify).unwrap();
+    }
+
+    #[test]
+    fn nothing_to_load_when_tls_is_off_or_settings_conflict() {
+        let e = error_text(&TlsConfig::default());
+        assert!(e.contains("TLS is off"), "{e}");
+        let (dir, _ca) = good_files("warren-tls-off");
+        let mut s = settings(&dir, false);
+        s.verify_peer = true;
+        let e = error_text(&s);
+        assert!(
+            e.contains("tls.verify_peer = true needs tls.ca_file"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn unreadable_files_are_named() {
+        let (dir, _ca) = good_files("warren-tls-missing");
+        for (key, file) in [
+            ("cert_file", "server.pem"),
+            ("key_file", "server.key"),
+            ("ca_file", "ca.pem"),
+        ] {
+            let path = dir.path().join(file);
+            let good = std::fs::read(&path).unwrap();
+            std::fs::remove_file(&path).unwrap();
+            let e = error_text(&settings(&dir, true));
+            assert!(
+                e.starts_with(&format!("tls.{key} = {}: cannot read:", path.display())),
+                "{e}"
+            );
+            std::fs::write(&path, good).unwrap();
+        }
+    }
+
+    #[test]
+    fn bad_certificate_files_say_what_is_wrong() {
+        let (dir, _ca) = good_files("warren-tls-badcert");
+        let s = settings(&dir, false);
+        let cert = dir.path().join("server.pem");
+        let prefix = format!("tls.cert_file = {}: ", cert.display());
+        let key_pem = std::fs::read_to_string(dir.path().join("server.key")).unwrap();
+        let cases: [(&str, String); 4] = [
+            ("contains no PEM certificate", "hello\n".into()),
+            ("are cert_file and key_file swapped?", key_pem),
+            (
+                "no -----END CERTIFICATE----- line",
+                "-----BEGIN CERTIFICATE-----\nMIIB\n".into(),
+            ),
+            (
+                "certificate #1 is not a valid X.509 certificate",
+                "-----BEGIN CERTIFICATE-----\naGVsbG8gd29ybGQ=\n-----END CERTIFICATE-----\n".into(),
+            ),
+        ];
+        for (want, contents) in cases {
+            dir.write("server.pem", contents);
+            let e = error_text(&s);
+            assert!(e.starts_with(&prefix) && e.contains(want), "{e}");
+        }
+    }
+
+    #[test]
+    fn bad_key_files_say_what_is_wrong() {
+        let (dir, ca) = good_files("warren-tls-badkey");
+        let s = settings(&dir, false);
+        let key = dir.path().join("server.key");
+        let prefix = format!("tls.key_file = {}: ", key.display());
+        let cert_pem = std::fs::read_to_string(dir.path().join("server.pem")).unwrap();
+        let other = ca.server();
+        let cases: [(&str, String); 4] = [
+            ("contains no PEM private key", "nothing here\n".into()),
+            ("are cert_file and key_file swapped?", cert_pem.clone()),
+            (
+                "it is encrypted, which is not supported",
+                "-----BEGIN ENCRYPTED PRIVATE KEY-----\naGVsbG8=\n-----END ENCRYPTED PRIVATE KEY-----\n"
+                    .into(),
+            ),
+            (
+                &format!(
+                    "this private key does not belong to the first certificate of tls.cert_file = {}",
+                    dir.path().join("server.pem").display()
+                ),
+                other.key_pem,
+            ),
+        ];
+        for (want, contents) in cases {
+            dir.write("server.key", contents);
+            let e = error_text(&s);
+            assert!(e.starts_with(&prefix) && e.contains(want), "{e}");
+        }
+        dir.write(
+            "server.key",
+            "-----BEGIN PRIVATE KEY-----\naGVsbG8gd29ybGQ=\n-----END PRIVATE KEY-----\n",
+        );
+        let e = error_text(&s);
+        assert!(
+            e.starts_with(&prefix) && e.contains("unusable private key"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn ca_file_is_checked_even_without_verify_peer() {
+        let (dir, _ca) = good_files("warren-tls-badca");
+        let prefix = format!("tls.ca_file = {}: ", dir.path().join("ca.pem").display());
+        dir.write("ca.pem", "not a certificate\n");
+        let e = error_text(&settings(&dir, true));
+        assert!(
+            e.starts_with(&prefix) && e.contains("contains no PEM certificate"),
+            "{e}"
+        );
+        // Fine again without the ca_file setting.
+        load_server_config(&settings(&dir, false), &[]).unwrap();
+    }
+
+    #[test]
+    fn reload_keeps_the_old_config_when_a_file_is_bad() {
+        let (dir, ca) = good_files("warren-tls-reload-bad");
+        let h = TlsAcceptorHandle::new(&settings(&dir, true)).unwrap();
+        let before = h.server_config();
+        for (file, contents) in [
+            ("server.pem", "garbage".to_string()),
+            ("server.key", ca.server().key_pem),
+            ("ca.pem", String::new()),
+        ] {
+            let good = std::fs::read(dir.path().join(file)).unwrap();
+            dir.write(file, contents);
+            let e = h.reload().unwrap_err().to_string();
+            assert!(
+                e.contains(&dir.path().join(file).display().to_string()),
+                "{e}"
+            );
+            assert!(
+                Arc::ptr_eq(&before, &h.server_config()),
+                "config replaced by a bad one"
+            );
+            assert_eq!(h.reload_count(), 0);
+            dir.write(file, good);
+        }
+    }
+
+    #[test]
+    fn reload_swaps_in_new_good_files() {
+        let (dir, _ca) = good_files("warren-tls-reload-good");
+        let h = TlsAcceptorHandle::new(&settings(&dir, false)).unwrap();
+        let before = h.server_config();
+        let new_ca = Ca::new("Warren second CA");
+        let server = new_ca.server();
+        dir.write("server.pem", &server.cert_pem);
+        dir.write("server.key", &server.key_pem);
+        h.reload().unwrap();
+        assert!(!Arc::ptr_eq(&before, &h.server_config()));
+        assert_eq!(h.reload_count(), 1);
+        // Clones share the swapped config.
+        let clone = h.clone();
+        assert!(Arc::ptr_eq(&clone.server_config(), &h.server_config()));
     }
 }
