@@ -155,6 +155,50 @@ async fn server_certificate_covers_ipv4_and_ipv6_loopback() {
 }
 
 #[tokio::test]
+async fn intermediates_missing_from_cert_file_are_sent_from_ca_file() {
+    let root = Ca::new("Warren root CA");
+    let intermediate = root.intermediate("Warren intermediate CA");
+    let server_id = intermediate.server();
+    let trusts_root = client_config(&[root.der()], None, &[]);
+    let peer_chain_len = |s: &tokio_rustls::client::TlsStream<tokio::net::TcpStream>| {
+        s.get_ref().1.peer_certificates().map_or(0, |c| c.len())
+    };
+
+    // The leaf alone, no ca_file: clients that trust only the root cannot build a path.
+    let files = ServerFiles::new(&server_id, None);
+    let mut server = EchoServer::start(TlsAcceptorHandle::new(&files.settings).unwrap()).await;
+    let e = client_outcome(server.addr, trusts_root.clone())
+        .await
+        .expect_err("served without its intermediate");
+    assert!(e.contains("UnknownIssuer"), "{e}");
+    let _ = server.next_outcome().await;
+
+    // The leaf alone, intermediate and root in ca_file (RabbitMQ's usual layout): the
+    // intermediate is sent, the root is not.
+    let bundle = format!("{}{}", root.pem(), intermediate.pem());
+    let files = ServerFiles::new(&server_id, Some(&bundle));
+    let mut server = EchoServer::start(TlsAcceptorHandle::new(&files.settings).unwrap()).await;
+    let s = client_outcome(server.addr, trusts_root.clone())
+        .await
+        .expect("served with the intermediate from ca_file");
+    assert_eq!(peer_chain_len(&s), 2);
+    server.next_outcome().await.unwrap();
+
+    // The whole chain in cert_file: nothing is added twice.
+    let files = ServerFiles::new(&server_id, Some(&bundle));
+    files.dir.write(
+        "server.pem",
+        format!("{}{}", server_id.cert_pem, intermediate.pem()),
+    );
+    let mut server = EchoServer::start(TlsAcceptorHandle::new(&files.settings).unwrap()).await;
+    let s = client_outcome(server.addr, trusts_root)
+        .await
+        .expect("served with its own chain");
+    assert_eq!(peer_chain_len(&s), 2);
+    server.next_outcome().await.unwrap();
+}
+
+#[tokio::test]
 async fn verify_peer_and_fail_if_no_peer_cert_require_a_ca_signed_certificate() {
     let (ca, _files, handle) = setup(true, true);
     let mut server = EchoServer::start(handle).await;

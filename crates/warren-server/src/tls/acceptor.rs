@@ -6,6 +6,7 @@ use parking_lot::RwLock;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::{self, PemObject};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::danger::ClientCertVerifier;
 use rustls::server::WebPkiClientVerifier;
 use rustls::sign::{CertifiedKey, SingleCertAndKey};
 use rustls::{InconsistentKeys, RootCertStore, ServerConfig};
@@ -32,6 +33,8 @@ pub fn crypto_provider() -> Arc<CryptoProvider> {
 ///
 /// Everything is checked before anything is returned: each certificate parses as X.509, the
 /// key parses and belongs to the first certificate, each CA certificate can be a trust anchor.
+/// When `cert_file` lacks the intermediates up to a root, they are taken from `ca_file`, as
+/// Erlang's `ssl` (so RabbitMQ) does.
 /// A `ca_file` is read and checked even without `verify_peer`, so that a mistake in it shows
 /// at start rather than on the day peer verification is turned on.
 ///
@@ -48,8 +51,36 @@ pub fn load_server_config(
         ));
     };
     let provider = crypto_provider();
-    let chain = read_certs("cert_file", cert_path)?;
-    warn_if_outside_validity(cert_path, &chain[0]);
+    let ca_certs = match &settings.ca_file {
+        Some(ca_path) => read_certs("ca_file", ca_path)?,
+        None => Vec::new(),
+    };
+    let certified = certified_key(cert_path, key_path, &ca_certs, &provider)?;
+    let verifier = client_verifier(settings, ca_certs, &provider)?;
+    let builder = ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?;
+    let builder = match verifier {
+        Some(v) => builder.with_client_cert_verifier(v),
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder.with_cert_resolver(Arc::new(SingleCertAndKey::from(certified)));
+    config.alpn_protocols = alpn.to_vec();
+    Ok(config)
+}
+
+/// The certificate chain of `cert_path`, completed from `ca_certs`, with the private key of
+/// `key_path`, checked to belong together.
+fn certified_key(
+    cert_path: &Path,
+    key_path: &Path,
+    ca_certs: &[CertificateDer<'static>],
+    provider: &CryptoProvider,
+) -> Result<CertifiedKey, TlsError> {
+    let mut chain = read_certs("cert_file", cert_path)?;
+    if let Some(leaf) = chain.first() {
+        warn_if_outside_validity(cert_path, leaf);
+    }
+    complete_chain(&mut chain, ca_certs);
     let key = read_key(key_path)?;
     let signing_key = provider
         .key_provider
@@ -58,53 +89,80 @@ pub fn load_server_config(
     let certified = CertifiedKey::new(chain, signing_key);
     match certified.keys_match() {
         // Unknown: the provider cannot tell (rustls accepts the pair then, and so do we).
-        Ok(()) | Err(rustls::Error::InconsistentKeys(InconsistentKeys::Unknown)) => {}
-        Err(rustls::Error::InconsistentKeys(InconsistentKeys::KeyMismatch)) => {
-            return Err(invalid(
-                "key_file",
-                key_path,
-                format!(
-                    "this private key does not belong to the first certificate of tls.cert_file = {}",
-                    cert_path.display()
-                ),
-            ))
+        Ok(()) | Err(rustls::Error::InconsistentKeys(InconsistentKeys::Unknown)) => Ok(certified),
+        Err(rustls::Error::InconsistentKeys(InconsistentKeys::KeyMismatch)) => Err(invalid(
+            "key_file",
+            key_path,
+            format!(
+                "this private key does not belong to the first certificate of tls.cert_file = {}",
+                cert_path.display()
+            ),
+        )),
+        Err(e) => Err(invalid(
+            "cert_file",
+            cert_path,
+            format!("the first certificate cannot be used: {e}"),
+        )),
+    }
+}
+
+/// Appends to `chain` the certificate of `ca_certs` that issued its last certificate, then the
+/// one that issued that, and so on, up to (not including) a self-signed root. Erlang's `ssl`
+/// builds the chain it sends from `cacertfile` too (root included, which clients do not need),
+/// so a RabbitMQ `certfile` that holds the leaf alone, with the intermediates in `cacertfile`,
+/// works here as it does there.
+fn complete_chain(chain: &mut Vec<CertificateDer<'static>>, ca_certs: &[CertificateDer<'static>]) {
+    // Each round appends a distinct CA certificate, so this ends after ca_certs.len() rounds.
+    for _ in 0..ca_certs.len() {
+        let Some(last) = chain.last() else { return };
+        let Ok((_, last)) = x509_parser::parse_x509_certificate(last) else {
+            return;
+        };
+        let issuer = last.issuer().as_raw();
+        if issuer == last.subject().as_raw() {
+            return; // self-signed: the root, which clients have
         }
-        Err(e) => {
-            return Err(invalid(
-                "cert_file",
-                cert_path,
-                format!("the first certificate cannot be used: {e}"),
-            ))
+        let next = ca_certs.iter().find(|ca| {
+            !chain.contains(ca)
+                && x509_parser::parse_x509_certificate(ca).is_ok_and(|(_, c)| {
+                    c.subject().as_raw() == issuer && c.issuer().as_raw() != c.subject().as_raw()
+                })
+        });
+        match next {
+            Some(ca) => chain.push(ca.clone()),
+            None => return,
         }
     }
+}
 
-    let builder = ServerConfig::builder_with_provider(provider.clone())
-        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?;
-    let roots = match &settings.ca_file {
-        Some(ca_path) => Some((ca_path, read_roots(ca_path)?)),
-        None => None,
+/// The client certificate verifier for `verify_peer` (none without it): certificates must chain
+/// to a CA of `ca_file` (`ca_certs`); with `fail_if_no_peer_cert`, a client without one is
+/// refused too. Every CA certificate is checked to be usable as a trust anchor in both cases.
+fn client_verifier(
+    settings: &TlsConfig,
+    ca_certs: Vec<CertificateDer<'static>>,
+    provider: &Arc<CryptoProvider>,
+) -> Result<Option<Arc<dyn ClientCertVerifier>>, TlsError> {
+    let Some(ca_path) = &settings.ca_file else {
+        return Ok(None);
     };
-    let builder = match roots {
-        Some((ca_path, roots)) if settings.verify_peer => {
-            let mut verifier =
-                WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
-            if !settings.fail_if_no_peer_cert {
-                verifier = verifier.allow_unauthenticated();
-            }
-            let verifier = verifier.build().map_err(|e| {
-                invalid(
-                    "ca_file",
-                    ca_path,
-                    format!("cannot verify clients with these CAs: {e}"),
-                )
-            })?;
-            builder.with_client_cert_verifier(verifier)
-        }
-        _ => builder.with_no_client_auth(),
-    };
-    let mut config = builder.with_cert_resolver(Arc::new(SingleCertAndKey::from(certified)));
-    config.alpn_protocols = alpn.to_vec();
-    Ok(config)
+    let roots = trust_anchors(ca_path, ca_certs)?;
+    if !settings.verify_peer {
+        return Ok(None);
+    }
+    let mut verifier =
+        WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone());
+    if !settings.fail_if_no_peer_cert {
+        verifier = verifier.allow_unauthenticated();
+    }
+    let verifier = verifier.build().map_err(|e| {
+        invalid(
+            "ca_file",
+            ca_path,
+            format!("cannot verify clients with these CAs: {e}"),
+        )
+    })?;
+    Ok(Some(verifier))
 }
 
 fn invalid(key: &'static str, path: &Path, reason: impl Into<String>) -> TlsError {
@@ -203,9 +261,12 @@ fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
 }
 
 /// The CA certificates of `path` as trust anchors for client certificates.
-fn read_roots(path: &Path) -> Result<RootCertStore, TlsError> {
+fn trust_anchors(
+    path: &Path,
+    certs: Vec<CertificateDer<'static>>,
+) -> Result<RootCertStore, TlsError> {
     let mut roots = RootCertStore::empty();
-    for (i, cert) in read_certs("ca_file", path)?.into_iter().enumerate() {
+    for (i, cert) in certs.into_iter().enumerate() {
         roots.add(cert).map_err(|e| {
             invalid(
                 "ca_file",

@@ -49,18 +49,31 @@ pub struct Ca {
     key: KeyPair,
 }
 
+fn ca_params(name: &str) -> CertificateParams {
+    let mut params = CertificateParams::default();
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::OrganizationName, "Warren tests");
+    dn.push(DnType::CommonName, name);
+    params.distinguished_name = dn;
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    params
+}
+
 impl Ca {
-    /// A new self-signed CA whose subject is `CN=<name>, O=Warren tests`.
+    /// A new self-signed (root) CA whose subject is `CN=<name>, O=Warren tests`.
     pub fn new(name: &str) -> Ca {
         let key = KeyPair::generate().expect("key generation");
-        let mut params = CertificateParams::default();
-        let mut dn = DistinguishedName::new();
-        dn.push(DnType::OrganizationName, "Warren tests");
-        dn.push(DnType::CommonName, name);
-        params.distinguished_name = dn;
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-        let cert = params.self_signed(&key).expect("CA certificate");
+        let cert = ca_params(name).self_signed(&key).expect("CA certificate");
+        Ca { cert, key }
+    }
+
+    /// An intermediate CA signed by this one.
+    pub fn intermediate(&self, name: &str) -> Ca {
+        let key = KeyPair::generate().expect("key generation");
+        let cert = ca_params(name)
+            .signed_by(&key, &self.cert, &self.key)
+            .expect("intermediate CA certificate");
         Ca { cert, key }
     }
 
