@@ -5,7 +5,8 @@
 //! client connection (handshake, frame loop, heartbeats, close); [`channel`] implements the
 //! channel-level methods on top of the `warren-broker` model; [`outbox`] batches outgoing
 //! frames into few socket writes; [`config`] loads settings; [`listen`] binds listen
-//! addresses; [`logging`] sets up the `warren` binary's log.
+//! addresses; [`logging`] sets up the `warren` binary's log; [`tls`] accepts TLS connections
+//! (AMQPS, HTTPS) and reloads certificates.
 
 pub mod channel;
 pub mod config;
@@ -14,6 +15,7 @@ pub mod listen;
 pub mod logging;
 pub mod outbox;
 pub mod server;
+pub mod tls;
 
 pub use config::Config;
 pub use server::{Broker, BrokerBuilder, RunningBroker, ServerState};
