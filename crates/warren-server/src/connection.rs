@@ -391,9 +391,21 @@ where
     };
 
     conn.cleanup();
+    let linger = close_linger(tuned.heartbeat);
     match end {
-        End::Eof => {}
-        End::ClientClosed => {}
+        End::Eof => {
+            outbox.close_after_flush();
+            let _ = tokio::time::timeout(Duration::from_secs(5), writer).await;
+        }
+        End::ClientClosed => {
+            // close-ok is queued. The client may still be writing frames it queued before its
+            // connection.close (amqplib sends channel 0 ahead of its channels' buffers): keep
+            // reading and discarding until it closes the socket, so that closing ours does not
+            // reset the connection under a client that is still flushing.
+            outbox.close_after_flush();
+            let _ = tokio::time::timeout(Duration::from_secs(5), writer).await;
+            drain_until_eof(&mut rd, &mut rbuf, linger).await;
+        }
         End::Error(e) => {
             info!(code = e.code, text = %e.text, "closing connection");
             outbox.send(
@@ -406,29 +418,124 @@ where
                 }),
             );
             // Discard everything until connection.close-ok (or close), or time out.
-            let wait_close_ok = async {
-                loop {
-                    while let Ok(Some(frame)) = parse_frame(&mut rbuf, &limits) {
-                        if let Frame::Method {
-                            channel: 0,
-                            method: Method::ConnectionCloseOk(_) | Method::ConnectionClose(_),
-                        } = frame
-                        {
-                            return;
-                        }
-                    }
-                    rbuf.clear();
-                    if read_more(&mut rd, &mut rbuf).await.is_err() {
-                        return;
-                    }
-                }
-            };
-            let _ = tokio::time::timeout(CLOSE_TIMEOUT, wait_close_ok).await;
+            let since = std::time::Instant::now();
+            match tokio::time::timeout(linger, wait_close_ok(&mut rd, &mut rbuf, &limits)).await {
+                Ok(true) => debug!(
+                    waited_ms = since.elapsed().as_millis() as u64,
+                    "connection.close-ok received"
+                ),
+                Ok(false) => debug!("client closed the socket instead of sending close-ok"),
+                Err(_) => warn!(
+                    timeout_s = linger.as_secs(),
+                    "no connection.close-ok from the client in time; closing the socket"
+                ),
+            }
+            outbox.close_after_flush();
+            let _ = tokio::time::timeout(Duration::from_secs(5), writer).await;
+            // The close-ok may have overtaken frames the client still writes: read them until
+            // the client closes, briefly, before closing the socket.
+            drain_until_eof(&mut rd, &mut rbuf, CLOSE_DRAIN).await;
         }
     }
-    outbox.close_after_flush();
-    let _ = tokio::time::timeout(Duration::from_secs(5), writer).await;
     Ok(())
+}
+
+/// How long the broker waits for the client's side of a close handshake: connection.close-ok
+/// after a server-initiated close, the socket's close after a client-initiated one. As in
+/// RabbitMQ, the negotiated heartbeat interval when it is set and shorter than
+/// [`CLOSE_TIMEOUT`], else [`CLOSE_TIMEOUT`].
+fn close_linger(heartbeat_s: u16) -> Duration {
+    match Duration::from_secs(u64::from(heartbeat_s)) {
+        h if !h.is_zero() && h < CLOSE_TIMEOUT => h,
+        _ => CLOSE_TIMEOUT,
+    }
+}
+
+/// After the server received connection.close-ok, how long it keeps reading frames the client
+/// sent before it (and discarding them) while waiting for the client to close its socket.
+const CLOSE_DRAIN: Duration = Duration::from_secs(2);
+
+/// Reads and discards whatever the client sends until it closes its side of the socket (or
+/// the socket fails), for at most `limit`. Closing a socket with unread input resets the
+/// connection, which a client still writing sees as EPIPE / ECONNRESET instead of a clean close.
+async fn drain_until_eof<R: AsyncRead + Unpin>(rd: &mut R, rbuf: &mut BytesMut, limit: Duration) {
+    let drained = tokio::time::timeout(limit, async {
+        loop {
+            rbuf.clear();
+            if rbuf.capacity() < 4096 {
+                rbuf.reserve(4096);
+            }
+            match rd.read_buf(rbuf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    if drained.is_err() {
+        debug!(
+            timeout_ms = limit.as_millis() as u64,
+            "client kept the socket open after the close handshake"
+        );
+    }
+}
+
+/// Reads frames after a server-initiated connection.close until connection.close-ok (or a
+/// crossing connection.close) arrives, discarding all others. Returns false when the client
+/// closed the socket first. Frames that cannot be parsed are skipped byte-wise: the broker has
+/// already given up on this connection and only listens for the handshake's end.
+async fn wait_close_ok<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    rbuf: &mut BytesMut,
+    limits: &Limits,
+) -> bool {
+    // Frame size is irrelevant now; only the frame boundaries matter.
+    let limits = Limits {
+        frame_max: 0,
+        ..*limits
+    };
+    loop {
+        loop {
+            match parse_frame(rbuf, &limits) {
+                Ok(Some(Frame::Method {
+                    channel: 0,
+                    method: Method::ConnectionCloseOk(_) | Method::ConnectionClose(_),
+                })) => return true,
+                Ok(Some(_)) => {}
+                Ok(None) => break,
+                Err(e) => {
+                    // Skip the undecodable frame by its announced size, or drop the buffer
+                    // when even the header is unusable.
+                    match skip_frame(rbuf) {
+                        true => {}
+                        false => {
+                            debug!(error = %e, "unparseable input while closing; discarded");
+                            rbuf.clear();
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        if read_more(rd, rbuf).await.is_err() {
+            return false;
+        }
+    }
+}
+
+/// Removes one frame from the front of `buf` by its header's size when the whole frame is
+/// buffered; false when the frame is incomplete or its header is unusable.
+fn skip_frame(buf: &mut BytesMut) -> bool {
+    let Some(h) = buf.first_chunk::<7>() else {
+        return false;
+    };
+    let size = u32::from_be_bytes([h[3], h[4], h[5], h[6]]) as usize;
+    let total = size.saturating_add(8);
+    if !(1..=3).contains(&h[0]) && h[0] != 8 || buf.len() < total {
+        return false;
+    }
+    let _ = buf.split_to(total);
+    true
 }
 
 /// connection.start → start-ok → tune → tune-ok → open → open-ok. Returns the negotiated

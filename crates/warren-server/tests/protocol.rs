@@ -1003,3 +1003,124 @@ async fn memory_alarm_blocks_and_pauses_publishers_only() {
     }
     stop(b).await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Close handshakes: frames the client still sends around a close are read and discarded, so
+// closing the socket never resets the connection under a client that is still writing.
+
+/// `n` small basic.publish + header + body frame sets for `queue` on channel 1.
+fn publishes(queue: &str, n: usize) -> BytesMut {
+    let mut b = BytesMut::new();
+    for i in 0..n {
+        let body = format!("m{i}");
+        encode_method_frame(
+            1,
+            &Method::BasicPublish(BasicPublish {
+                routing_key: queue.into(),
+                ..Default::default()
+            }),
+            &mut b,
+        );
+        encode_header_frame(
+            1,
+            60,
+            body.len() as u64,
+            &BasicProperties::default(),
+            &mut b,
+        );
+        encode_body_frames(1, body.as_bytes(), 131_072, &mut b);
+    }
+    b
+}
+
+/// Writes `chunk` `times` times with a pause between writes; returns the first write error.
+async fn keep_writing(raw: &mut Raw, chunk: &[u8], times: usize) -> Option<std::io::Error> {
+    for _ in 0..times {
+        match timeout(WAIT, raw.sock.write_all(chunk)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Some(e),
+            Err(_) => panic!("write timed out"),
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    None
+}
+
+/// After the client's shutdown of its side, the broker's side ends with a clean EOF, not a
+/// reset.
+async fn expect_clean_eof(raw: &mut Raw) {
+    raw.sock.shutdown().await.expect("shutdown");
+    let mut scratch = [0u8; 4096];
+    loop {
+        match timeout(WAIT, raw.sock.read(&mut scratch)).await {
+            Ok(Ok(0)) => return,
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => panic!("the broker reset the connection: {e}"),
+            Err(_) => panic!("the broker did not close the socket"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn client_close_while_still_publishing_is_not_reset() {
+    // amqplib writes connection.close ahead of publishes still queued in its channel buffers;
+    // RabbitMQ answers close-ok and keeps discarding input until the client closes.
+    let b = broker().await;
+    let mut raw = open(b.amqp_addr()).await;
+    raw.declare_queue(1, "burst").await;
+    let mut close = BytesMut::new();
+    encode_method_frame(
+        0,
+        &Method::ConnectionClose(ConnectionClose {
+            reply_code: 200,
+            reply_text: "bye".into(),
+            ..Default::default()
+        }),
+        &mut close,
+    );
+    raw.write(&close).await;
+    let burst = publishes("burst", 200);
+    raw.write(&burst).await;
+    match raw.recv_method(0).await {
+        Method::ConnectionCloseOk(_) => {}
+        m => panic!("expected connection.close-ok, got {m:?}"),
+    }
+    // The broker's side of the socket is done writing; the client's may still be busy.
+    raw.expect_eof().await;
+    if let Some(e) = keep_writing(&mut raw, &burst, 20).await {
+        panic!("writing after close-ok failed: {e}");
+    }
+    expect_clean_eof(&mut raw).await;
+    stop(b).await;
+}
+
+#[tokio::test]
+async fn server_close_while_client_still_publishing_is_not_reset() {
+    let b = broker().await;
+    let mut raw = open(b.amqp_addr()).await;
+    raw.declare_queue(1, "burst2").await;
+    // A stray body frame: 505, connection.close from the broker.
+    raw.write(&raw_frame(FRAME_BODY, 1, b"stray", FRAME_END))
+        .await;
+    raw.expect_connection_close(505, 0, 0).await;
+    let burst = publishes("burst2", 50);
+    // Frames sent before the client saw the close are discarded while the broker waits.
+    if let Some(e) = keep_writing(&mut raw, &burst, 10).await {
+        panic!("writing while the broker waits for close-ok failed: {e}");
+    }
+    let mut close_ok = BytesMut::new();
+    encode_method_frame(
+        0,
+        &Method::ConnectionCloseOk(ConnectionCloseOk {}),
+        &mut close_ok,
+    );
+    // close-ok overtaking frames still in the client's buffers.
+    close_ok.extend_from_slice(&burst);
+    raw.write(&close_ok).await;
+    raw.expect_eof().await;
+    if let Some(e) = keep_writing(&mut raw, &burst, 5).await {
+        panic!("writing after close-ok failed: {e}");
+    }
+    expect_clean_eof(&mut raw).await;
+    stop(b).await;
+}
