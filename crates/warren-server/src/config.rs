@@ -64,7 +64,8 @@ pub struct AmqpConfig {
     /// Largest frame in bytes offered in connection.tune, headers included (RabbitMQ
     /// `frame_max`, default 131072). Clients may lower it, not raise it.
     pub frame_max: u32,
-    /// Highest channel number offered in connection.tune (RabbitMQ `channel_max`, default 2047).
+    /// Most channels open at once on one connection, offered in connection.tune (RabbitMQ
+    /// `channel_max`, default 2047). Channel numbers themselves may be any of 1..=65535.
     pub channel_max: u16,
     /// Heartbeat interval in seconds offered in connection.tune (RabbitMQ `heartbeat`, default
     /// 60); 0 disables heartbeats unless the client asks for them.

@@ -742,15 +742,6 @@ impl Conn {
             Frame::Heartbeat { .. } => None,
             Frame::Method { channel: 0, method } => self.connection_method(method),
             Frame::Method { channel, method } => {
-                if channel > self.channel_max {
-                    return Some(End::Error(ConnError::new(
-                        constants::CHANNEL_ERROR,
-                        format!(
-                            "channel number {channel} exceeds channel_max {}",
-                            self.channel_max
-                        ),
-                    )));
-                }
                 let (class_id, method_id) = (method.class_id(), method.method_id());
                 if matches!(method, Method::BasicPublish(_)) {
                     self.published = true;
@@ -758,6 +749,18 @@ impl Conn {
                 let Some(ch) = self.channels.get_mut(&channel) else {
                     return match method {
                         Method::ChannelOpen(_) => {
+                            // channel_max bounds how many channels are open at once, not their
+                            // numbers (RabbitMQ's rabbit_reader:create_channel).
+                            let open = self.channels.len();
+                            if self.channel_max != 0 && open >= usize::from(self.channel_max) {
+                                return Some(End::Error(ConnError::new(
+                                    constants::NOT_ALLOWED,
+                                    format!(
+                                        "number of channels opened ({open}) has reached the negotiated channel_max ({})",
+                                        self.channel_max
+                                    ),
+                                )));
+                            }
                             let ch = Channel::new(
                                 channel,
                                 self.outbox.clone(),

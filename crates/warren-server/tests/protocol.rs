@@ -1124,3 +1124,55 @@ async fn server_close_while_client_still_publishing_is_not_reset() {
     expect_clean_eof(&mut raw).await;
     stop(b).await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// channel_max: how many channels may be open at once, not which numbers (RabbitMQ's rule)
+
+#[tokio::test]
+async fn channel_max_bounds_open_channels_not_channel_numbers() {
+    let b = broker().await;
+    let mut raw = open_with(b.amqp_addr(), 2, 131_072, 0).await;
+    // Numbers above channel_max are fine, as in RabbitMQ.
+    raw.open_channel(3000).await;
+    raw.open_channel(65535).await;
+    // A channel closed by the client frees its slot.
+    raw.send(
+        3000,
+        ChannelClose {
+            reply_code: 200,
+            reply_text: "bye".into(),
+            ..Default::default()
+        },
+    )
+    .await;
+    assert!(matches!(
+        raw.recv_method(3000).await,
+        Method::ChannelCloseOk(_)
+    ));
+    raw.open_channel(7).await;
+    // A channel the broker closed still counts until the client's close-ok.
+    raw.send(
+        7,
+        QueueDeclare {
+            queue: "missing".into(),
+            passive: true,
+            ..Default::default()
+        },
+    )
+    .await;
+    assert!(matches!(raw.recv_method(7).await, Method::ChannelClose(_)));
+    raw.send(8, ChannelOpen::default()).await;
+    let text = raw.expect_connection_close(530, 0, 0).await;
+    assert_eq!(
+        text,
+        "NOT_ALLOWED - number of channels opened (2) has reached the negotiated channel_max (2)"
+    );
+    raw.finish_server_close().await;
+
+    // The default channel_max (2047) with channel number 3000.
+    let mut raw = open_with(b.amqp_addr(), 2047, 131_072, 0).await;
+    raw.open_channel(3000).await;
+    raw.declare_queue(3000, "on-3000").await;
+    drop(raw);
+    stop(b).await;
+}
