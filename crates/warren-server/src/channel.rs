@@ -51,6 +51,15 @@ struct SharedState {
     unacked: BTreeMap<u64, Unacked>,
     global_prefetch: u16,
     consumers: HashMap<Arc<str>, ConsumerInfo>,
+    /// Set while the connection task handles a method on this channel: basic.cancel
+    /// notifications raised meanwhile wait in `deferred_cancels` until the method's reply is
+    /// queued (RabbitMQ sends queue.delete-ok before the basic.cancel it causes on the same
+    /// channel; py-amqp fails queue_delete otherwise).
+    replying: bool,
+    deferred_cancels: Vec<Arc<str>>,
+    /// A consumer registered with its queue whose basic.consume-ok is not queued yet: other
+    /// tasks must not deliver to it before the client has learned its tag.
+    announcing: Option<Arc<str>>,
 }
 
 /// The part of a channel that queues deliver into.
@@ -135,7 +144,7 @@ impl DeliveryTarget for ChannelShared {
         msg: QueuedMessage,
     ) -> Result<(), QueuedMessage> {
         let mut st = self.st.lock();
-        if !st.open || !st.flow {
+        if !st.open || !st.flow || st.announcing.as_ref() == Some(consumer_tag) {
             return Err(msg);
         }
         if !no_ack && st.global_prefetch != 0 && st.unacked.len() >= usize::from(st.global_prefetch)
@@ -180,6 +189,10 @@ impl DeliveryTarget for ChannelShared {
     fn cancelled_by_broker(&self, consumer_tag: &Arc<str>) {
         let mut st = self.st.lock();
         if st.consumers.remove(consumer_tag).is_some() && st.open && self.cancel_notify {
+            if st.replying {
+                st.deferred_cancels.push(consumer_tag.clone());
+                return;
+            }
             self.outbox.send(
                 self.id,
                 &Method::BasicCancel(BasicCancel {
@@ -390,6 +403,9 @@ impl Channel {
                     unacked: BTreeMap::new(),
                     global_prefetch: 0,
                     consumers: HashMap::new(),
+                    replying: false,
+                    deferred_cancels: Vec::new(),
+                    announcing: None,
                 }),
             }),
             closing: false,
@@ -416,8 +432,32 @@ impl Channel {
         self.content.is_some()
     }
 
-    /// Handles a method frame on this open channel.
+    /// Handles a method frame on this open channel. Its reply, if any, is queued before any
+    /// basic.cancel notification the method causes on this channel.
     pub fn handle_method(&mut self, ctx: &Context, method: Method) -> Result<Outcome, BrokerError> {
+        self.shared.st.lock().replying = true;
+        let outcome = self.dispatch_method(ctx, method);
+        let deferred = {
+            let mut st = self.shared.st.lock();
+            st.replying = false;
+            std::mem::take(&mut st.deferred_cancels)
+        };
+        // A failed method closes the channel: its consumers are gone without notification.
+        if outcome.is_ok() && !deferred.is_empty() {
+            self.shared.outbox.with(|buf| {
+                for tag in deferred {
+                    let m = Method::BasicCancel(BasicCancel {
+                        consumer_tag: tag.to_string(),
+                        nowait: true,
+                    });
+                    encode_method_frame(self.shared.id, &m, buf);
+                }
+            });
+        }
+        outcome
+    }
+
+    fn dispatch_method(&mut self, ctx: &Context, method: Method) -> Result<Outcome, BrokerError> {
         if self.content.is_some() {
             return Err(BrokerError::new(
                 constants::UNEXPECTED_FRAME,
@@ -807,7 +847,16 @@ impl Channel {
             self.consumer_prefetch,
             m.arguments,
         );
-        let q = ctx.vhost.consume(&m.queue, consumer, ctx.connection_id)?;
+        // Until consume-ok is queued, a publish on another connection must not deliver to the
+        // new consumer: basic.deliver would reach the client before the tag it names.
+        self.shared.st.lock().announcing = Some(tag.clone());
+        let q = match ctx.vhost.consume(&m.queue, consumer, ctx.connection_id) {
+            Ok(q) => q,
+            Err(e) => {
+                self.shared.st.lock().announcing = None;
+                return Err(e);
+            }
+        };
         self.shared
             .st
             .lock()
@@ -818,6 +867,7 @@ impl Channel {
                 consumer_tag: tag.to_string(),
             });
         }
+        self.shared.st.lock().announcing = None;
         q.dispatch();
         Ok(())
     }

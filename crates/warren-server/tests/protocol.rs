@@ -1176,3 +1176,79 @@ async fn channel_max_bounds_open_channels_not_channel_numbers() {
     drop(raw);
     stop(b).await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Ordering of replies and notifications (as RabbitMQ: a method's reply comes before the
+// notifications it causes on the same channel)
+
+async fn consume(raw: &mut Raw, channel: u16, queue: &str, tag: &str) {
+    raw.send(
+        channel,
+        BasicConsume {
+            queue: queue.into(),
+            consumer_tag: tag.into(),
+            ..Default::default()
+        },
+    )
+    .await;
+    match raw.recv_method(channel).await {
+        Method::BasicConsumeOk(ok) => assert_eq!(ok.consumer_tag, tag),
+        m => panic!("expected basic.consume-ok, got {m:?}"),
+    }
+}
+
+/// The next `n` methods as (channel, name).
+async fn next_methods(raw: &mut Raw, n: usize) -> Vec<(u16, &'static str)> {
+    let mut out = Vec::new();
+    while out.len() < n {
+        match raw.recv().await {
+            Frame::Method { channel, method } => out.push((channel, method.name())),
+            f => panic!("expected a method, got {f:?}"),
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn queue_delete_ok_comes_before_the_cancel_it_causes_on_the_same_channel() {
+    let b = broker().await;
+    let mut raw = open(b.amqp_addr()).await;
+    raw.declare_queue(1, "deleted-under-consumers").await;
+    consume(&mut raw, 1, "deleted-under-consumers", "c1").await;
+    consume(&mut raw, 1, "deleted-under-consumers", "c2").await;
+    raw.send(
+        1,
+        QueueDelete {
+            queue: "deleted-under-consumers".into(),
+            ..Default::default()
+        },
+    )
+    .await;
+    assert_eq!(
+        next_methods(&mut raw, 3).await,
+        vec![
+            (1, "queue.delete-ok"),
+            (1, "basic.cancel"),
+            (1, "basic.cancel")
+        ]
+    );
+
+    // A consumer on another channel is told as soon as the queue goes (RabbitMQ's order).
+    raw.open_channel(2).await;
+    raw.declare_queue(1, "deleted-from-elsewhere").await;
+    consume(&mut raw, 2, "deleted-from-elsewhere", "c3").await;
+    raw.send(
+        1,
+        QueueDelete {
+            queue: "deleted-from-elsewhere".into(),
+            ..Default::default()
+        },
+    )
+    .await;
+    assert_eq!(
+        next_methods(&mut raw, 2).await,
+        vec![(2, "basic.cancel"), (1, "queue.delete-ok")]
+    );
+    drop(raw);
+    stop(b).await;
+}
