@@ -435,6 +435,16 @@ impl Channel {
     /// Handles a method frame on this open channel. Its reply, if any, is queued before any
     /// basic.cancel notification the method causes on this channel.
     pub fn handle_method(&mut self, ctx: &Context, method: Method) -> Result<Outcome, BrokerError> {
+        if let Some(content) = &self.content {
+            let text = if content.header.is_some() {
+                "expected content body, got non content body frame instead".to_string()
+            } else {
+                format!(
+                    "expected content header for class {BASIC_CLASS}, got non content header frame instead"
+                )
+            };
+            return Err(BrokerError::new(constants::UNEXPECTED_FRAME, text));
+        }
         self.shared.st.lock().replying = true;
         let outcome = self.dispatch_method(ctx, method);
         let deferred = {
@@ -458,14 +468,6 @@ impl Channel {
     }
 
     fn dispatch_method(&mut self, ctx: &Context, method: Method) -> Result<Outcome, BrokerError> {
-        if self.content.is_some() {
-            return Err(BrokerError::new(
-                constants::UNEXPECTED_FRAME,
-                format!(
-                    "expected content header for class {BASIC_CLASS}, got non content header frame instead"
-                ),
-            ));
-        }
         let mut method = method;
         self.expand_shortcuts(&mut method)?;
         match method {
@@ -478,7 +480,6 @@ impl Channel {
                 self.send(ChannelCloseOk {});
                 Ok(Outcome::Closed)
             }
-            Method::ChannelCloseOk(_) => Ok(Outcome::Done),
             Method::ChannelFlow(f) => {
                 let queues = {
                     let mut st = self.shared.st.lock();
@@ -491,7 +492,6 @@ impl Channel {
                 }
                 Ok(Outcome::Done)
             }
-            Method::ChannelFlowOk(_) => Ok(Outcome::Done),
             Method::AccessRequest(_) => {
                 self.send(AccessRequestOk { ticket: 1 });
                 Ok(Outcome::Done)
@@ -700,11 +700,9 @@ impl Channel {
                 }
                 Ok(Outcome::Done)
             }
-            other => Err(BrokerError::command_invalid(format!(
-                "unexpected method {} on channel {}",
-                other.name(),
-                self.id()
-            ))),
+            // Methods only a server sends, and channel.close-ok when no close was sent: as
+            // RabbitMQ (rabbit_channel's last handle_method clause).
+            _ => Err(BrokerError::command_invalid("unimplemented method")),
         }
     }
 
@@ -1043,6 +1041,7 @@ impl Channel {
         &mut self,
         ctx: &Context,
         class_id: u16,
+        weight: u16,
         body_size: u64,
         properties: BasicProperties,
     ) -> Result<(), BrokerError> {
@@ -1063,6 +1062,15 @@ impl Channel {
                 constants::UNEXPECTED_FRAME,
                 format!(
                     "expected content header for class {BASIC_CLASS}, got one for class {class_id} instead"
+                ),
+            ));
+        }
+        // RabbitMQ's assembler takes a header with a non-zero weight for no header at all.
+        if weight != 0 {
+            return Err(BrokerError::new(
+                constants::UNEXPECTED_FRAME,
+                format!(
+                    "expected content header for class {BASIC_CLASS}, got non content header frame instead"
                 ),
             ));
         }
@@ -1098,12 +1106,10 @@ impl Channel {
         };
         let have = content.single.as_ref().map_or(0, |b| b.len()) + content.body.len();
         if (have + payload.len()) as u64 > size {
+            // RabbitMQ 4.x's text (3.x waits for ever).
             return Err(BrokerError::new(
                 constants::FRAME_ERROR,
-                format!(
-                    "content body of {} bytes exceeds the {size} announced in the header",
-                    have + payload.len()
-                ),
+                "content body frame exceeds remaining content size",
             ));
         }
         if have == 0 {
@@ -1126,9 +1132,11 @@ impl Channel {
             return Ok(());
         };
         let (_, mut properties) = content.header.unwrap_or_default();
-        if properties.reply_to.as_deref() == Some(REPLY_TO) {
+        // Property values are opaque bytes; only the three the broker interprets are read
+        // as text here.
+        if properties.reply_to.as_ref().is_some_and(|r| r == REPLY_TO) {
             match &self.reply_to {
-                Some(name) => properties.reply_to = Some(name.clone()),
+                Some(name) => properties.reply_to = Some(name.as_str().into()),
                 None => {
                     return Err(BrokerError::precondition_failed(
                         "fast reply consumer does not exist",
@@ -1136,16 +1144,16 @@ impl Channel {
                 }
             }
         }
-        if let Some(claimed) = properties.user_id.as_deref() {
-            if claimed != ctx.user {
+        if let Some(claimed) = &properties.user_id {
+            if claimed.as_bytes() != ctx.user.as_bytes() {
                 return Err(BrokerError::precondition_failed(format!(
                     "user_id property set to '{claimed}' but authenticated user was '{}'",
                     ctx.user
                 )));
             }
         }
-        if let Some(e) = properties.expiration.as_deref() {
-            if let Err(reason) = warren_broker::args::parse_expiration(e) {
+        if let Some(e) = &properties.expiration {
+            if let Err(reason) = warren_broker::args::parse_expiration(&e.to_string_lossy()) {
                 return Err(BrokerError::precondition_failed(format!(
                     "invalid expiration '{e}': {reason}"
                 )));

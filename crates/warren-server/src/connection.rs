@@ -21,7 +21,7 @@ use warren_amqp::frame::{
 };
 use warren_amqp::generated::*;
 use warren_amqp::table::{Decoder, FieldTable, FieldValue};
-use warren_amqp::{constants, Method};
+use warren_amqp::{constants, DecodeError, Method};
 use warren_broker::{BrokerError, VHost};
 
 /// How long the server waits for connection.close-ok after sending connection.close.
@@ -43,6 +43,23 @@ impl ConnError {
             text: format!("{} - {}", constants::reply_code_name(code), text.into()),
             class_id: 0,
             method_id: 0,
+        }
+    }
+    /// A frame that could not be decoded: 501 FRAME_ERROR (503 for an unknown method), naming
+    /// the method whose arguments were malformed, as RabbitMQ does.
+    fn decode(e: &DecodeError) -> Self {
+        let (class_id, method_id) = e.method_ids();
+        let text = match e {
+            // RabbitMQ's text for a name that is not UTF-8.
+            DecodeError::MethodArguments { reason, .. } if **reason == DecodeError::InvalidUtf8 => {
+                reason.to_string()
+            }
+            _ => e.to_string(),
+        };
+        ConnError {
+            class_id,
+            method_id,
+            ..ConnError::new(e.reply_code(), text)
         }
     }
     fn from_broker(e: BrokerError, class_id: u16, method_id: u16) -> Self {
@@ -129,7 +146,7 @@ async fn handshake_frame<R: AsyncRead + Unpin>(
             Ok(None) => read_more(rd, buf)
                 .await
                 .map_err(|e| ConnError::new(constants::CONNECTION_FORCED, e.to_string()))?,
-            Err(e) => return Err(ConnError::new(e.reply_code(), e.to_string())),
+            Err(e) => return Err(ConnError::decode(&e)),
         }
     }
 }
@@ -337,9 +354,7 @@ where
                     }
                 }
                 Ok(None) => break,
-                Err(e) => {
-                    break 'outer End::Error(ConnError::new(e.reply_code(), e.to_string()));
-                }
+                Err(e) => break 'outer End::Error(ConnError::decode(&e)),
             }
         }
         conn.flush_confirms();
@@ -739,7 +754,12 @@ impl Conn {
             user: &self.user,
         };
         match frame {
-            Frame::Heartbeat { .. } => None,
+            Frame::Heartbeat { channel: 0 } => None,
+            // RabbitMQ: a heartbeat belongs on channel 0.
+            Frame::Heartbeat { channel } => Some(End::Error(ConnError::new(
+                constants::UNEXPECTED_FRAME,
+                format!("heartbeat frame on channel {channel}"),
+            ))),
             Frame::Method { channel: 0, method } => self.connection_method(method),
             Frame::Method { channel, method } => {
                 let (class_id, method_id) = (method.class_id(), method.method_id());
@@ -815,6 +835,7 @@ impl Conn {
             Frame::Header {
                 channel,
                 class_id,
+                weight,
                 body_size,
                 properties,
             } => {
@@ -824,7 +845,7 @@ impl Conn {
                     Err(e) => return Some(End::Error(e)),
                 };
                 let (c, m) = content_error_ids(ch);
-                match ch.handle_header(&ctx, class_id, body_size, properties) {
+                match ch.handle_header(&ctx, class_id, weight, body_size, properties) {
                     Ok(()) => None,
                     Err(e) => self.channel_error(channel, e, c, m),
                 }
@@ -876,7 +897,6 @@ impl Conn {
                     .send(0, &Method::ConnectionCloseOk(ConnectionCloseOk {}));
                 Some(End::ClientClosed)
             }
-            Method::ConnectionCloseOk(_) => Some(End::Eof),
             Method::ConnectionUpdateSecret(_) => {
                 self.outbox.send(
                     0,
@@ -945,21 +965,22 @@ fn content_error_ids(ch: &Channel) -> (u16, u16) {
 }
 
 /// The open channel a content frame belongs to; `Ok(None)` when the channel is closing
-/// (the frame is discarded).
+/// (the frame is discarded). A content frame on channel 0 or on a channel that is not open is
+/// 505 UNEXPECTED_FRAME, as in RabbitMQ (whose channel expects a method first).
 fn content_channel(
     channels: &mut HashMap<u16, Channel>,
     channel: u16,
 ) -> Result<Option<&mut Channel>, ConnError> {
     if channel == 0 {
         return Err(ConnError::new(
-            constants::COMMAND_INVALID,
+            constants::UNEXPECTED_FRAME,
             "content frame on channel 0",
         ));
     }
     match channels.get_mut(&channel) {
         None => Err(ConnError::new(
-            constants::CHANNEL_ERROR,
-            "expected 'channel.open'",
+            constants::UNEXPECTED_FRAME,
+            "expected method frame, got non method frame instead",
         )),
         Some(ch) if ch.closing => Ok(None),
         Some(ch) => Ok(Some(ch)),

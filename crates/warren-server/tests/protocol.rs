@@ -1252,3 +1252,273 @@ async fn queue_delete_ok_comes_before_the_cancel_it_causes_on_the_same_channel()
     drop(raw);
     stop(b).await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Malformed and out-of-order frames: each reply code, text and class/method ids as RabbitMQ
+// (4.x; the values were checked against RabbitMQ 3.10.8 where it closes the connection cleanly)
+
+fn publish_frame(channel: u16, routing_key: &str) -> Vec<u8> {
+    let mut b = BytesMut::new();
+    encode_method_frame(
+        channel,
+        &Method::BasicPublish(BasicPublish {
+            routing_key: routing_key.into(),
+            ..Default::default()
+        }),
+        &mut b,
+    );
+    b.to_vec()
+}
+
+/// A content header frame with any class and weight and no properties.
+fn header_frame(channel: u16, class_id: u16, weight: u16, body_size: u64) -> Vec<u8> {
+    let mut p = BytesMut::new();
+    p.put_u16(class_id);
+    p.put_u16(weight);
+    p.put_u64(body_size);
+    p.put_u16(0);
+    raw_frame(warren_amqp::frame::FRAME_HEADER, channel, &p, FRAME_END)
+}
+
+/// A method frame for (class, method) with raw argument bytes.
+fn method_frame(channel: u16, class_id: u16, method_id: u16, args: &[u8]) -> Vec<u8> {
+    let mut p = BytesMut::new();
+    p.put_u16(class_id);
+    p.put_u16(method_id);
+    p.put_slice(args);
+    raw_frame(FRAME_METHOD, channel, &p, FRAME_END)
+}
+
+#[tokio::test]
+async fn malformed_and_unexpected_frames_get_rabbitmq_reply_codes() {
+    let header_after_publish = |class_id, weight| {
+        let mut v = publish_frame(1, "q");
+        v.extend(header_frame(1, class_id, weight, 1));
+        v
+    };
+    let mut body_too_long = publish_frame(1, "q");
+    body_too_long.extend(header_frame(1, 60, 0, 2));
+    body_too_long.extend(raw_frame(FRAME_BODY, 1, b"abcd", FRAME_END));
+    let mut header_twice = publish_frame(1, "q");
+    header_twice.extend(header_frame(1, 60, 0, 2));
+    header_twice.extend(header_frame(1, 60, 0, 2));
+    let mut method_instead_of_body = publish_frame(1, "q");
+    method_instead_of_body.extend(header_frame(1, 60, 0, 2));
+    method_instead_of_body.extend(method_frame(1, 85, 10, &[0]));
+    // queue.declare whose name is not UTF-8: ticket, shortstr, bits, empty table.
+    let bad_name = method_frame(1, 50, 10, &[0, 0, 3, b'q', 0xFF, 0xFE, 0, 0, 0, 0, 0]);
+    let cases: Vec<(&str, Vec<u8>, u16, (u16, u16), Option<&str>)> = vec![
+        (
+            "content header for a class without content",
+            header_frame(1, 10, 0, 1),
+            505,
+            (0, 0),
+            Some("UNEXPECTED_FRAME - expected method frame, got non method frame instead"),
+        ),
+        (
+            "content header for class 10 after basic.publish",
+            header_after_publish(10, 0),
+            505,
+            (60, 40),
+            Some("UNEXPECTED_FRAME - expected content header for class 60, got one for class 10 instead"),
+        ),
+        (
+            "content header with a non-zero weight",
+            header_after_publish(60, 1),
+            505,
+            (60, 40),
+            Some("UNEXPECTED_FRAME - expected content header for class 60, got non content header frame instead"),
+        ),
+        (
+            "a second content header",
+            header_twice,
+            505,
+            (60, 40),
+            Some("UNEXPECTED_FRAME - expected content body, got non content body frame instead"),
+        ),
+        (
+            "a method where a body frame was expected",
+            method_instead_of_body,
+            505,
+            (60, 40),
+            Some("UNEXPECTED_FRAME - expected content body, got non content body frame instead"),
+        ),
+        (
+            "more body than the header announced",
+            body_too_long,
+            501,
+            (60, 40),
+            Some("FRAME_ERROR - content body frame exceeds remaining content size"),
+        ),
+        (
+            "basic.publish arguments running past the frame",
+            method_frame(1, 60, 40, &[0, 0, 5, b'a', b'b']),
+            501,
+            (60, 40),
+            None,
+        ),
+        (
+            "queue.declare arguments running past the frame",
+            method_frame(1, 50, 10, &[0, 0, 9, b'q']),
+            501,
+            (50, 10),
+            None,
+        ),
+        (
+            "bytes after the last argument",
+            method_frame(1, 85, 10, &[0, 1]),
+            501,
+            (85, 10),
+            None,
+        ),
+        (
+            "a field table with an unknown value type",
+            method_frame(1, 50, 10, &[0, 0, 1, b'q', 0, 0, 0, 0, 3, 1, b'k', b'Z']),
+            501,
+            (50, 10),
+            None,
+        ),
+        (
+            "a queue name that is not UTF-8",
+            bad_name,
+            501,
+            (0, 0),
+            Some("FRAME_ERROR - Malformed UTF-8 in shortstr"),
+        ),
+        (
+            "a method frame too short for its ids",
+            raw_frame(FRAME_METHOD, 1, &[0, 60, 0], FRAME_END),
+            501,
+            (0, 0),
+            None,
+        ),
+        (
+            "a heartbeat on channel 1",
+            raw_frame(8, 1, &[], FRAME_END),
+            505,
+            (0, 0),
+            None,
+        ),
+        (
+            "a heartbeat with a payload",
+            raw_frame(8, 0, b"ab", FRAME_END),
+            501,
+            (0, 0),
+            None,
+        ),
+        (
+            "an unknown frame type",
+            raw_frame(5, 1, &[], FRAME_END),
+            501,
+            (0, 0),
+            None,
+        ),
+        (
+            "a body frame on channel 0",
+            raw_frame(FRAME_BODY, 0, b"abc", FRAME_END),
+            505,
+            (0, 0),
+            None,
+        ),
+        (
+            "a content header on a channel that is not open",
+            header_frame(5, 60, 0, 1),
+            505,
+            (0, 0),
+            Some("UNEXPECTED_FRAME - expected method frame, got non method frame instead"),
+        ),
+        (
+            "channel.close-ok without a channel.close",
+            method_frame(1, 20, 41, &[]),
+            503,
+            (20, 41),
+            Some("COMMAND_INVALID - unimplemented method"),
+        ),
+        (
+            "connection.close-ok without a connection.close",
+            method_frame(0, 10, 51, &[]),
+            504,
+            (10, 51),
+            Some("CHANNEL_ERROR - unexpected method in connection state running"),
+        ),
+    ];
+    let b = broker().await;
+    for (what, bytes, code, (class_id, method_id), text) in cases {
+        let mut raw = open(b.amqp_addr()).await;
+        raw.write(&bytes).await;
+        let got = match raw.recv_method(0).await {
+            Method::ConnectionClose(c) => c,
+            m => panic!("{what}: expected connection.close, got {m:?}"),
+        };
+        assert_eq!(
+            (got.reply_code, got.class_id, got.method_id),
+            (code, class_id, method_id),
+            "{what}: {got:?}"
+        );
+        if let Some(text) = text {
+            assert_eq!(got.reply_text, text, "{what}");
+        }
+        raw.finish_server_close().await;
+    }
+    stop(b).await;
+}
+
+#[tokio::test]
+async fn a_frame_of_frame_max_payload_is_tolerated_as_rabbitmq() {
+    let b = broker().await;
+    let mut raw = open_with(b.amqp_addr(), 2047, 4096, 0).await;
+    raw.open_channel(1).await;
+    raw.declare_queue(1, "fudge").await;
+    let mut bytes = BytesMut::from(&publish_frame(1, "fudge")[..]);
+    encode_header_frame(1, 60, 4096, &BasicProperties::default(), &mut bytes);
+    // One body frame of 4096 + 8 bytes where 4096 was negotiated.
+    bytes.extend_from_slice(&raw_frame(FRAME_BODY, 1, &[7u8; 4096], FRAME_END));
+    raw.write(&bytes).await;
+    raw.declare_queue(1, "fudge").await;
+    drop(raw);
+    stop(b).await;
+}
+
+#[tokio::test]
+async fn binary_property_values_are_stored_and_delivered_unchanged() {
+    // A raw 16-byte UUID as correlation-id and message-id, as Go and .NET programs send.
+    let uuid: &[u8] = &[
+        0x00, 0xFF, 0x10, 0x80, 0xC3, 0x28, 0xA0, 0xA1, 0xE2, 0x28, 0xA1, 0xF0, 0x28, 0x8C, 0xBC,
+        0x01,
+    ];
+    let b = broker().await;
+    let mut raw = open(b.amqp_addr()).await;
+    raw.declare_queue(1, "binary-props").await;
+    let props = BasicProperties {
+        correlation_id: Some(uuid.into()),
+        message_id: Some(uuid.into()),
+        reply_to: Some(b"\xFFreply"[..].into()),
+        ..Default::default()
+    };
+    let mut bytes = BytesMut::from(&publish_frame(1, "binary-props")[..]);
+    encode_header_frame(1, 60, 2, &props, &mut bytes);
+    encode_body_frames(1, b"hi", 131_072, &mut bytes);
+    raw.write(&bytes).await;
+    raw.send(
+        1,
+        BasicGet {
+            queue: "binary-props".into(),
+            no_ack: true,
+            ..Default::default()
+        },
+    )
+    .await;
+    match raw.recv_method(1).await {
+        Method::BasicGetOk(_) => {}
+        m => panic!("expected basic.get-ok, got {m:?}"),
+    }
+    match raw.recv().await {
+        Frame::Header { properties, .. } => {
+            assert_eq!(properties, props);
+            assert_eq!(properties.correlation_id.unwrap().as_bytes(), uuid);
+        }
+        f => panic!("expected a content header, got {f:?}"),
+    }
+    drop(raw);
+    stop(b).await;
+}
