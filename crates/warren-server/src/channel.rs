@@ -6,10 +6,11 @@
 //! prefetch and the consumer list live there behind a mutex. [`Channel`] is owned by the
 //! connection task: content assembly, confirm and transaction state.
 
-use crate::outbox::{Outbox, HIGH_WATER};
+use crate::outbox::Outbox;
 use bytes::BufMut;
 use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
+use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -152,8 +153,9 @@ impl DeliveryTarget for ChannelShared {
             return Err(msg);
         }
         let tag = st.next_tag + 1;
+        let high_water = self.outbox.high_water();
         let written = self.outbox.with(|buf| {
-            if buf.len() >= HIGH_WATER {
+            if buf.len() >= high_water {
                 return false;
             }
             write_delivery(
@@ -230,6 +232,30 @@ enum AckOp {
 struct TxState {
     publishes: Vec<(Arc<Message>, bool)>,
     acks: Vec<AckOp>,
+    /// Body bytes of `publishes`.
+    bytes: u64,
+}
+
+impl TxState {
+    /// Refuses one more operation (and `bytes` more message bytes) beyond the configured caps.
+    fn admit(&self, limits: &ChannelLimits, bytes: u64) -> MethodResult {
+        if self.publishes.len() + self.acks.len() >= limits.tx_max_operations {
+            return Err(BrokerError::precondition_failed(format!(
+                "transaction holds the maximum of {} publishes and acknowledgements \
+                 (amqp.tx_max_operations); commit or roll back",
+                limits.tx_max_operations
+            )));
+        }
+        if self.bytes + bytes > limits.tx_max_bytes {
+            return Err(BrokerError::precondition_failed(format!(
+                "transaction would hold {} bytes of messages, over the limit of {} \
+                 (amqp.tx_max_bytes); commit or roll back",
+                self.bytes + bytes,
+                limits.tx_max_bytes
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// Publisher-confirm bookkeeping, shared with the message store's writer thread, which
@@ -378,10 +404,26 @@ pub struct Context<'a> {
     pub connection_id: u64,
     /// The connection's vhost.
     pub vhost: &'a Arc<VHost>,
-    /// Largest accepted message body.
-    pub max_message_size: u64,
+    /// The limits channels enforce.
+    pub limits: ChannelLimits,
+    /// Bytes of content announced in content headers and not yet received, over all the
+    /// connection's channels (bounded by [`ChannelLimits::max_incomplete_content_bytes`]).
+    pub incomplete_content: &'a Cell<u64>,
     /// The authenticated user (a publish's `user_id` property must match it).
     pub user: &'a str,
+}
+
+/// Limits a connection's channels enforce, from the `[amqp]` configuration.
+#[derive(Debug, Clone, Copy)]
+pub struct ChannelLimits {
+    /// Largest accepted message body, bytes.
+    pub max_message_size: u64,
+    /// Most bytes of content a connection may have announced and not finished.
+    pub max_incomplete_content_bytes: u64,
+    /// Most message body bytes one transaction may hold.
+    pub tx_max_bytes: u64,
+    /// Most publishes plus acknowledgements one transaction may hold.
+    pub tx_max_operations: usize,
 }
 
 type MethodResult = Result<(), BrokerError>;
@@ -602,24 +644,33 @@ impl Channel {
             }
             Method::BasicGet(m) => self.basic_get(ctx, m).map(|_| Outcome::Done),
             Method::BasicAck(m) => self
-                .ack_op(AckOp::Ack {
-                    tag: m.delivery_tag,
-                    multiple: m.multiple,
-                })
+                .ack_op(
+                    &ctx.limits,
+                    AckOp::Ack {
+                        tag: m.delivery_tag,
+                        multiple: m.multiple,
+                    },
+                )
                 .map(|_| Outcome::Done),
             Method::BasicReject(m) => self
-                .ack_op(AckOp::Reject {
-                    tag: m.delivery_tag,
-                    multiple: false,
-                    requeue: m.requeue,
-                })
+                .ack_op(
+                    &ctx.limits,
+                    AckOp::Reject {
+                        tag: m.delivery_tag,
+                        multiple: false,
+                        requeue: m.requeue,
+                    },
+                )
                 .map(|_| Outcome::Done),
             Method::BasicNack(m) => self
-                .ack_op(AckOp::Reject {
-                    tag: m.delivery_tag,
-                    multiple: m.multiple,
-                    requeue: m.requeue,
-                })
+                .ack_op(
+                    &ctx.limits,
+                    AckOp::Reject {
+                        tag: m.delivery_tag,
+                        multiple: m.multiple,
+                        requeue: m.requeue,
+                    },
+                )
                 .map(|_| Outcome::Done),
             Method::BasicRecover(m) => {
                 // As in RabbitMQ, recover-ok goes out before the redeliveries: clients (lapin)
@@ -961,8 +1012,9 @@ impl Channel {
         Ok(())
     }
 
-    fn ack_op(&mut self, op: AckOp) -> MethodResult {
+    fn ack_op(&mut self, limits: &ChannelLimits, op: AckOp) -> MethodResult {
         if let Some(tx) = self.tx.as_mut() {
+            tx.admit(limits, 0)?;
             let (tag, multiple) = match op {
                 AckOp::Ack { tag, multiple } | AckOp::Reject { tag, multiple, .. } => {
                     (tag, multiple)
@@ -1074,13 +1126,26 @@ impl Channel {
                 ),
             ));
         }
-        if body_size > ctx.max_message_size {
+        if body_size > ctx.limits.max_message_size {
             self.content = None;
             return Err(BrokerError::precondition_failed(format!(
                 "message size {body_size} is larger than configured max size {}",
-                ctx.max_message_size
+                ctx.limits.max_message_size
             )));
         }
+        // Bodies being assembled are held in memory: bound them per connection, or a client
+        // could start a large message on every channel and never finish them.
+        let incomplete = ctx.incomplete_content.get() + body_size;
+        if incomplete > ctx.limits.max_incomplete_content_bytes {
+            self.content = None;
+            return Err(BrokerError::precondition_failed(format!(
+                "message size {body_size} would take the content this connection has started \
+                 and not finished to {incomplete} bytes, over the limit of {} \
+                 (amqp.max_incomplete_content_bytes)",
+                ctx.limits.max_incomplete_content_bytes
+            )));
+        }
+        ctx.incomplete_content.set(incomplete);
         content.header = Some((body_size, properties));
         if body_size == 0 {
             self.finish_publish(ctx)?;
@@ -1127,8 +1192,19 @@ impl Channel {
         Ok(())
     }
 
+    /// Forgets the message being assembled, if any, and returns its share of the connection's
+    /// incomplete-content budget.
+    fn take_content(&mut self, ctx: &Context) -> Option<PendingContent> {
+        let content = self.content.take()?;
+        if let Some((size, _)) = &content.header {
+            let left = ctx.incomplete_content.get().saturating_sub(*size);
+            ctx.incomplete_content.set(left);
+        }
+        Some(content)
+    }
+
     fn finish_publish(&mut self, ctx: &Context) -> MethodResult {
-        let Some(content) = self.content.take() else {
+        let Some(content) = self.take_content(ctx) else {
             return Ok(());
         };
         let (_, mut properties) = content.header.unwrap_or_default();
@@ -1170,6 +1246,9 @@ impl Channel {
             body,
         ));
         if let Some(tx) = self.tx.as_mut() {
+            let bytes = msg.body.len() as u64;
+            tx.admit(&ctx.limits, bytes)?;
+            tx.bytes += bytes;
             tx.publishes.push((msg, content.publish.mandatory));
             return Ok(());
         }
@@ -1277,7 +1356,7 @@ impl Channel {
             true,
             false,
         );
-        self.content = None;
+        self.take_content(ctx);
         self.tx = None;
     }
 

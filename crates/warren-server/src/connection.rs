@@ -5,10 +5,11 @@
 //! Everything a connection does to the broker model runs on its own task, synchronously; only
 //! socket writes are left to the writer task that drains the [`Outbox`].
 
-use crate::channel::{Channel, Context, Outcome, BASIC_CLASS};
+use crate::channel::{Channel, ChannelLimits, Context, Outcome, BASIC_CLASS};
 use crate::outbox::Outbox;
 use crate::server::ServerState;
 use bytes::{Bytes, BytesMut};
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -17,7 +18,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 use warren_amqp::frame::{
-    encode_method_frame, parse_frame, Frame, Limits, FRAME_MIN_SIZE, PROTOCOL_HEADER,
+    encode_heartbeat, encode_method_frame, parse_frame, Frame, Limits, FRAME_MIN_SIZE,
+    PROTOCOL_HEADER,
 };
 use warren_amqp::generated::*;
 use warren_amqp::table::{Decoder, FieldTable, FieldValue};
@@ -311,7 +313,7 @@ where
         }
     };
 
-    let outbox = Arc::new(Outbox::new());
+    let outbox = Arc::new(Outbox::with_high_water(cfg.outbox_high_water_bytes));
     let heartbeat = (tuned.heartbeat > 0).then(|| Duration::from_secs(u64::from(tuned.heartbeat)));
     let writer = {
         let outbox = outbox.clone();
@@ -331,7 +333,13 @@ where
         frame_max: tuned.frame_max,
         channel_max: tuned.channel_max,
         cancel_notify: session.cancel_notify,
-        max_message_size: cfg.max_message_size,
+        limits: ChannelLimits {
+            max_message_size: cfg.max_message_size,
+            max_incomplete_content_bytes: cfg.max_incomplete_content_bytes,
+            tx_max_bytes: cfg.tx_max_bytes,
+            tx_max_operations: cfg.tx_max_operations,
+        },
+        incomplete_content: Cell::new(0),
         user: session.user,
         published: false,
     };
@@ -346,7 +354,15 @@ where
     let mut read_size = 4096;
 
     let end = 'outer: loop {
+        // Frames are handled until the input runs out or the output backs up: a client that
+        // does not read what it is sent (replies, returns, confirms, get-oks) is not read from
+        // either, so neither buffer grows without bound.
+        let mut backlogged = false;
         loop {
+            if outbox.is_backlogged() {
+                backlogged = true;
+                break;
+            }
             match parse_frame(&mut rbuf, &limits) {
                 Ok(Some(frame)) => {
                     if let Some(end) = conn.handle_frame(frame) {
@@ -361,16 +377,36 @@ where
         if outbox.is_closing() {
             break End::Eof;
         }
-        // Memory alarm: a connection that publishes and consumes nothing is not read from
-        // until memory use falls back (connections that also consume keep going, so that
-        // their acks can free memory).
-        if conn.published && state.memory_alarm() && !conn.has_consumers() {
-            while state.memory_alarm() {
-                tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_millis(100)) => {}
-                    _ = shutdown.changed() => break,
-                }
+        if backlogged || outbox.is_backlogged() {
+            let t = std::time::Instant::now();
+            if let Some(end) = paused(&mut rd, &mut rbuf, &outbox, &mut shutdown, true, || {
+                outbox.is_backlogged()
+            })
+            .await
+            {
+                break end;
             }
+            tracing::trace!(
+                waited_us = t.elapsed().as_micros() as u64,
+                "reading paused until the client read its backlog"
+            );
+            continue;
+        }
+        // Memory alarm: as RabbitMQ, a connection that publishes while the alarm is on is no
+        // longer read from until memory use falls back; connections that only consume (and
+        // so acknowledge, freeing memory) keep going.
+        if std::mem::take(&mut conn.published) && state.memory_alarm() {
+            debug!("memory alarm: publisher paused");
+            if let Some(end) = paused(&mut rd, &mut rbuf, &outbox, &mut shutdown, false, || {
+                state.memory_alarm()
+            })
+            .await
+            {
+                break end;
+            }
+            debug!("memory alarm cleared: publisher resumed");
+            // Input read during the pause is waiting in the buffer.
+            continue;
         }
         for q in conn.take_pressure() {
             let t = std::time::Instant::now();
@@ -739,9 +775,11 @@ struct Conn {
     frame_max: u32,
     channel_max: u16,
     cancel_notify: bool,
-    max_message_size: u64,
+    limits: ChannelLimits,
+    /// Content announced and not yet received over all channels, bytes.
+    incomplete_content: Cell<u64>,
     user: String,
-    /// The client has published at least once (the memory alarm pauses publishers).
+    /// The client published since the last check (the memory alarm pauses publishers).
     published: bool,
 }
 
@@ -750,7 +788,8 @@ impl Conn {
         let ctx = Context {
             connection_id: self.id,
             vhost: &self.vhost,
-            max_message_size: self.max_message_size,
+            limits: self.limits,
+            incomplete_content: &self.incomplete_content,
             user: &self.user,
         };
         match frame {
@@ -880,7 +919,8 @@ impl Conn {
         let ctx = Context {
             connection_id: self.id,
             vhost: &self.vhost,
-            max_message_size: self.max_message_size,
+            limits: self.limits,
+            incomplete_content: &self.incomplete_content,
             user: &self.user,
         };
         if let Some(ch) = self.channels.get_mut(&channel) {
@@ -916,10 +956,6 @@ impl Conn {
         }
     }
 
-    fn has_consumers(&self) -> bool {
-        self.channels.values().any(|c| c.has_consumers())
-    }
-
     fn take_pressure(&mut self) -> Vec<Arc<warren_broker::Queue>> {
         let mut out: Vec<Arc<warren_broker::Queue>> = Vec::new();
         for ch in self.channels.values_mut() {
@@ -944,7 +980,8 @@ impl Conn {
         let ctx = Context {
             connection_id: self.id,
             vhost: &self.vhost,
-            max_message_size: self.max_message_size,
+            limits: self.limits,
+            incomplete_content: &self.incomplete_content,
             user: &self.user,
         };
         for (_, mut ch) in self.channels.drain() {
@@ -984,6 +1021,62 @@ fn content_channel(
         )),
         Some(ch) if ch.closing => Ok(None),
         Some(ch) => Ok(Some(ch)),
+    }
+}
+
+/// How often a paused connection's client is probed with a heartbeat frame.
+const PAUSED_PROBE: Duration = Duration::from_secs(2);
+
+/// Input a paused connection still reads (and holds unprocessed), bytes: enough to see the
+/// client close its socket behind a few frames it sent meanwhile.
+const PAUSED_READ_MAX: usize = 256 * 1024;
+
+/// Keeps a connection from processing its client's frames while `blocked()` holds, yet
+/// watches it: the client closing its socket (up to [`PAUSED_READ_MAX`] bytes of input are
+/// read meanwhile, unprocessed), the writer failing (a heartbeat to a client that vanished),
+/// and broker shutdown each end the pause with the connection's end. `drain` wakes the check
+/// whenever the writer drains the outbox (else it is polled every 100 ms).
+async fn paused<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    rbuf: &mut BytesMut,
+    outbox: &Outbox,
+    shutdown: &mut watch::Receiver<bool>,
+    drain: bool,
+    mut blocked: impl FnMut() -> bool,
+) -> Option<End> {
+    let mut probe = tokio::time::Instant::now() + PAUSED_PROBE;
+    loop {
+        if outbox.is_closing() {
+            return Some(End::Eof);
+        }
+        if !blocked() {
+            return None;
+        }
+        if tokio::time::Instant::now() >= probe {
+            // A heartbeat frame (which clients accept at any time) to a client that has gone
+            // away draws a reset, and the writer's failure ends the pause, heartbeats
+            // negotiated or not.
+            outbox.with(encode_heartbeat);
+            probe = tokio::time::Instant::now() + PAUSED_PROBE;
+        }
+        let can_read = rbuf.len() < PAUSED_READ_MAX;
+        tokio::select! {
+            _ = outbox.drained(), if drain => {}
+            _ = tokio::time::sleep(Duration::from_millis(100)), if !drain => {}
+            _ = tokio::time::sleep_until(probe), if drain => {}
+            _ = shutdown.changed() => {
+                return Some(End::Error(ConnError::new(
+                    constants::CONNECTION_FORCED,
+                    "broker forced connection closure with reason 'shutdown'",
+                )));
+            }
+            r = read_more(rd, rbuf), if can_read => {
+                if r.is_err() {
+                    debug!("client closed the socket while its connection was paused");
+                    return Some(End::Eof);
+                }
+            }
+        }
     }
 }
 

@@ -1522,3 +1522,188 @@ async fn binary_property_values_are_stored_and_delivered_unchanged() {
     drop(raw);
     stop(b).await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Bounded output: a client that does not read what it is sent is not read from either
+
+#[tokio::test]
+async fn unread_returns_stop_the_broker_reading_instead_of_buffering_them() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    const N: usize = 1000;
+    const SIZE: usize = 100 * 1024;
+    let b = broker().await;
+    let raw = open(b.amqp_addr()).await;
+    let Raw { sock, mut buf, .. } = raw;
+    let (mut rd, mut wr) = sock.into_split();
+    // Mandatory publishes that route nowhere: each comes back as a 100 KB basic.return.
+    let mut one = BytesMut::new();
+    encode_method_frame(
+        1,
+        &Method::BasicPublish(BasicPublish {
+            routing_key: "nowhere".into(),
+            mandatory: true,
+            ..Default::default()
+        }),
+        &mut one,
+    );
+    encode_header_frame(1, 60, SIZE as u64, &BasicProperties::default(), &mut one);
+    encode_body_frames(1, &vec![1u8; SIZE], 131_072, &mut one);
+    let written = std::sync::Arc::new(AtomicUsize::new(0));
+    let progress = written.clone();
+    let writer = tokio::spawn(async move {
+        for _ in 0..N {
+            wr.write_all(&one).await.expect("write");
+            progress.fetch_add(one.len(), Ordering::Relaxed);
+        }
+        wr
+    });
+    // Without reading, the client's writes stall once the broker stops reading.
+    let mut last = 0;
+    let mut still = 0;
+    while still < 10 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = written.load(Ordering::Relaxed);
+        assert!(
+            !writer.is_finished(),
+            "the broker read {N} publishes no one read the returns of"
+        );
+        if now == last {
+            still += 1;
+        } else {
+            (last, still) = (now, 0);
+        }
+    }
+    // Output bound (8 MiB) + one frame + socket buffers on both sides.
+    assert!(
+        last < 48 * 1024 * 1024,
+        "the broker read {} MiB from a client that reads nothing",
+        last >> 20
+    );
+    // Reading the returns lets everything through, in order, nothing lost.
+    let mut returns = 0;
+    while returns < N {
+        let frame = timeout(WAIT, async {
+            loop {
+                if let Some(f) = parse_frame(&mut buf, &Limits::new(0)).unwrap() {
+                    return f;
+                }
+                assert!(rd.read_buf(&mut buf).await.unwrap() > 0, "closed");
+            }
+        })
+        .await
+        .expect("returns stopped coming");
+        if let Frame::Method {
+            method: Method::BasicReturn(r),
+            ..
+        } = frame
+        {
+            assert_eq!(r.reply_code, 312);
+            returns += 1;
+        }
+    }
+    timeout(WAIT, writer).await.unwrap().unwrap();
+    drop(rd);
+    stop(b).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Limits on what one connection holds in memory
+
+async fn expect_channel_close(raw: &mut Raw, channel: u16) -> ChannelClose {
+    match raw.recv_method(channel).await {
+        Method::ChannelClose(c) => c,
+        m => panic!("expected channel.close, got {m:?}"),
+    }
+}
+
+#[tokio::test]
+async fn incomplete_content_per_connection_is_bounded() {
+    let mut cfg = Config::default();
+    cfg.amqp.max_message_size = 1536 * 1024;
+    cfg.amqp.max_incomplete_content_bytes = 2 * 1024 * 1024;
+    let b = broker_with(cfg).await;
+    let mut raw = open(b.amqp_addr()).await;
+    raw.open_channel(2).await;
+    raw.open_channel(3).await;
+    raw.declare_queue(1, "incomplete").await;
+    let mut started = BytesMut::from(&publish_frame(1, "incomplete")[..]);
+    encode_header_frame(
+        1,
+        60,
+        1024 * 1024,
+        &BasicProperties::default(),
+        &mut started,
+    );
+    raw.write(&started).await;
+    let mut second = BytesMut::from(&publish_frame(2, "incomplete")[..]);
+    encode_header_frame(2, 60, 1536 * 1024, &BasicProperties::default(), &mut second);
+    raw.write(&second).await;
+    let c = expect_channel_close(&mut raw, 2).await;
+    assert_eq!((c.reply_code, c.class_id, c.method_id), (406, 60, 40));
+    assert_eq!(
+        c.reply_text,
+        "PRECONDITION_FAILED - message size 1572864 would take the content this connection has \
+         started and not finished to 2621440 bytes, over the limit of 2097152 \
+         (amqp.max_incomplete_content_bytes)"
+    );
+    // Finishing the first message releases its share.
+    let mut rest = BytesMut::new();
+    encode_body_frames(1, &vec![0u8; 1024 * 1024], 131_072, &mut rest);
+    raw.write(&rest).await;
+    let mut third = BytesMut::from(&publish_frame(3, "incomplete")[..]);
+    encode_header_frame(3, 60, 4, &BasicProperties::default(), &mut third);
+    encode_body_frames(3, b"done", 131_072, &mut third);
+    raw.write(&third).await;
+    raw.send(
+        1,
+        QueueDeclare {
+            queue: "incomplete".into(),
+            passive: true,
+            ..Default::default()
+        },
+    )
+    .await;
+    match raw.recv_method(1).await {
+        Method::QueueDeclareOk(ok) => assert_eq!(ok.message_count, 2),
+        m => panic!("expected queue.declare-ok, got {m:?}"),
+    }
+    drop(raw);
+    stop(b).await;
+}
+
+#[tokio::test]
+async fn transactions_are_bounded() {
+    let mut cfg = Config::default();
+    cfg.amqp.tx_max_operations = 3;
+    cfg.amqp.tx_max_bytes = 10;
+    let b = broker_with(cfg).await;
+    let mut raw = open(b.amqp_addr()).await;
+    raw.declare_queue(1, "txq").await;
+    raw.send(1, TxSelect {}).await;
+    assert!(matches!(raw.recv_method(1).await, Method::TxSelectOk(_)));
+    for _ in 0..3 {
+        raw.publish(1, "", "txq", b"abc").await;
+    }
+    raw.publish(1, "", "txq", b"abc").await;
+    let c = expect_channel_close(&mut raw, 1).await;
+    assert_eq!((c.reply_code, c.class_id, c.method_id), (406, 60, 40));
+    assert_eq!(
+        c.reply_text,
+        "PRECONDITION_FAILED - transaction holds the maximum of 3 publishes and acknowledgements \
+         (amqp.tx_max_operations); commit or roll back"
+    );
+    raw.send(1, ChannelCloseOk {}).await;
+    raw.open_channel(1).await;
+    raw.send(1, TxSelect {}).await;
+    assert!(matches!(raw.recv_method(1).await, Method::TxSelectOk(_)));
+    raw.publish(1, "", "txq", b"123456").await;
+    raw.publish(1, "", "txq", b"123456").await;
+    let c = expect_channel_close(&mut raw, 1).await;
+    assert_eq!(
+        c.reply_text,
+        "PRECONDITION_FAILED - transaction would hold 12 bytes of messages, over the limit of 10 \
+         (amqp.tx_max_bytes); commit or roll back"
+    );
+    drop(raw);
+    stop(b).await;
+}
