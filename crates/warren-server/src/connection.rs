@@ -468,24 +468,50 @@ where
                     method_id: e.method_id,
                 }),
             );
-            // Discard everything until connection.close-ok (or close), or time out.
+            // Discard everything until connection.close-ok (or close), or time out. At broker
+            // shutdown the wait is short: a connection its client does not read (an idle
+            // publishing connection of a Celery worker, say) can never answer.
+            let linger = if *shutdown.borrow() {
+                info!(
+                    user = %conn.user,
+                    timeout_ms = SHUTDOWN_CLOSE_TIMEOUT.as_millis() as u64,
+                    "broker shutdown: waiting for connection.close-ok"
+                );
+                SHUTDOWN_CLOSE_TIMEOUT
+            } else {
+                linger
+            };
             let since = std::time::Instant::now();
-            match tokio::time::timeout(linger, wait_close_ok(&mut rd, &mut rbuf, &limits)).await {
-                Ok(true) => debug!(
-                    waited_ms = since.elapsed().as_millis() as u64,
-                    "connection.close-ok received"
-                ),
-                Ok(false) => debug!("client closed the socket instead of sending close-ok"),
-                Err(_) => warn!(
-                    timeout_s = linger.as_secs(),
-                    "no connection.close-ok from the client in time; closing the socket"
-                ),
-            }
+            let waited = tokio::time::timeout(linger, wait_close_ok(&mut rd, &mut rbuf, &limits));
+            let answered = match waited.await {
+                Ok(true) => {
+                    debug!(
+                        waited_ms = since.elapsed().as_millis() as u64,
+                        "connection.close-ok received"
+                    );
+                    true
+                }
+                Ok(false) => {
+                    debug!("client closed the socket instead of sending close-ok");
+                    false
+                }
+                Err(_) => {
+                    warn!(
+                        user = %conn.user,
+                        timeout_ms = linger.as_millis() as u64,
+                        "no connection.close-ok in time (the client is not reading this \
+                         connection); closing the socket"
+                    );
+                    false
+                }
+            };
             outbox.close_after_flush();
             let _ = tokio::time::timeout(Duration::from_secs(5), writer).await;
             // The close-ok may have overtaken frames the client still writes: read them until
             // the client closes, briefly, before closing the socket.
-            drain_until_eof(&mut rd, &mut rbuf, CLOSE_DRAIN).await;
+            if answered {
+                drain_until_eof(&mut rd, &mut rbuf, CLOSE_DRAIN).await;
+            }
         }
     }
     Ok(())
@@ -501,6 +527,9 @@ fn close_linger(heartbeat_s: u16) -> Duration {
         _ => CLOSE_TIMEOUT,
     }
 }
+
+/// How long a connection.close sent because the broker shuts down waits for close-ok.
+const SHUTDOWN_CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// After the server received connection.close-ok, how long it keeps reading frames the client
 /// sent before it (and discarding them) while waiting for the client to close its socket.
