@@ -569,14 +569,11 @@ async fn wait_close_ok<R: AsyncRead + Unpin>(
     rbuf: &mut BytesMut,
     limits: &Limits,
 ) -> bool {
-    // Frame size is irrelevant now; only the frame boundaries matter.
-    let limits = Limits {
-        frame_max: 0,
-        ..*limits
-    };
+    // The negotiated frame_max still bounds what is buffered: an oversized frame is dropped
+    // with the rest of the buffer below.
     loop {
         loop {
-            match parse_frame(rbuf, &limits) {
+            match parse_frame(rbuf, limits) {
                 Ok(Some(Frame::Method {
                     channel: 0,
                     method: Method::ConnectionCloseOk(_) | Method::ConnectionClose(_),
