@@ -39,6 +39,9 @@ pub const PROTOCOL_HEADER: &[u8; 8] = b"AMQP\x00\x00\x09\x01";
 pub const DEFAULT_FRAME_MAX: u32 = 131_072;
 
 /// One decoded AMQP frame.
+// A frame lives only from parsing to dispatch, one at a time: boxing the header's properties
+// would cost an allocation per message for no memory saved.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq)]
 pub enum Frame {
     /// A method frame (type 1).

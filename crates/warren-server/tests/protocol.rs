@@ -1289,6 +1289,9 @@ fn method_frame(channel: u16, class_id: u16, method_id: u16, args: &[u8]) -> Vec
     raw_frame(FRAME_METHOD, channel, &p, FRAME_END)
 }
 
+/// What is sent, the reply code, class and method ids, and the exact text when checked.
+type BadFrameCase = (&'static str, Vec<u8>, u16, (u16, u16), Option<&'static str>);
+
 #[tokio::test]
 async fn malformed_and_unexpected_frames_get_rabbitmq_reply_codes() {
     let header_after_publish = |class_id, weight| {
@@ -1307,7 +1310,7 @@ async fn malformed_and_unexpected_frames_get_rabbitmq_reply_codes() {
     method_instead_of_body.extend(method_frame(1, 85, 10, &[0]));
     // queue.declare whose name is not UTF-8: ticket, shortstr, bits, empty table.
     let bad_name = method_frame(1, 50, 10, &[0, 0, 3, b'q', 0xFF, 0xFE, 0, 0, 0, 0, 0]);
-    let cases: Vec<(&str, Vec<u8>, u16, (u16, u16), Option<&str>)> = vec![
+    let cases: Vec<BadFrameCase> = vec![
         (
             "content header for a class without content",
             header_frame(1, 10, 0, 1),
