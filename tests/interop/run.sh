@@ -18,7 +18,7 @@ section() { printf '\n==== %s ====\n' "$*"; }
 # ---------------------------------------------------------------------------
 section "interop: dependencies"
 # ---------------------------------------------------------------------------
-if ! python3 -c 'import pika, pytest, pytest_timeout' 2>/dev/null; then
+if ! python3 -c 'import pika, pytest, pytest_timeout, amqp' 2>/dev/null; then
   echo "installing Python test dependencies"
   python3 -m pip install -q -r tests/interop/python/requirements.txt \
     || python3 -m pip install -q --break-system-packages -r tests/interop/python/requirements.txt

@@ -224,7 +224,7 @@ fn amq_table(t: &FieldTable) -> AmqTable {
 }
 
 fn amq_properties(p: &BasicProperties) -> amq_basic::AMQPProperties {
-    let s = |v: &Option<String>| v.as_deref().unwrap().into();
+    let s = |v: &Option<warren_amqp::ShortStr>| v.as_ref().and_then(|s| s.as_str()).unwrap().into();
     amq_basic::AMQPProperties::default()
         .with_content_type(s(&p.content_type))
         .with_content_encoding(s(&p.content_encoding))

@@ -60,9 +60,12 @@ pub fn field_table() -> impl Strategy<Value = FieldTable> {
     vec((shortstr(), field_value()), 0..6).prop_map(FieldTable)
 }
 
-/// Any set of `basic` properties.
+/// Any set of `basic` properties; short-string values are arbitrary bytes, as
+/// clients may send (a binary `correlation-id`).
 pub fn basic_properties() -> impl Strategy<Value = BasicProperties> {
-    let s = || proptest::option::of(shortstr());
+    let s = || {
+        proptest::option::of(vec(any::<u8>(), 0..=255).prop_map(crate::shortstr::ShortStr::from))
+    };
     (
         (s(), s(), proptest::option::of(field_table())),
         (

@@ -6,9 +6,8 @@
 
 /// Why a frame, method, field table or property list could not be decoded.
 ///
-/// Most variants map to the AMQP reply code `FRAME_ERROR` (501) or
-/// `SYNTAX_ERROR` (502) when a broker reports them to a peer; see
-/// [`DecodeError::reply_code`].
+/// A broker reports them to its peer as `FRAME_ERROR` (501), an unknown
+/// method as `COMMAND_INVALID` (503); see [`DecodeError::reply_code`].
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
 pub enum DecodeError {
     /// The input ended before the structure was complete, or a length prefix
@@ -43,8 +42,10 @@ pub enum DecodeError {
     /// A field table or array contained an unknown field type tag.
     #[error("unknown field value type tag 0x{0:02x}")]
     BadFieldType(u8),
-    /// A short string (or a table key) was not valid UTF-8.
-    #[error("short string is not valid UTF-8")]
+    /// A short string that names something (a method argument such as a queue
+    /// name, or a field-table key) was not valid UTF-8. Content property values
+    /// are bytes and never fail this way.
+    #[error("Malformed UTF-8 in shortstr")]
     InvalidUtf8,
     /// Field tables/arrays were nested deeper than the configured limit.
     #[error("field table nesting exceeds the configured maximum depth")]
@@ -56,10 +57,18 @@ pub enum DecodeError {
     /// of the class.
     #[error("content header property flags 0x{0:04x} set an undefined property bit")]
     BadPropertyFlags(u16),
-    /// A content header frame was sent for a class that has no content
-    /// (only class 60, basic, carries content).
-    #[error("content header for class {0}, which has no content")]
-    BadContentClass(u16),
+    /// The arguments of a known method could not be decoded: they run past the
+    /// end of the frame, leave bytes after the last argument, or hold a
+    /// malformed field table or short string. `reason` says which.
+    #[error("cannot decode the arguments of {}: {reason}", crate::generated::method_name(*.class_id, *.method_id).unwrap_or("a method"))]
+    MethodArguments {
+        /// Class id of the method.
+        class_id: u16,
+        /// Method id of the method.
+        method_id: u16,
+        /// What was wrong.
+        reason: Box<DecodeError>,
+    },
     /// A heartbeat frame carried a payload (it must be empty).
     #[error("heartbeat frame with a non-empty payload of {0} bytes")]
     BadHeartbeat(u32),
@@ -67,19 +76,28 @@ pub enum DecodeError {
 
 impl DecodeError {
     /// The AMQP reply code a broker should use when closing the connection
-    /// because of this error: `FRAME_ERROR` (501) for framing problems,
-    /// `COMMAND_INVALID` (503) for unknown methods, `SYNTAX_ERROR` (502)
-    /// otherwise.
+    /// because of this error: `COMMAND_INVALID` (503) for an unknown method,
+    /// `FRAME_ERROR` (501) for everything else, as RabbitMQ reports a frame or
+    /// method it cannot decode.
     pub fn reply_code(&self) -> u16 {
-        use crate::constants::{COMMAND_INVALID, FRAME_ERROR, SYNTAX_ERROR};
+        use crate::constants::{COMMAND_INVALID, FRAME_ERROR};
         match self {
-            DecodeError::BadFrameEnd(_)
-            | DecodeError::UnknownFrameType(_)
-            | DecodeError::FrameTooLarge { .. }
-            | DecodeError::BadHeartbeat(_)
-            | DecodeError::Truncated => FRAME_ERROR,
             DecodeError::UnknownMethod { .. } => COMMAND_INVALID,
-            _ => SYNTAX_ERROR,
+            _ => FRAME_ERROR,
+        }
+    }
+
+    /// The (class id, method id) a connection.close for this error names: the
+    /// method whose arguments could not be decoded, else (0, 0). As in
+    /// RabbitMQ, a malformed UTF-8 name names no method.
+    pub fn method_ids(&self) -> (u16, u16) {
+        match self {
+            DecodeError::MethodArguments {
+                class_id,
+                method_id,
+                reason,
+            } if **reason != DecodeError::InvalidUtf8 => (*class_id, *method_id),
+            _ => (0, 0),
         }
     }
 }

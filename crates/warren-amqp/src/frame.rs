@@ -39,6 +39,9 @@ pub const PROTOCOL_HEADER: &[u8; 8] = b"AMQP\x00\x00\x09\x01";
 pub const DEFAULT_FRAME_MAX: u32 = 131_072;
 
 /// One decoded AMQP frame.
+// A frame lives only from parsing to dispatch, one at a time: boxing the header's properties
+// would cost an allocation per message for no memory saved.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq)]
 pub enum Frame {
     /// A method frame (type 1).
@@ -52,11 +55,16 @@ pub enum Frame {
     Header {
         /// Channel number.
         channel: u16,
-        /// Content class id (60 for `basic`, the only content class).
+        /// Content class id (60 for `basic`, the only content class). A header
+        /// for another class is returned too, for the receiver to refuse as an
+        /// unexpected frame.
         class_id: u16,
+        /// The weight field, which must be 0.
+        weight: u16,
         /// Total size in bytes of the body that follows in body frames.
         body_size: u64,
-        /// Content properties.
+        /// Content properties; decoded only for class 60 with weight 0, empty
+        /// otherwise.
         properties: BasicProperties,
     },
     /// A content body frame (type 3).
@@ -88,8 +96,10 @@ impl Frame {
 /// Limits applied by [`parse_frame`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
-    /// Maximum total frame size in bytes, including the 8 bytes of framing
-    /// overhead; 0 means no limit other than the `u32` size field.
+    /// The negotiated `frame-max` in bytes, framing overhead included; 0
+    /// means no limit other than the `u32` size field. Like RabbitMQ,
+    /// [`parse_frame`] tolerates 8 bytes more (a payload of `frame_max`), since
+    /// many clients get the overhead wrong.
     pub frame_max: u32,
     /// Maximum nesting depth of field tables and arrays (default 16).
     pub max_table_depth: usize,
@@ -124,8 +134,12 @@ impl Default for Limits {
 /// [`DecodeError::reply_code`]; `buf` is left unconsumed):
 /// [`DecodeError::UnknownFrameType`], [`DecodeError::FrameTooLarge`],
 /// [`DecodeError::BadFrameEnd`], [`DecodeError::BadHeartbeat`],
-/// [`DecodeError::BadContentClass`], and any method or property decoding
-/// error ([`Method::decode_with_depth`], [`BasicProperties::decode`]).
+/// [`DecodeError::Truncated`] for a method or header payload too short for its
+/// fixed fields, [`DecodeError::UnknownMethod`],
+/// [`DecodeError::MethodArguments`] wrapping any error in a known method's
+/// arguments ([`Method::decode_with_depth`]), and property decoding errors
+/// ([`BasicProperties::decode`]). Frame order, a header's class and weight,
+/// and channel numbers are the receiver's to check.
 pub fn parse_frame(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Frame>, DecodeError> {
     let Some(header) = buf.first_chunk::<FRAME_HEADER_SIZE>() else {
         return Ok(None);
@@ -140,7 +154,9 @@ pub fn parse_frame(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Frame>,
         return Err(DecodeError::UnknownFrameType(frame_type));
     }
     let total = u64::from(size) + u64::from(FRAME_OVERHEAD);
-    if limits.frame_max != 0 && total > u64::from(limits.frame_max) {
+    // As RabbitMQ, accept a payload of up to `frame_max` bytes: many clients count frame_max
+    // as the payload size, so their largest frames are 8 bytes over.
+    if limits.frame_max != 0 && u64::from(size) > u64::from(limits.frame_max) {
         return Err(DecodeError::FrameTooLarge {
             size: u32::try_from(total).unwrap_or(u32::MAX),
             max: limits.frame_max,
@@ -162,7 +178,8 @@ pub fn parse_frame(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Frame>,
     let frame = match frame_type {
         FRAME_METHOD => Frame::Method {
             channel,
-            method: Method::decode_with_depth(payload, limits.max_table_depth)?,
+            method: Method::decode_with_depth(payload, limits.max_table_depth)
+                .map_err(|e| in_method(e, payload))?,
         },
         FRAME_HEADER => decode_header_payload(channel, payload, limits.max_table_depth)?,
         FRAME_HEARTBEAT => {
@@ -185,6 +202,21 @@ pub fn parse_frame(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Frame>,
     Ok(Some(frame))
 }
 
+/// Names the method whose arguments failed to decode (an error with the
+/// class and method ids); an unknown method or a payload too short to hold
+/// the ids is left as it is.
+fn in_method(e: DecodeError, payload: &[u8]) -> DecodeError {
+    match (&e, payload) {
+        (DecodeError::UnknownMethod { .. }, _) => e,
+        (_, [c0, c1, m0, m1, ..]) => DecodeError::MethodArguments {
+            class_id: u16::from_be_bytes([*c0, *c1]),
+            method_id: u16::from_be_bytes([*m0, *m1]),
+            reason: Box::new(e),
+        },
+        _ => e,
+    }
+}
+
 fn decode_header_payload(
     channel: u16,
     payload: &[u8],
@@ -192,15 +224,19 @@ fn decode_header_payload(
 ) -> Result<Frame, DecodeError> {
     let mut d = Decoder::new(payload);
     let class_id = d.read_u16()?;
-    let _weight = d.read_u16()?;
+    let weight = d.read_u16()?;
     let body_size = d.read_u64()?;
-    if class_id != crate::generated::CLASS_BASIC {
-        return Err(DecodeError::BadContentClass(class_id));
-    }
-    let properties = BasicProperties::decode(d.rest(), max_depth)?;
+    // Only a basic header has basic properties; anything else is an unexpected frame for the
+    // receiver to report.
+    let properties = if class_id == crate::generated::CLASS_BASIC && weight == 0 {
+        BasicProperties::decode(d.rest(), max_depth)?
+    } else {
+        BasicProperties::default()
+    };
     Ok(Frame::Header {
         channel,
         class_id,
+        weight,
         body_size,
         properties,
     })

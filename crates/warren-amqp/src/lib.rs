@@ -5,7 +5,8 @@
 //!   method, the [`Method`] enum and its binary encoding, generated from
 //!   RabbitMQ's `amqp-rabbitmq-0.9.1.json` by `gen/generate.py`.
 //! * [`table`] — field tables/values and the [`table::Decoder`] cursor.
-//! * [`properties`] — `basic` content header properties.
+//! * [`properties`] — `basic` content header properties; [`shortstr`] — their
+//!   short-string values, opaque bytes.
 //! * [`constants`] — reply codes.
 //! * [`error`] — [`DecodeError`].
 //!
@@ -32,6 +33,7 @@ pub mod error;
 pub mod frame;
 pub mod generated;
 pub mod properties;
+pub mod shortstr;
 pub mod table;
 
 #[cfg(test)]
@@ -49,4 +51,5 @@ pub use frame::{
 };
 pub use generated::*;
 pub use properties::BasicProperties;
+pub use shortstr::ShortStr;
 pub use table::{decode_table, encode_table, Decoder, FieldTable, FieldValue};

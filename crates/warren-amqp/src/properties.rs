@@ -10,7 +10,8 @@
 use bytes::{BufMut, BytesMut};
 
 use crate::error::DecodeError;
-use crate::table::{decode_table, encode_table, put_shortstr, Decoder, FieldTable};
+use crate::shortstr::ShortStr;
+use crate::table::{decode_table, encode_table, put_shortstr_bytes, Decoder, FieldTable};
 
 /// Flag bit of `content-type`.
 pub const FLAG_CONTENT_TYPE: u16 = 1 << 15;
@@ -43,8 +44,6 @@ pub const FLAG_CLUSTER_ID: u16 = 1 << 2;
 /// Continuation bit: another flag word follows.
 pub const FLAG_CONTINUATION: u16 = 1;
 
-const KNOWN_FLAGS: u16 = !0b11;
-
 /// Delivery mode value for transient messages.
 pub const DELIVERY_MODE_TRANSIENT: u8 = 1;
 /// Delivery mode value for persistent messages.
@@ -52,12 +51,15 @@ pub const DELIVERY_MODE_PERSISTENT: u8 = 2;
 
 /// Properties of a `basic` content header. `None` means the property is
 /// absent (its flag bit is clear).
+///
+/// Short-string values are opaque bytes ([`ShortStr`]), as RabbitMQ treats them: a binary
+/// `correlation-id` is stored and delivered unchanged.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct BasicProperties {
     /// MIME content type (`content-type`).
-    pub content_type: Option<String>,
+    pub content_type: Option<ShortStr>,
     /// MIME content encoding (`content-encoding`).
-    pub content_encoding: Option<String>,
+    pub content_encoding: Option<ShortStr>,
     /// Application headers (`headers`), used e.g. by headers exchanges.
     pub headers: Option<FieldTable>,
     /// 1 = transient, 2 = persistent (`delivery-mode`).
@@ -65,24 +67,24 @@ pub struct BasicProperties {
     /// Message priority, 0 to 9 (`priority`).
     pub priority: Option<u8>,
     /// Application correlation identifier (`correlation-id`).
-    pub correlation_id: Option<String>,
+    pub correlation_id: Option<ShortStr>,
     /// Address to reply to (`reply-to`).
-    pub reply_to: Option<String>,
+    pub reply_to: Option<ShortStr>,
     /// Per-message TTL in milliseconds, as a decimal string (`expiration`).
-    pub expiration: Option<String>,
+    pub expiration: Option<ShortStr>,
     /// Application message identifier (`message-id`).
-    pub message_id: Option<String>,
+    pub message_id: Option<ShortStr>,
     /// Message timestamp, seconds since the Unix epoch (`timestamp`).
     pub timestamp: Option<u64>,
     /// Message type name (`type`).
-    pub kind: Option<String>,
+    pub kind: Option<ShortStr>,
     /// Creating user id, validated by RabbitMQ against the connection user
     /// (`user-id`).
-    pub user_id: Option<String>,
+    pub user_id: Option<ShortStr>,
     /// Creating application id (`app-id`).
-    pub app_id: Option<String>,
+    pub app_id: Option<ShortStr>,
     /// Deprecated cluster id (`cluster-id`).
-    pub cluster_id: Option<String>,
+    pub cluster_id: Option<ShortStr>,
 }
 
 impl BasicProperties {
@@ -118,13 +120,12 @@ impl BasicProperties {
 
     /// Appends the flag word and the present property values to `buf`.
     ///
-    /// Short strings longer than 255 bytes are cut at a character boundary
-    /// (see [`put_shortstr`]).
+    /// Short strings longer than 255 bytes are cut to 255 bytes.
     pub fn encode(&self, buf: &mut BytesMut) {
         buf.put_u16(self.flags());
-        let s = |buf: &mut BytesMut, v: &Option<String>| {
+        let s = |buf: &mut BytesMut, v: &Option<ShortStr>| {
             if let Some(v) = v {
-                put_shortstr(buf, v);
+                put_shortstr_bytes(buf, v);
             }
         };
         s(buf, &self.content_type);
@@ -155,16 +156,15 @@ impl BasicProperties {
     /// last present property unread.
     ///
     /// Continuation flag words are accepted as long as they set no property
-    /// bits. `max_depth` limits nesting inside `headers`.
+    /// bits; bit 1 of the first word, which names no property, is ignored (as
+    /// RabbitMQ does). Short-string values are taken as bytes, unchecked.
+    /// `max_depth` limits nesting inside `headers`.
     ///
-    /// Errors: [`DecodeError::Truncated`], [`DecodeError::InvalidUtf8`],
-    /// [`DecodeError::BadPropertyFlags`] when a bit that names no `basic`
-    /// property is set, plus field-table errors for `headers`.
+    /// Errors: [`DecodeError::Truncated`], [`DecodeError::BadPropertyFlags`]
+    /// when a continuation word sets a property bit, plus field-table errors
+    /// for `headers`.
     pub fn decode_from(d: &mut Decoder, max_depth: usize) -> Result<Self, DecodeError> {
         let flags = d.read_u16()?;
-        if flags & !KNOWN_FLAGS & !FLAG_CONTINUATION != 0 {
-            return Err(DecodeError::BadPropertyFlags(flags));
-        }
         let mut more = flags & FLAG_CONTINUATION != 0;
         while more {
             let w = d.read_u16()?;
@@ -174,9 +174,9 @@ impl BasicProperties {
             more = w & FLAG_CONTINUATION != 0;
         }
         let has = |bit: u16| flags & bit != 0;
-        let s = |d: &mut Decoder, bit: u16| -> Result<Option<String>, DecodeError> {
+        let s = |d: &mut Decoder, bit: u16| -> Result<Option<ShortStr>, DecodeError> {
             if has(bit) {
-                d.read_shortstr().map(Some)
+                d.read_shortstr_bytes().map(|b| Some(ShortStr::from(b)))
             } else {
                 Ok(None)
             }

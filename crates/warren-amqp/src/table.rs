@@ -331,6 +331,15 @@ impl<'a> Decoder<'a> {
             .map_err(|_| DecodeError::InvalidUtf8)
     }
 
+    /// Reads a short string (`u8` length + bytes) without checking its encoding or copying.
+    ///
+    /// Errors: [`DecodeError::Truncated`].
+    #[inline]
+    pub fn read_shortstr_bytes(&mut self) -> Result<&'a [u8], DecodeError> {
+        let len = self.read_u8()? as usize;
+        self.take(len)
+    }
+
     /// Reads a long string (`u32` length + bytes) without copying.
     #[inline]
     pub fn read_longstr_slice(&mut self) -> Result<&'a [u8], DecodeError> {
@@ -361,6 +370,15 @@ pub fn put_shortstr(buf: &mut BytesMut, s: &str) {
     buf.reserve(1 + len);
     buf.put_u8(len as u8);
     buf.put_slice(&s.as_bytes()[..len]);
+}
+
+/// Writes a short string of arbitrary bytes: `u8` length then at most 255 bytes.
+#[inline]
+pub fn put_shortstr_bytes(buf: &mut BytesMut, b: &[u8]) {
+    let len = b.len().min(SHORTSTR_MAX);
+    buf.reserve(1 + len);
+    buf.put_u8(len as u8);
+    buf.put_slice(&b[..len]);
 }
 
 /// Writes a long string: `u32` length then bytes (data beyond `u32::MAX`

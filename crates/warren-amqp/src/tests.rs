@@ -175,6 +175,7 @@ fn header_frame_round_trip() {
         Some(Frame::Header {
             channel: 5,
             class_id: 60,
+            weight: 0,
             body_size: 12345,
             properties: props,
         })
@@ -184,8 +185,8 @@ fn header_frame_round_trip() {
 #[test]
 fn property_flags_follow_spec_order() {
     let p = BasicProperties {
-        content_type: Some(String::new()),
-        cluster_id: Some(String::new()),
+        content_type: Some(String::new().into()),
+        cluster_id: Some(String::new().into()),
         ..Default::default()
     };
     assert_eq!(p.flags(), 0x8004);
@@ -196,13 +197,19 @@ fn property_flags_follow_spec_order() {
     assert_eq!(
         BasicProperties::decode(&[0x80, 0x01, 0x00, 0x00, 0], 16),
         Ok(BasicProperties {
-            content_type: Some(String::new()),
+            content_type: Some(String::new().into()),
             ..Default::default()
         })
     );
+    // Bit 1 names no property: ignored, as RabbitMQ does.
     assert_eq!(
         BasicProperties::decode(&[0x00, 0x02], 16),
-        Err(DecodeError::BadPropertyFlags(2))
+        Ok(BasicProperties::default())
+    );
+    // A continuation word may not set property bits.
+    assert_eq!(
+        BasicProperties::decode(&[0x00, 0x01, 0x80, 0x00], 16),
+        Err(DecodeError::BadPropertyFlags(0x8000))
     );
     assert_eq!(
         BasicProperties::decode(&[0x00, 0x00, 1], 16),
@@ -226,11 +233,12 @@ fn bad_frame_end() {
 
 #[test]
 fn oversize_announced_frame_errors_before_payload_arrives() {
-    let mut buf = BytesMut::from(&[3, 0, 1, 0, 0, 0x10, 0x00][..]);
+    // A 4097-byte payload: 4105 bytes in all, over the 8 bytes RabbitMQ tolerates.
+    let mut buf = BytesMut::from(&[3, 0, 1, 0, 0, 0x10, 0x01][..]);
     assert_eq!(
         parse_frame(&mut buf, &Limits::new(4096)),
         Err(DecodeError::FrameTooLarge {
-            size: 4096 + 8,
+            size: 4097 + 8,
             max: 4096
         })
     );
@@ -435,7 +443,93 @@ fn error_messages_and_reply_codes() {
         "unknown method: class id 1, method id 2"
     );
     assert_eq!(DecodeError::BadFrameEnd(0).reply_code(), FRAME_ERROR);
-    assert_eq!(DecodeError::InvalidUtf8.reply_code(), SYNTAX_ERROR);
+    assert_eq!(DecodeError::InvalidUtf8.reply_code(), FRAME_ERROR);
+    assert_eq!(
+        DecodeError::UnknownMethod {
+            class_id: 1,
+            method_id: 2
+        }
+        .reply_code(),
+        COMMAND_INVALID
+    );
+}
+
+#[test]
+fn malformed_method_arguments_name_their_method() {
+    // basic.publish whose exchange name runs past the end of the frame.
+    let mut buf = BytesMut::new();
+    buf.put_slice(&[1, 0, 1, 0, 0, 0, 7, 0, 60, 0, 40, 0, 0, 5, 0xCE]);
+    let e = parse_frame(&mut buf, &limits()).unwrap_err();
+    assert_eq!(
+        e,
+        DecodeError::MethodArguments {
+            class_id: 60,
+            method_id: 40,
+            reason: Box::new(DecodeError::Truncated)
+        }
+    );
+    assert_eq!((e.reply_code(), e.method_ids()), (FRAME_ERROR, (60, 40)));
+    assert_eq!(
+        e.to_string(),
+        "cannot decode the arguments of basic.publish: truncated input: a value or length prefix extends past the end of the data"
+    );
+    // A name that is not UTF-8 names no method, as in RabbitMQ.
+    let mut buf = BytesMut::new();
+    buf.put_slice(&[1, 0, 1, 0, 0, 0, 6, 0, 20, 0, 10, 1, 0xFF, 0xCE]);
+    let e = parse_frame(&mut buf, &limits()).unwrap_err();
+    assert_eq!(e.method_ids(), (0, 0));
+}
+
+#[test]
+fn content_header_of_another_class_or_weight_is_left_to_the_receiver() {
+    let mut buf = BytesMut::new();
+    encode_header_frame(1, 10, 3, &BasicProperties::default(), &mut buf);
+    match parse_frame(&mut buf, &limits()).unwrap() {
+        Some(Frame::Header {
+            class_id, weight, ..
+        }) => assert_eq!((class_id, weight), (10, 0)),
+        f => panic!("{f:?}"),
+    }
+    let mut buf = BytesMut::new();
+    buf.put_slice(&[
+        2, 0, 1, 0, 0, 0, 14, 0, 60, 0, 9, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0xCE,
+    ]);
+    match parse_frame(&mut buf, &limits()).unwrap() {
+        Some(Frame::Header { weight, .. }) => assert_eq!(weight, 9),
+        f => panic!("{f:?}"),
+    }
+}
+
+#[test]
+fn binary_property_values_round_trip() {
+    let uuid: &[u8] = &[
+        0x00, 0xFF, 0x10, 0x80, 0xC3, 0x28, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
+    ];
+    let p = BasicProperties {
+        correlation_id: Some(uuid.into()),
+        message_id: Some(vec![0xFE; 255].into()),
+        ..Default::default()
+    };
+    let mut buf = BytesMut::new();
+    p.encode(&mut buf);
+    let back = BasicProperties::decode(&buf, 16).unwrap();
+    assert_eq!(back, p);
+    assert_eq!(back.correlation_id.as_ref().unwrap().as_bytes(), uuid);
+    assert_eq!(back.correlation_id.as_ref().unwrap().as_str(), None);
+}
+
+#[test]
+fn frame_max_tolerates_the_framing_overhead_as_rabbitmq() {
+    // A payload of exactly frame_max (8 bytes over in total) is accepted; one more is not.
+    let mut buf = BytesMut::new();
+    encode_body_frames(1, &[7u8; 4096], 0, &mut buf);
+    assert!(parse_frame(&mut buf, &Limits::new(4096)).unwrap().is_some());
+    let mut buf = BytesMut::new();
+    encode_body_frames(1, &[7u8; 4097], 0, &mut buf);
+    assert!(matches!(
+        parse_frame(&mut buf, &Limits::new(4096)),
+        Err(DecodeError::FrameTooLarge { .. })
+    ));
 }
 
 #[test]
@@ -480,7 +574,7 @@ proptest! {
         encode_header_frame(channel, CLASS_BASIC, body_size, &p, &mut frame);
         prop_assert_eq!(
             parse_frame(&mut frame, &Limits::new(0)),
-            Ok(Some(Frame::Header { channel, class_id: CLASS_BASIC, body_size, properties: p }))
+            Ok(Some(Frame::Header { channel, class_id: CLASS_BASIC, weight: 0, body_size, properties: p }))
         );
     }
 

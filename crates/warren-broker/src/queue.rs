@@ -320,8 +320,8 @@ impl Queue {
         let own = m
             .properties
             .expiration
-            .as_deref()
-            .and_then(|e| crate::args::parse_expiration(e).ok());
+            .as_ref()
+            .and_then(|e| crate::args::parse_expiration(e.as_str()?).ok());
         let ttl = match (self.args.message_ttl, own) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),

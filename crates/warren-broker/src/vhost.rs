@@ -1464,7 +1464,10 @@ fn dead_lettered(from: &Queue, dlx: &str, l: &DeadLetter, now_s: u64) -> Arc<Mes
         None => {
             let mut t = FieldTable::new();
             if let Some(e) = &props.expiration {
-                t.insert("original-expiration", s(e));
+                t.insert(
+                    "original-expiration",
+                    FieldValue::LongString(bytes::Bytes::copy_from_slice(e)),
+                );
             }
             t.insert("count", FieldValue::I64(1));
             t.insert("reason", s(reason));

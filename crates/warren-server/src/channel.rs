@@ -6,10 +6,11 @@
 //! prefetch and the consumer list live there behind a mutex. [`Channel`] is owned by the
 //! connection task: content assembly, confirm and transaction state.
 
-use crate::outbox::{Outbox, HIGH_WATER};
+use crate::outbox::Outbox;
 use bytes::BufMut;
 use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
+use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -51,6 +52,15 @@ struct SharedState {
     unacked: BTreeMap<u64, Unacked>,
     global_prefetch: u16,
     consumers: HashMap<Arc<str>, ConsumerInfo>,
+    /// Set while the connection task handles a method on this channel: basic.cancel
+    /// notifications raised meanwhile wait in `deferred_cancels` until the method's reply is
+    /// queued (RabbitMQ sends queue.delete-ok before the basic.cancel it causes on the same
+    /// channel; py-amqp fails queue_delete otherwise).
+    replying: bool,
+    deferred_cancels: Vec<Arc<str>>,
+    /// A consumer registered with its queue whose basic.consume-ok is not queued yet: other
+    /// tasks must not deliver to it before the client has learned its tag.
+    announcing: Option<Arc<str>>,
 }
 
 /// The part of a channel that queues deliver into.
@@ -135,7 +145,7 @@ impl DeliveryTarget for ChannelShared {
         msg: QueuedMessage,
     ) -> Result<(), QueuedMessage> {
         let mut st = self.st.lock();
-        if !st.open || !st.flow {
+        if !st.open || !st.flow || st.announcing.as_ref() == Some(consumer_tag) {
             return Err(msg);
         }
         if !no_ack && st.global_prefetch != 0 && st.unacked.len() >= usize::from(st.global_prefetch)
@@ -143,8 +153,9 @@ impl DeliveryTarget for ChannelShared {
             return Err(msg);
         }
         let tag = st.next_tag + 1;
+        let high_water = self.outbox.high_water();
         let written = self.outbox.with(|buf| {
-            if buf.len() >= HIGH_WATER {
+            if buf.len() >= high_water {
                 return false;
             }
             write_delivery(
@@ -180,6 +191,10 @@ impl DeliveryTarget for ChannelShared {
     fn cancelled_by_broker(&self, consumer_tag: &Arc<str>) {
         let mut st = self.st.lock();
         if st.consumers.remove(consumer_tag).is_some() && st.open && self.cancel_notify {
+            if st.replying {
+                st.deferred_cancels.push(consumer_tag.clone());
+                return;
+            }
             self.outbox.send(
                 self.id,
                 &Method::BasicCancel(BasicCancel {
@@ -217,6 +232,30 @@ enum AckOp {
 struct TxState {
     publishes: Vec<(Arc<Message>, bool)>,
     acks: Vec<AckOp>,
+    /// Body bytes of `publishes`.
+    bytes: u64,
+}
+
+impl TxState {
+    /// Refuses one more operation (and `bytes` more message bytes) beyond the configured caps.
+    fn admit(&self, limits: &ChannelLimits, bytes: u64) -> MethodResult {
+        if self.publishes.len() + self.acks.len() >= limits.tx_max_operations {
+            return Err(BrokerError::precondition_failed(format!(
+                "transaction holds the maximum of {} publishes and acknowledgements \
+                 (amqp.tx_max_operations); commit or roll back",
+                limits.tx_max_operations
+            )));
+        }
+        if self.bytes + bytes > limits.tx_max_bytes {
+            return Err(BrokerError::precondition_failed(format!(
+                "transaction would hold {} bytes of messages, over the limit of {} \
+                 (amqp.tx_max_bytes); commit or roll back",
+                self.bytes + bytes,
+                limits.tx_max_bytes
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// Publisher-confirm bookkeeping, shared with the message store's writer thread, which
@@ -369,10 +408,26 @@ pub struct Context<'a> {
     pub connection_id: u64,
     /// The connection's vhost.
     pub vhost: &'a Arc<VHost>,
-    /// Largest accepted message body.
-    pub max_message_size: u64,
+    /// The limits channels enforce.
+    pub limits: ChannelLimits,
+    /// Bytes of content announced in content headers and not yet received, over all the
+    /// connection's channels (bounded by [`ChannelLimits::max_incomplete_content_bytes`]).
+    pub incomplete_content: &'a Cell<u64>,
     /// The authenticated user (a publish's `user_id` property must match it).
     pub user: &'a str,
+}
+
+/// Limits a connection's channels enforce, from the `[amqp]` configuration.
+#[derive(Debug, Clone, Copy)]
+pub struct ChannelLimits {
+    /// Largest accepted message body, bytes.
+    pub max_message_size: u64,
+    /// Most bytes of content a connection may have announced and not finished.
+    pub max_incomplete_content_bytes: u64,
+    /// Most message body bytes one transaction may hold.
+    pub tx_max_bytes: u64,
+    /// Most publishes plus acknowledgements one transaction may hold.
+    pub tx_max_operations: usize,
 }
 
 type MethodResult = Result<(), BrokerError>;
@@ -394,6 +449,9 @@ impl Channel {
                     unacked: BTreeMap::new(),
                     global_prefetch: 0,
                     consumers: HashMap::new(),
+                    replying: false,
+                    deferred_cancels: Vec::new(),
+                    announcing: None,
                 }),
             }),
             closing: false,
@@ -420,16 +478,42 @@ impl Channel {
         self.content.is_some()
     }
 
-    /// Handles a method frame on this open channel.
+    /// Handles a method frame on this open channel. Its reply, if any, is queued before any
+    /// basic.cancel notification the method causes on this channel.
     pub fn handle_method(&mut self, ctx: &Context, method: Method) -> Result<Outcome, BrokerError> {
-        if self.content.is_some() {
-            return Err(BrokerError::new(
-                constants::UNEXPECTED_FRAME,
+        if let Some(content) = &self.content {
+            let text = if content.header.is_some() {
+                "expected content body, got non content body frame instead".to_string()
+            } else {
                 format!(
                     "expected content header for class {BASIC_CLASS}, got non content header frame instead"
-                ),
-            ));
+                )
+            };
+            return Err(BrokerError::new(constants::UNEXPECTED_FRAME, text));
         }
+        self.shared.st.lock().replying = true;
+        let outcome = self.dispatch_method(ctx, method);
+        let deferred = {
+            let mut st = self.shared.st.lock();
+            st.replying = false;
+            std::mem::take(&mut st.deferred_cancels)
+        };
+        // A failed method closes the channel: its consumers are gone without notification.
+        if outcome.is_ok() && !deferred.is_empty() {
+            self.shared.outbox.with(|buf| {
+                for tag in deferred {
+                    let m = Method::BasicCancel(BasicCancel {
+                        consumer_tag: tag.to_string(),
+                        nowait: true,
+                    });
+                    encode_method_frame(self.shared.id, &m, buf);
+                }
+            });
+        }
+        outcome
+    }
+
+    fn dispatch_method(&mut self, ctx: &Context, method: Method) -> Result<Outcome, BrokerError> {
         let mut method = method;
         self.expand_shortcuts(&mut method)?;
         match method {
@@ -442,7 +526,6 @@ impl Channel {
                 self.send(ChannelCloseOk {});
                 Ok(Outcome::Closed)
             }
-            Method::ChannelCloseOk(_) => Ok(Outcome::Done),
             Method::ChannelFlow(f) => {
                 let queues = {
                     let mut st = self.shared.st.lock();
@@ -455,7 +538,6 @@ impl Channel {
                 }
                 Ok(Outcome::Done)
             }
-            Method::ChannelFlowOk(_) => Ok(Outcome::Done),
             Method::AccessRequest(_) => {
                 self.send(AccessRequestOk { ticket: 1 });
                 Ok(Outcome::Done)
@@ -566,24 +648,33 @@ impl Channel {
             }
             Method::BasicGet(m) => self.basic_get(ctx, m).map(|_| Outcome::Done),
             Method::BasicAck(m) => self
-                .ack_op(AckOp::Ack {
-                    tag: m.delivery_tag,
-                    multiple: m.multiple,
-                })
+                .ack_op(
+                    &ctx.limits,
+                    AckOp::Ack {
+                        tag: m.delivery_tag,
+                        multiple: m.multiple,
+                    },
+                )
                 .map(|_| Outcome::Done),
             Method::BasicReject(m) => self
-                .ack_op(AckOp::Reject {
-                    tag: m.delivery_tag,
-                    multiple: false,
-                    requeue: m.requeue,
-                })
+                .ack_op(
+                    &ctx.limits,
+                    AckOp::Reject {
+                        tag: m.delivery_tag,
+                        multiple: false,
+                        requeue: m.requeue,
+                    },
+                )
                 .map(|_| Outcome::Done),
             Method::BasicNack(m) => self
-                .ack_op(AckOp::Reject {
-                    tag: m.delivery_tag,
-                    multiple: m.multiple,
-                    requeue: m.requeue,
-                })
+                .ack_op(
+                    &ctx.limits,
+                    AckOp::Reject {
+                        tag: m.delivery_tag,
+                        multiple: m.multiple,
+                        requeue: m.requeue,
+                    },
+                )
                 .map(|_| Outcome::Done),
             Method::BasicRecover(m) => {
                 // As in RabbitMQ, recover-ok goes out before the redeliveries: clients (lapin)
@@ -664,11 +755,9 @@ impl Channel {
                 }
                 Ok(Outcome::Done)
             }
-            other => Err(BrokerError::command_invalid(format!(
-                "unexpected method {} on channel {}",
-                other.name(),
-                self.id()
-            ))),
+            // Methods only a server sends, and channel.close-ok when no close was sent: as
+            // RabbitMQ (rabbit_channel's last handle_method clause).
+            _ => Err(BrokerError::command_invalid("unimplemented method")),
         }
     }
 
@@ -811,7 +900,16 @@ impl Channel {
             self.consumer_prefetch,
             m.arguments,
         );
-        let q = ctx.vhost.consume(&m.queue, consumer, ctx.connection_id)?;
+        // Until consume-ok is queued, a publish on another connection must not deliver to the
+        // new consumer: basic.deliver would reach the client before the tag it names.
+        self.shared.st.lock().announcing = Some(tag.clone());
+        let q = match ctx.vhost.consume(&m.queue, consumer, ctx.connection_id) {
+            Ok(q) => q,
+            Err(e) => {
+                self.shared.st.lock().announcing = None;
+                return Err(e);
+            }
+        };
         self.shared
             .st
             .lock()
@@ -822,6 +920,7 @@ impl Channel {
                 consumer_tag: tag.to_string(),
             });
         }
+        self.shared.st.lock().announcing = None;
         q.dispatch();
         Ok(())
     }
@@ -917,8 +1016,9 @@ impl Channel {
         Ok(())
     }
 
-    fn ack_op(&mut self, op: AckOp) -> MethodResult {
+    fn ack_op(&mut self, limits: &ChannelLimits, op: AckOp) -> MethodResult {
         if let Some(tx) = self.tx.as_mut() {
+            tx.admit(limits, 0)?;
             let (tag, multiple) = match op {
                 AckOp::Ack { tag, multiple } | AckOp::Reject { tag, multiple, .. } => {
                     (tag, multiple)
@@ -997,6 +1097,7 @@ impl Channel {
         &mut self,
         ctx: &Context,
         class_id: u16,
+        weight: u16,
         body_size: u64,
         properties: BasicProperties,
     ) -> Result<(), BrokerError> {
@@ -1020,13 +1121,35 @@ impl Channel {
                 ),
             ));
         }
-        if body_size > ctx.max_message_size {
+        // RabbitMQ's assembler takes a header with a non-zero weight for no header at all.
+        if weight != 0 {
+            return Err(BrokerError::new(
+                constants::UNEXPECTED_FRAME,
+                format!(
+                    "expected content header for class {BASIC_CLASS}, got non content header frame instead"
+                ),
+            ));
+        }
+        if body_size > ctx.limits.max_message_size {
             self.content = None;
             return Err(BrokerError::precondition_failed(format!(
                 "message size {body_size} is larger than configured max size {}",
-                ctx.max_message_size
+                ctx.limits.max_message_size
             )));
         }
+        // Bodies being assembled are held in memory: bound them per connection, or a client
+        // could start a large message on every channel and never finish them.
+        let incomplete = ctx.incomplete_content.get() + body_size;
+        if incomplete > ctx.limits.max_incomplete_content_bytes {
+            self.content = None;
+            return Err(BrokerError::precondition_failed(format!(
+                "message size {body_size} would take the content this connection has started \
+                 and not finished to {incomplete} bytes, over the limit of {} \
+                 (amqp.max_incomplete_content_bytes)",
+                ctx.limits.max_incomplete_content_bytes
+            )));
+        }
+        ctx.incomplete_content.set(incomplete);
         content.header = Some((body_size, properties));
         if body_size == 0 {
             self.finish_publish(ctx)?;
@@ -1052,12 +1175,10 @@ impl Channel {
         };
         let have = content.single.as_ref().map_or(0, |b| b.len()) + content.body.len();
         if (have + payload.len()) as u64 > size {
+            // RabbitMQ 4.x's text (3.x waits for ever).
             return Err(BrokerError::new(
                 constants::FRAME_ERROR,
-                format!(
-                    "content body of {} bytes exceeds the {size} announced in the header",
-                    have + payload.len()
-                ),
+                "content body frame exceeds remaining content size",
             ));
         }
         if have == 0 {
@@ -1075,14 +1196,27 @@ impl Channel {
         Ok(())
     }
 
+    /// Forgets the message being assembled, if any, and returns its share of the connection's
+    /// incomplete-content budget.
+    fn take_content(&mut self, ctx: &Context) -> Option<PendingContent> {
+        let content = self.content.take()?;
+        if let Some((size, _)) = &content.header {
+            let left = ctx.incomplete_content.get().saturating_sub(*size);
+            ctx.incomplete_content.set(left);
+        }
+        Some(content)
+    }
+
     fn finish_publish(&mut self, ctx: &Context) -> MethodResult {
-        let Some(content) = self.content.take() else {
+        let Some(content) = self.take_content(ctx) else {
             return Ok(());
         };
         let (_, mut properties) = content.header.unwrap_or_default();
-        if properties.reply_to.as_deref() == Some(REPLY_TO) {
+        // Property values are opaque bytes; only the three the broker interprets are read
+        // as text here.
+        if properties.reply_to.as_ref().is_some_and(|r| r == REPLY_TO) {
             match &self.reply_to {
-                Some(name) => properties.reply_to = Some(name.clone()),
+                Some(name) => properties.reply_to = Some(name.as_str().into()),
                 None => {
                     return Err(BrokerError::precondition_failed(
                         "fast reply consumer does not exist",
@@ -1090,16 +1224,16 @@ impl Channel {
                 }
             }
         }
-        if let Some(claimed) = properties.user_id.as_deref() {
-            if claimed != ctx.user {
+        if let Some(claimed) = &properties.user_id {
+            if claimed.as_bytes() != ctx.user.as_bytes() {
                 return Err(BrokerError::precondition_failed(format!(
                     "user_id property set to '{claimed}' but authenticated user was '{}'",
                     ctx.user
                 )));
             }
         }
-        if let Some(e) = properties.expiration.as_deref() {
-            if let Err(reason) = warren_broker::args::parse_expiration(e) {
+        if let Some(e) = &properties.expiration {
+            if let Err(reason) = warren_broker::args::parse_expiration(&e.to_string_lossy()) {
                 return Err(BrokerError::precondition_failed(format!(
                     "invalid expiration '{e}': {reason}"
                 )));
@@ -1116,6 +1250,9 @@ impl Channel {
             body,
         ));
         if let Some(tx) = self.tx.as_mut() {
+            let bytes = msg.body.len() as u64;
+            tx.admit(&ctx.limits, bytes)?;
+            tx.bytes += bytes;
             tx.publishes.push((msg, content.publish.mandatory));
             return Ok(());
         }
@@ -1223,7 +1360,7 @@ impl Channel {
             true,
             false,
         );
-        self.content = None;
+        self.take_content(ctx);
         self.tx = None;
     }
 

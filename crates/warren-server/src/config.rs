@@ -70,7 +70,8 @@ pub struct AmqpConfig {
     /// Largest frame in bytes offered in connection.tune, headers included (RabbitMQ
     /// `frame_max`, default 131072). Clients may lower it, not raise it.
     pub frame_max: u32,
-    /// Highest channel number offered in connection.tune (RabbitMQ `channel_max`, default 2047).
+    /// Most channels open at once on one connection, offered in connection.tune (RabbitMQ
+    /// `channel_max`, default 2047). Channel numbers themselves may be any of 1..=65535.
     pub channel_max: u16,
     /// Heartbeat interval in seconds offered in connection.tune (RabbitMQ `heartbeat`, default
     /// 60); 0 disables heartbeats unless the client asks for them.
@@ -84,6 +85,20 @@ pub struct AmqpConfig {
     pub max_table_depth: usize,
     /// Seconds a client has to complete the handshake (RabbitMQ `handshake_timeout`, 10 s).
     pub handshake_timeout: u64,
+    /// Most bytes of message content one connection may have announced in content headers
+    /// and not finished sending, over all its channels; a header beyond it closes its channel
+    /// with 406 PRECONDITION_FAILED. At least `max_message_size`.
+    pub max_incomplete_content_bytes: u64,
+    /// Pending output in bytes above which queues stop delivering to a connection; above
+    /// twice this the connection is no longer read from until its client has read it down to
+    /// half the mark.
+    pub outbox_high_water_bytes: usize,
+    /// Most message body bytes one transaction may hold before tx.commit; beyond it the
+    /// publish closes the channel with 406 PRECONDITION_FAILED.
+    pub tx_max_bytes: u64,
+    /// Most publishes plus acknowledgements one transaction may hold before tx.commit; beyond
+    /// it the channel is closed with 406 PRECONDITION_FAILED.
+    pub tx_max_operations: usize,
 }
 
 /// RabbitMQ's largest accepted `max_message_size`, 512 MiB.
@@ -317,6 +332,10 @@ impl Default for AmqpConfig {
             max_connections: 65_536,
             max_table_depth: 16,
             handshake_timeout: 10,
+            max_incomplete_content_bytes: 128 * 1024 * 1024,
+            outbox_high_water_bytes: crate::outbox::HIGH_WATER,
+            tx_max_bytes: 128 * 1024 * 1024,
+            tx_max_operations: 100_000,
         }
     }
 }
@@ -591,6 +610,27 @@ impl Config {
                 "must be at least 1 second",
             );
         }
+        if a.max_incomplete_content_bytes < a.max_message_size {
+            return bad(
+                "amqp.max_incomplete_content_bytes",
+                &a.max_incomplete_content_bytes,
+                "must be at least amqp.max_message_size",
+            );
+        }
+        if a.outbox_high_water_bytes < 64 * 1024 {
+            return bad(
+                "amqp.outbox_high_water_bytes",
+                &a.outbox_high_water_bytes,
+                "must be at least 65536",
+            );
+        }
+        if a.tx_max_bytes == 0 || a.tx_max_operations == 0 {
+            return bad(
+                "amqp.tx_max_bytes / amqp.tx_max_operations",
+                &format!("{} / {}", a.tx_max_bytes, a.tx_max_operations),
+                "must be at least 1",
+            );
+        }
         let s = &self.storage;
         if let Some(d) = &s.data_dir {
             if d.as_os_str().is_empty() {
@@ -682,7 +722,7 @@ impl Config {
 listen = {listen}
 # Largest frame in bytes offered in connection.tune (clients may lower it).
 frame_max = {frame_max}
-# Highest channel number per connection.
+# Most channels open at once on one connection (channel numbers may be any of 1-65535).
 channel_max = {channel_max}
 # Heartbeat interval offered in connection.tune, seconds (0 = none unless the client asks).
 heartbeat = {heartbeat}
@@ -694,6 +734,15 @@ max_connections = {max_connections}
 max_table_depth = {max_table_depth}
 # Seconds a client has to complete the AMQP handshake.
 handshake_timeout = {handshake_timeout}
+# Most bytes of messages a connection may have started (content header sent) and not
+# finished, over all its channels; at least max_message_size.
+max_incomplete_content_bytes = {max_incomplete_content_bytes}
+# Pending output per connection above which deliveries wait; above twice this the broker
+# stops reading from the connection until its client catches up.
+outbox_high_water_bytes = {outbox_high_water_bytes}
+# Most message bytes, and most publishes plus acks, one transaction may hold.
+tx_max_bytes = {tx_max_bytes}
+tx_max_operations = {tx_max_operations}
 
 [storage]
 # Data directory (durable definitions and messages; the log folder when [log] file is set).
@@ -751,6 +800,10 @@ high_watermark_bytes = {high_watermark_bytes}
             max_connections = d.amqp.max_connections,
             max_table_depth = d.amqp.max_table_depth,
             handshake_timeout = d.amqp.handshake_timeout,
+            max_incomplete_content_bytes = d.amqp.max_incomplete_content_bytes,
+            outbox_high_water_bytes = d.amqp.outbox_high_water_bytes,
+            tx_max_bytes = d.amqp.tx_max_bytes,
+            tx_max_operations = d.amqp.tx_max_operations,
             segment_size = d.storage.segment_size,
             fsync_batch_bytes = d.storage.fsync_batch_bytes,
             fsync_delay_us = d.storage.fsync_delay_us,

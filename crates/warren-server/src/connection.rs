@@ -5,10 +5,11 @@
 //! Everything a connection does to the broker model runs on its own task, synchronously; only
 //! socket writes are left to the writer task that drains the [`Outbox`].
 
-use crate::channel::{Channel, Context, Outcome, BASIC_CLASS};
+use crate::channel::{Channel, ChannelLimits, Context, Outcome, BASIC_CLASS};
 use crate::outbox::Outbox;
 use crate::server::ServerState;
 use bytes::{Bytes, BytesMut};
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -17,11 +18,12 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 use warren_amqp::frame::{
-    encode_method_frame, parse_frame, Frame, Limits, FRAME_MIN_SIZE, PROTOCOL_HEADER,
+    encode_heartbeat, encode_method_frame, parse_frame, Frame, Limits, FRAME_MIN_SIZE,
+    PROTOCOL_HEADER,
 };
 use warren_amqp::generated::*;
 use warren_amqp::table::{Decoder, FieldTable, FieldValue};
-use warren_amqp::{constants, Method};
+use warren_amqp::{constants, DecodeError, Method};
 use warren_broker::{BrokerError, VHost};
 
 /// How long the server waits for connection.close-ok after sending connection.close.
@@ -43,6 +45,23 @@ impl ConnError {
             text: format!("{} - {}", constants::reply_code_name(code), text.into()),
             class_id: 0,
             method_id: 0,
+        }
+    }
+    /// A frame that could not be decoded: 501 FRAME_ERROR (503 for an unknown method), naming
+    /// the method whose arguments were malformed, as RabbitMQ does.
+    fn decode(e: &DecodeError) -> Self {
+        let (class_id, method_id) = e.method_ids();
+        let text = match e {
+            // RabbitMQ's text for a name that is not UTF-8.
+            DecodeError::MethodArguments { reason, .. } if **reason == DecodeError::InvalidUtf8 => {
+                reason.to_string()
+            }
+            _ => e.to_string(),
+        };
+        ConnError {
+            class_id,
+            method_id,
+            ..ConnError::new(e.reply_code(), text)
         }
     }
     fn from_broker(e: BrokerError, class_id: u16, method_id: u16) -> Self {
@@ -131,7 +150,7 @@ async fn handshake_frame<R: AsyncRead + Unpin>(
             Ok(None) => read_more(rd, buf)
                 .await
                 .map_err(|e| ConnError::new(constants::CONNECTION_FORCED, e.to_string()))?,
-            Err(e) => return Err(ConnError::new(e.reply_code(), e.to_string())),
+            Err(e) => return Err(ConnError::decode(&e)),
         }
     }
 }
@@ -302,7 +321,7 @@ where
         }
     };
 
-    let outbox = Arc::new(Outbox::new());
+    let outbox = Arc::new(Outbox::with_high_water(cfg.outbox_high_water_bytes));
     let heartbeat = (tuned.heartbeat > 0).then(|| Duration::from_secs(u64::from(tuned.heartbeat)));
     let writer = {
         let outbox = outbox.clone();
@@ -322,7 +341,13 @@ where
         frame_max: tuned.frame_max,
         channel_max: tuned.channel_max,
         cancel_notify: session.cancel_notify,
-        max_message_size: cfg.max_message_size,
+        limits: ChannelLimits {
+            max_message_size: cfg.max_message_size,
+            max_incomplete_content_bytes: cfg.max_incomplete_content_bytes,
+            tx_max_bytes: cfg.tx_max_bytes,
+            tx_max_operations: cfg.tx_max_operations,
+        },
+        incomplete_content: Cell::new(0),
         user: session.user,
         published: false,
     };
@@ -348,7 +373,15 @@ where
     let mut eof_reason = "client unexpectedly closed TCP connection".to_string();
 
     let end = 'outer: loop {
+        // Frames are handled until the input runs out or the output backs up: a client that
+        // does not read what it is sent (replies, returns, confirms, get-oks) is not read from
+        // either, so neither buffer grows without bound.
+        let mut backlogged = false;
         loop {
+            if outbox.is_backlogged() {
+                backlogged = true;
+                break;
+            }
             match parse_frame(&mut rbuf, &limits) {
                 Ok(Some(frame)) => {
                     if let Some(end) = conn.handle_frame(frame) {
@@ -356,9 +389,7 @@ where
                     }
                 }
                 Ok(None) => break,
-                Err(e) => {
-                    break 'outer End::Error(ConnError::new(e.reply_code(), e.to_string()));
-                }
+                Err(e) => break 'outer End::Error(ConnError::decode(&e)),
             }
         }
         conn.flush_confirms();
@@ -369,16 +400,36 @@ where
         if outbox.is_closing() {
             break End::Eof;
         }
-        // Memory alarm: a connection that publishes and consumes nothing is not read from
-        // until memory use falls back (connections that also consume keep going, so that
-        // their acks can free memory).
-        if conn.published && state.publishers_paused() && !conn.has_consumers() {
-            while state.publishers_paused() {
-                tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_millis(100)) => {}
-                    _ = shutdown.changed() => break,
-                }
+        if backlogged || outbox.is_backlogged() {
+            let t = std::time::Instant::now();
+            if let Some(end) = paused(&mut rd, &mut rbuf, &outbox, &mut shutdown, true, || {
+                outbox.is_backlogged()
+            })
+            .await
+            {
+                break end;
             }
+            tracing::trace!(
+                waited_us = t.elapsed().as_micros() as u64,
+                "reading paused until the client read its backlog"
+            );
+            continue;
+        }
+        // Memory and disk alarms: as RabbitMQ, a connection that publishes while an alarm is on is no
+        // longer read from until memory use falls back; connections that only consume (and
+        // so acknowledge, freeing memory) keep going.
+        if std::mem::take(&mut conn.published) && state.publishers_paused() {
+            debug!("memory or disk alarm: publisher paused");
+            if let Some(end) = paused(&mut rd, &mut rbuf, &outbox, &mut shutdown, false, || {
+                state.publishers_paused()
+            })
+            .await
+            {
+                break end;
+            }
+            debug!("alarm cleared: publisher resumed");
+            // Input read during the pause is waiting in the buffer.
+            continue;
         }
         for q in conn.take_pressure() {
             let t = std::time::Instant::now();
@@ -414,9 +465,23 @@ where
     };
 
     conn.cleanup();
+    let linger = close_linger(tuned.heartbeat);
     match end {
-        End::Eof => warn!("closing AMQP connection ({who}): {eof_reason}"),
-        End::ClientClosed => info!("closing AMQP connection ({who})"),
+        End::Eof => {
+            warn!("closing AMQP connection ({who}): {eof_reason}");
+            outbox.close_after_flush();
+            let _ = tokio::time::timeout(Duration::from_secs(5), writer).await;
+        }
+        End::ClientClosed => {
+            info!("closing AMQP connection ({who})");
+            // close-ok is queued. The client may still be writing frames it queued before its
+            // connection.close (amqplib sends channel 0 ahead of its channels' buffers): keep
+            // reading and discarding until it closes the socket, so that closing ours does not
+            // reset the connection under a client that is still flushing.
+            outbox.close_after_flush();
+            let _ = tokio::time::timeout(Duration::from_secs(5), writer).await;
+            drain_until_eof(&mut rd, &mut rbuf, linger).await;
+        }
         End::Error(e) => {
             if e.code == constants::CONNECTION_FORCED {
                 info!(code = e.code, "closing AMQP connection ({who}): {}", e.text);
@@ -432,30 +497,151 @@ where
                     method_id: e.method_id,
                 }),
             );
-            // Discard everything until connection.close-ok (or close), or time out.
-            let wait_close_ok = async {
-                loop {
-                    while let Ok(Some(frame)) = parse_frame(&mut rbuf, &limits) {
-                        if let Frame::Method {
-                            channel: 0,
-                            method: Method::ConnectionCloseOk(_) | Method::ConnectionClose(_),
-                        } = frame
-                        {
-                            return;
-                        }
-                    }
-                    rbuf.clear();
-                    if read_more(&mut rd, &mut rbuf).await.is_err() {
-                        return;
-                    }
+            // Discard everything until connection.close-ok (or close), or time out. At broker
+            // shutdown the wait is short: a connection its client does not read (an idle
+            // publishing connection of a Celery worker, say) can never answer.
+            let linger = if *shutdown.borrow() {
+                info!(
+                    user = %conn.user,
+                    timeout_ms = SHUTDOWN_CLOSE_TIMEOUT.as_millis() as u64,
+                    "broker shutdown: waiting for connection.close-ok"
+                );
+                SHUTDOWN_CLOSE_TIMEOUT
+            } else {
+                linger
+            };
+            let since = std::time::Instant::now();
+            let waited = tokio::time::timeout(linger, wait_close_ok(&mut rd, &mut rbuf, &limits));
+            let answered = match waited.await {
+                Ok(true) => {
+                    debug!(
+                        waited_ms = since.elapsed().as_millis() as u64,
+                        "connection.close-ok received"
+                    );
+                    true
+                }
+                Ok(false) => {
+                    debug!("client closed the socket instead of sending close-ok");
+                    false
+                }
+                Err(_) => {
+                    warn!(
+                        user = %conn.user,
+                        timeout_ms = linger.as_millis() as u64,
+                        "no connection.close-ok in time (the client is not reading this \
+                         connection); closing the socket"
+                    );
+                    false
                 }
             };
-            let _ = tokio::time::timeout(CLOSE_TIMEOUT, wait_close_ok).await;
+            outbox.close_after_flush();
+            let _ = tokio::time::timeout(Duration::from_secs(5), writer).await;
+            // The close-ok may have overtaken frames the client still writes: read them until
+            // the client closes, briefly, before closing the socket.
+            if answered {
+                drain_until_eof(&mut rd, &mut rbuf, CLOSE_DRAIN).await;
+            }
         }
     }
-    outbox.close_after_flush();
-    let _ = tokio::time::timeout(Duration::from_secs(5), writer).await;
     Ok(())
+}
+
+/// How long the broker waits for the client's side of a close handshake: connection.close-ok
+/// after a server-initiated close, the socket's close after a client-initiated one. As in
+/// RabbitMQ, the negotiated heartbeat interval when it is set and shorter than
+/// [`CLOSE_TIMEOUT`], else [`CLOSE_TIMEOUT`].
+fn close_linger(heartbeat_s: u16) -> Duration {
+    match Duration::from_secs(u64::from(heartbeat_s)) {
+        h if !h.is_zero() && h < CLOSE_TIMEOUT => h,
+        _ => CLOSE_TIMEOUT,
+    }
+}
+
+/// How long a connection.close sent because the broker shuts down waits for close-ok.
+const SHUTDOWN_CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// After the server received connection.close-ok, how long it keeps reading frames the client
+/// sent before it (and discarding them) while waiting for the client to close its socket.
+const CLOSE_DRAIN: Duration = Duration::from_secs(2);
+
+/// Reads and discards whatever the client sends until it closes its side of the socket (or
+/// the socket fails), for at most `limit`. Closing a socket with unread input resets the
+/// connection, which a client still writing sees as EPIPE / ECONNRESET instead of a clean close.
+async fn drain_until_eof<R: AsyncRead + Unpin>(rd: &mut R, rbuf: &mut BytesMut, limit: Duration) {
+    let drained = tokio::time::timeout(limit, async {
+        loop {
+            rbuf.clear();
+            if rbuf.capacity() < 4096 {
+                rbuf.reserve(4096);
+            }
+            match rd.read_buf(rbuf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    if drained.is_err() {
+        debug!(
+            timeout_ms = limit.as_millis() as u64,
+            "client kept the socket open after the close handshake"
+        );
+    }
+}
+
+/// Reads frames after a server-initiated connection.close until connection.close-ok (or a
+/// crossing connection.close) arrives, discarding all others. Returns false when the client
+/// closed the socket first. Frames that cannot be parsed are skipped byte-wise: the broker has
+/// already given up on this connection and only listens for the handshake's end.
+async fn wait_close_ok<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    rbuf: &mut BytesMut,
+    limits: &Limits,
+) -> bool {
+    // The negotiated frame_max still bounds what is buffered: an oversized frame is dropped
+    // with the rest of the buffer below.
+    loop {
+        loop {
+            match parse_frame(rbuf, limits) {
+                Ok(Some(Frame::Method {
+                    channel: 0,
+                    method: Method::ConnectionCloseOk(_) | Method::ConnectionClose(_),
+                })) => return true,
+                Ok(Some(_)) => {}
+                Ok(None) => break,
+                Err(e) => {
+                    // Skip the undecodable frame by its announced size, or drop the buffer
+                    // when even the header is unusable.
+                    match skip_frame(rbuf) {
+                        true => {}
+                        false => {
+                            debug!(error = %e, "unparseable input while closing; discarded");
+                            rbuf.clear();
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        if read_more(rd, rbuf).await.is_err() {
+            return false;
+        }
+    }
+}
+
+/// Removes one frame from the front of `buf` by its header's size when the whole frame is
+/// buffered; false when the frame is incomplete or its header is unusable.
+fn skip_frame(buf: &mut BytesMut) -> bool {
+    let Some(h) = buf.first_chunk::<7>() else {
+        return false;
+    };
+    let size = u32::from_be_bytes([h[3], h[4], h[5], h[6]]) as usize;
+    let total = size.saturating_add(8);
+    if !(1..=3).contains(&h[0]) && h[0] != 8 || buf.len() < total {
+        return false;
+    }
+    let _ = buf.split_to(total);
+    true
 }
 
 /// connection.start → start-ok → tune → tune-ok → open → open-ok. Returns the negotiated
@@ -643,9 +829,11 @@ struct Conn {
     frame_max: u32,
     channel_max: u16,
     cancel_notify: bool,
-    max_message_size: u64,
+    limits: ChannelLimits,
+    /// Content announced and not yet received over all channels, bytes.
+    incomplete_content: Cell<u64>,
     user: String,
-    /// The client has published at least once (the memory alarm pauses publishers).
+    /// The client published since the last check (the memory alarm pauses publishers).
     published: bool,
 }
 
@@ -654,22 +842,19 @@ impl Conn {
         let ctx = Context {
             connection_id: self.id,
             vhost: &self.vhost,
-            max_message_size: self.max_message_size,
+            limits: self.limits,
+            incomplete_content: &self.incomplete_content,
             user: &self.user,
         };
         match frame {
-            Frame::Heartbeat { .. } => None,
+            Frame::Heartbeat { channel: 0 } => None,
+            // RabbitMQ: a heartbeat belongs on channel 0.
+            Frame::Heartbeat { channel } => Some(End::Error(ConnError::new(
+                constants::UNEXPECTED_FRAME,
+                format!("heartbeat frame on channel {channel}"),
+            ))),
             Frame::Method { channel: 0, method } => self.connection_method(method),
             Frame::Method { channel, method } => {
-                if channel > self.channel_max {
-                    return Some(End::Error(ConnError::new(
-                        constants::CHANNEL_ERROR,
-                        format!(
-                            "channel number {channel} exceeds channel_max {}",
-                            self.channel_max
-                        ),
-                    )));
-                }
                 let (class_id, method_id) = (method.class_id(), method.method_id());
                 if matches!(method, Method::BasicPublish(_)) {
                     self.published = true;
@@ -677,6 +862,18 @@ impl Conn {
                 let Some(ch) = self.channels.get_mut(&channel) else {
                     return match method {
                         Method::ChannelOpen(_) => {
+                            // channel_max bounds how many channels are open at once, not their
+                            // numbers (RabbitMQ's rabbit_reader:create_channel).
+                            let open = self.channels.len();
+                            if self.channel_max != 0 && open >= usize::from(self.channel_max) {
+                                return Some(End::Error(ConnError::new(
+                                    constants::NOT_ALLOWED,
+                                    format!(
+                                        "number of channels opened ({open}) has reached the negotiated channel_max ({})",
+                                        self.channel_max
+                                    ),
+                                )));
+                            }
                             let ch = Channel::new(
                                 channel,
                                 self.outbox.clone(),
@@ -731,6 +928,7 @@ impl Conn {
             Frame::Header {
                 channel,
                 class_id,
+                weight,
                 body_size,
                 properties,
             } => {
@@ -740,7 +938,7 @@ impl Conn {
                     Err(e) => return Some(End::Error(e)),
                 };
                 let (c, m) = content_error_ids(ch);
-                match ch.handle_header(&ctx, class_id, body_size, properties) {
+                match ch.handle_header(&ctx, class_id, weight, body_size, properties) {
                     Ok(()) => None,
                     Err(e) => self.channel_error(channel, e, c, m),
                 }
@@ -775,7 +973,8 @@ impl Conn {
         let ctx = Context {
             connection_id: self.id,
             vhost: &self.vhost,
-            max_message_size: self.max_message_size,
+            limits: self.limits,
+            incomplete_content: &self.incomplete_content,
             user: &self.user,
         };
         if let Some(ch) = self.channels.get_mut(&channel) {
@@ -792,7 +991,6 @@ impl Conn {
                     .send(0, &Method::ConnectionCloseOk(ConnectionCloseOk {}));
                 Some(End::ClientClosed)
             }
-            Method::ConnectionCloseOk(_) => Some(End::Eof),
             Method::ConnectionUpdateSecret(_) => {
                 self.outbox.send(
                     0,
@@ -810,10 +1008,6 @@ impl Conn {
                 )
             })),
         }
-    }
-
-    fn has_consumers(&self) -> bool {
-        self.channels.values().any(|c| c.has_consumers())
     }
 
     fn take_pressure(&mut self) -> Vec<Arc<warren_broker::Queue>> {
@@ -840,7 +1034,8 @@ impl Conn {
         let ctx = Context {
             connection_id: self.id,
             vhost: &self.vhost,
-            max_message_size: self.max_message_size,
+            limits: self.limits,
+            incomplete_content: &self.incomplete_content,
             user: &self.user,
         };
         for (_, mut ch) in self.channels.drain() {
@@ -861,24 +1056,81 @@ fn content_error_ids(ch: &Channel) -> (u16, u16) {
 }
 
 /// The open channel a content frame belongs to; `Ok(None)` when the channel is closing
-/// (the frame is discarded).
+/// (the frame is discarded). A content frame on channel 0 or on a channel that is not open is
+/// 505 UNEXPECTED_FRAME, as in RabbitMQ (whose channel expects a method first).
 fn content_channel(
     channels: &mut HashMap<u16, Channel>,
     channel: u16,
 ) -> Result<Option<&mut Channel>, ConnError> {
     if channel == 0 {
         return Err(ConnError::new(
-            constants::COMMAND_INVALID,
+            constants::UNEXPECTED_FRAME,
             "content frame on channel 0",
         ));
     }
     match channels.get_mut(&channel) {
         None => Err(ConnError::new(
-            constants::CHANNEL_ERROR,
-            "expected 'channel.open'",
+            constants::UNEXPECTED_FRAME,
+            "expected method frame, got non method frame instead",
         )),
         Some(ch) if ch.closing => Ok(None),
         Some(ch) => Ok(Some(ch)),
+    }
+}
+
+/// How often a paused connection's client is probed with a heartbeat frame.
+const PAUSED_PROBE: Duration = Duration::from_secs(2);
+
+/// Input a paused connection still reads (and holds unprocessed), bytes: enough to see the
+/// client close its socket behind a few frames it sent meanwhile.
+const PAUSED_READ_MAX: usize = 256 * 1024;
+
+/// Keeps a connection from processing its client's frames while `blocked()` holds, yet
+/// watches it: the client closing its socket (up to [`PAUSED_READ_MAX`] bytes of input are
+/// read meanwhile, unprocessed), the writer failing (a heartbeat to a client that vanished),
+/// and broker shutdown each end the pause with the connection's end. `drain` wakes the check
+/// whenever the writer drains the outbox (else it is polled every 100 ms).
+async fn paused<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    rbuf: &mut BytesMut,
+    outbox: &Outbox,
+    shutdown: &mut watch::Receiver<bool>,
+    drain: bool,
+    mut blocked: impl FnMut() -> bool,
+) -> Option<End> {
+    let mut probe = tokio::time::Instant::now() + PAUSED_PROBE;
+    loop {
+        if outbox.is_closing() {
+            return Some(End::Eof);
+        }
+        if !blocked() {
+            return None;
+        }
+        if tokio::time::Instant::now() >= probe {
+            // A heartbeat frame (which clients accept at any time) to a client that has gone
+            // away draws a reset, and the writer's failure ends the pause, heartbeats
+            // negotiated or not.
+            outbox.with(encode_heartbeat);
+            probe = tokio::time::Instant::now() + PAUSED_PROBE;
+        }
+        let can_read = rbuf.len() < PAUSED_READ_MAX;
+        tokio::select! {
+            _ = outbox.drained(), if drain => {}
+            _ = tokio::time::sleep(Duration::from_millis(100)), if !drain => {}
+            _ = tokio::time::sleep_until(probe), if drain => {}
+            _ = shutdown.changed() => {
+                return Some(End::Error(ConnError::new(
+                    constants::CONNECTION_FORCED,
+                    "broker forced connection closure with reason 'shutdown'",
+                )));
+            }
+            r = read_more(rd, rbuf), if can_read => {
+                if r.is_err() {
+                    debug!("client closed the socket while its connection was paused");
+                    return Some(End::Eof);
+                }
+            }
+        }
     }
 }
 

@@ -17,17 +17,27 @@ use warren_amqp::frame::{encode_heartbeat, encode_method_frame};
 use warren_amqp::Method;
 use warren_broker::Queue;
 
-/// Pending output above which queues stop delivering to this connection, bytes.
+/// Default pending output above which queues stop delivering to a connection and the
+/// connection's input is no longer read, bytes (`amqp.outbox_high_water_bytes`).
 pub const HIGH_WATER: usize = 4 * 1024 * 1024;
 
 /// A connection's pending output.
+///
+/// Bounded: above [`Outbox::high_water`] bytes queues park instead of delivering; above twice
+/// that the connection stops reading (and so producing replies, returns, get-oks and confirms)
+/// until the writer has drained it below half the mark. The margin between the two keeps a
+/// consumer's acknowledgements flowing while deliveries fill its outbox. One frame's
+/// consequences (a basic.get-ok, a basic.return) may go past a mark, never more.
 #[derive(Default)]
 pub struct Outbox {
     buf: Mutex<BytesMut>,
     notify: Notify,
+    /// Woken when the writer has drained the buffer below half the high-water mark, or stopped.
+    drained: Notify,
+    high_water: usize,
     closing: AtomicBool,
-    /// Queues that held back deliveries because the outbox was over [`HIGH_WATER`]; they are
-    /// asked to dispatch again once the writer has drained it.
+    /// Queues that held back deliveries because the outbox was over its high-water mark; they
+    /// are asked to dispatch again once the writer has drained it.
     parked: Mutex<Vec<Arc<Queue>>>,
 }
 
@@ -40,9 +50,42 @@ impl std::fmt::Debug for Outbox {
 }
 
 impl Outbox {
-    /// An empty outbox.
+    /// An empty outbox with the default high-water mark ([`HIGH_WATER`]).
     pub fn new() -> Self {
-        Self::default()
+        Self::with_high_water(HIGH_WATER)
+    }
+
+    /// An empty outbox that counts as backlogged above `high_water` bytes.
+    pub fn with_high_water(high_water: usize) -> Self {
+        Outbox {
+            high_water: high_water.max(1),
+            ..Self::default()
+        }
+    }
+
+    /// The high-water mark in bytes.
+    pub fn high_water(&self) -> usize {
+        self.high_water
+    }
+
+    /// True while more than twice the high-water mark is waiting to be written: the
+    /// connection must stop reading.
+    pub fn is_backlogged(&self) -> bool {
+        self.pending() >= self.high_water.saturating_mul(2)
+    }
+
+    /// Waits until the writer has drained the buffer below half the high-water mark, or has
+    /// stopped (socket failed or closed).
+    pub async fn drained(&self) {
+        loop {
+            let woken = self.drained.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            if self.pending() < self.high_water / 2 || self.is_closing() {
+                return;
+            }
+            woken.await;
+        }
     }
 
     /// Runs `f` on the pending-output buffer and wakes the writer.
@@ -61,6 +104,7 @@ impl Outbox {
     pub fn close_after_flush(&self) {
         self.closing.store(true, Ordering::Release);
         self.notify.notify_one();
+        self.drained.notify_waiters();
     }
 
     /// True once [`Outbox::close_after_flush`] was called.
@@ -73,8 +117,8 @@ impl Outbox {
         self.buf.lock().len()
     }
 
-    /// Remembers a queue that held back a delivery because the outbox was over
-    /// [`HIGH_WATER`]: it is dispatched again once the backlog has been written.
+    /// Remembers a queue that held back a delivery because the outbox was over its
+    /// high-water mark: it is dispatched again once the backlog has been written.
     pub fn park(&self, queue: &Arc<Queue>) {
         let mut parked = self.parked.lock();
         if !parked.iter().any(|q| Arc::ptr_eq(q, queue)) {
@@ -116,7 +160,8 @@ impl Outbox {
                 sink.write_all(&data).await?;
                 wrote_since_tick = true;
                 drop(data);
-                if self.pending() < HIGH_WATER / 2 {
+                if self.pending() < self.high_water / 2 {
+                    self.drained.notify_waiters();
                     let parked = std::mem::take(&mut *self.parked.lock());
                     for q in parked {
                         q.dispatch();

@@ -493,6 +493,12 @@ async fn accept_loop(
     // Stop accepting on every listener (dropping them closes the sockets).
     acceptors.shutdown().await;
     drop(accepted);
+    if !tasks.is_empty() {
+        info!(
+            connections = tasks.len(),
+            "closing client connections (each waits briefly for its connection.close-ok)"
+        );
+    }
     let _ = tokio::time::timeout(Duration::from_secs(12), async {
         while tasks.join_next().await.is_some() {}
     })

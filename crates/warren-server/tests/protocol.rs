@@ -1004,3 +1004,710 @@ async fn memory_alarm_blocks_and_pauses_publishers_only() {
     }
     stop(b).await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Close handshakes: frames the client still sends around a close are read and discarded, so
+// closing the socket never resets the connection under a client that is still writing.
+
+/// `n` small basic.publish + header + body frame sets for `queue` on channel 1.
+fn publishes(queue: &str, n: usize) -> BytesMut {
+    let mut b = BytesMut::new();
+    for i in 0..n {
+        let body = format!("m{i}");
+        encode_method_frame(
+            1,
+            &Method::BasicPublish(BasicPublish {
+                routing_key: queue.into(),
+                ..Default::default()
+            }),
+            &mut b,
+        );
+        encode_header_frame(
+            1,
+            60,
+            body.len() as u64,
+            &BasicProperties::default(),
+            &mut b,
+        );
+        encode_body_frames(1, body.as_bytes(), 131_072, &mut b);
+    }
+    b
+}
+
+/// Writes `chunk` `times` times with a pause between writes; returns the first write error.
+async fn keep_writing(raw: &mut Raw, chunk: &[u8], times: usize) -> Option<std::io::Error> {
+    for _ in 0..times {
+        match timeout(WAIT, raw.sock.write_all(chunk)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Some(e),
+            Err(_) => panic!("write timed out"),
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    None
+}
+
+/// After the client's shutdown of its side, the broker's side ends with a clean EOF, not a
+/// reset.
+async fn expect_clean_eof(raw: &mut Raw) {
+    raw.sock.shutdown().await.expect("shutdown");
+    let mut scratch = [0u8; 4096];
+    loop {
+        match timeout(WAIT, raw.sock.read(&mut scratch)).await {
+            Ok(Ok(0)) => return,
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => panic!("the broker reset the connection: {e}"),
+            Err(_) => panic!("the broker did not close the socket"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn client_close_while_still_publishing_is_not_reset() {
+    // amqplib writes connection.close ahead of publishes still queued in its channel buffers;
+    // RabbitMQ answers close-ok and keeps discarding input until the client closes.
+    let b = broker().await;
+    let mut raw = open(b.amqp_addr()).await;
+    raw.declare_queue(1, "burst").await;
+    let mut close = BytesMut::new();
+    encode_method_frame(
+        0,
+        &Method::ConnectionClose(ConnectionClose {
+            reply_code: 200,
+            reply_text: "bye".into(),
+            ..Default::default()
+        }),
+        &mut close,
+    );
+    raw.write(&close).await;
+    let burst = publishes("burst", 200);
+    raw.write(&burst).await;
+    match raw.recv_method(0).await {
+        Method::ConnectionCloseOk(_) => {}
+        m => panic!("expected connection.close-ok, got {m:?}"),
+    }
+    // The broker's side of the socket is done writing; the client's may still be busy.
+    raw.expect_eof().await;
+    if let Some(e) = keep_writing(&mut raw, &burst, 20).await {
+        panic!("writing after close-ok failed: {e}");
+    }
+    expect_clean_eof(&mut raw).await;
+    stop(b).await;
+}
+
+#[tokio::test]
+async fn server_close_while_client_still_publishing_is_not_reset() {
+    let b = broker().await;
+    let mut raw = open(b.amqp_addr()).await;
+    raw.declare_queue(1, "burst2").await;
+    // A stray body frame: 505, connection.close from the broker.
+    raw.write(&raw_frame(FRAME_BODY, 1, b"stray", FRAME_END))
+        .await;
+    raw.expect_connection_close(505, 0, 0).await;
+    let burst = publishes("burst2", 50);
+    // Frames sent before the client saw the close are discarded while the broker waits.
+    if let Some(e) = keep_writing(&mut raw, &burst, 10).await {
+        panic!("writing while the broker waits for close-ok failed: {e}");
+    }
+    let mut close_ok = BytesMut::new();
+    encode_method_frame(
+        0,
+        &Method::ConnectionCloseOk(ConnectionCloseOk {}),
+        &mut close_ok,
+    );
+    // close-ok overtaking frames still in the client's buffers.
+    close_ok.extend_from_slice(&burst);
+    raw.write(&close_ok).await;
+    raw.expect_eof().await;
+    if let Some(e) = keep_writing(&mut raw, &burst, 5).await {
+        panic!("writing after close-ok failed: {e}");
+    }
+    expect_clean_eof(&mut raw).await;
+    stop(b).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// channel_max: how many channels may be open at once, not which numbers (RabbitMQ's rule)
+
+#[tokio::test]
+async fn channel_max_bounds_open_channels_not_channel_numbers() {
+    let b = broker().await;
+    let mut raw = open_with(b.amqp_addr(), 2, 131_072, 0).await;
+    // Numbers above channel_max are fine, as in RabbitMQ.
+    raw.open_channel(3000).await;
+    raw.open_channel(65535).await;
+    // A channel closed by the client frees its slot.
+    raw.send(
+        3000,
+        ChannelClose {
+            reply_code: 200,
+            reply_text: "bye".into(),
+            ..Default::default()
+        },
+    )
+    .await;
+    assert!(matches!(
+        raw.recv_method(3000).await,
+        Method::ChannelCloseOk(_)
+    ));
+    raw.open_channel(7).await;
+    // A channel the broker closed still counts until the client's close-ok.
+    raw.send(
+        7,
+        QueueDeclare {
+            queue: "missing".into(),
+            passive: true,
+            ..Default::default()
+        },
+    )
+    .await;
+    assert!(matches!(raw.recv_method(7).await, Method::ChannelClose(_)));
+    raw.send(8, ChannelOpen::default()).await;
+    let text = raw.expect_connection_close(530, 0, 0).await;
+    assert_eq!(
+        text,
+        "NOT_ALLOWED - number of channels opened (2) has reached the negotiated channel_max (2)"
+    );
+    raw.finish_server_close().await;
+
+    // The default channel_max (2047) with channel number 3000.
+    let mut raw = open_with(b.amqp_addr(), 2047, 131_072, 0).await;
+    raw.open_channel(3000).await;
+    raw.declare_queue(3000, "on-3000").await;
+    drop(raw);
+    stop(b).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Ordering of replies and notifications (as RabbitMQ: a method's reply comes before the
+// notifications it causes on the same channel)
+
+async fn consume(raw: &mut Raw, channel: u16, queue: &str, tag: &str) {
+    raw.send(
+        channel,
+        BasicConsume {
+            queue: queue.into(),
+            consumer_tag: tag.into(),
+            ..Default::default()
+        },
+    )
+    .await;
+    match raw.recv_method(channel).await {
+        Method::BasicConsumeOk(ok) => assert_eq!(ok.consumer_tag, tag),
+        m => panic!("expected basic.consume-ok, got {m:?}"),
+    }
+}
+
+/// The next `n` methods as (channel, name).
+async fn next_methods(raw: &mut Raw, n: usize) -> Vec<(u16, &'static str)> {
+    let mut out = Vec::new();
+    while out.len() < n {
+        match raw.recv().await {
+            Frame::Method { channel, method } => out.push((channel, method.name())),
+            f => panic!("expected a method, got {f:?}"),
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn queue_delete_ok_comes_before_the_cancel_it_causes_on_the_same_channel() {
+    let b = broker().await;
+    let mut raw = open(b.amqp_addr()).await;
+    raw.declare_queue(1, "deleted-under-consumers").await;
+    consume(&mut raw, 1, "deleted-under-consumers", "c1").await;
+    consume(&mut raw, 1, "deleted-under-consumers", "c2").await;
+    raw.send(
+        1,
+        QueueDelete {
+            queue: "deleted-under-consumers".into(),
+            ..Default::default()
+        },
+    )
+    .await;
+    assert_eq!(
+        next_methods(&mut raw, 3).await,
+        vec![
+            (1, "queue.delete-ok"),
+            (1, "basic.cancel"),
+            (1, "basic.cancel")
+        ]
+    );
+
+    // A consumer on another channel is told as soon as the queue goes (RabbitMQ's order).
+    raw.open_channel(2).await;
+    raw.declare_queue(1, "deleted-from-elsewhere").await;
+    consume(&mut raw, 2, "deleted-from-elsewhere", "c3").await;
+    raw.send(
+        1,
+        QueueDelete {
+            queue: "deleted-from-elsewhere".into(),
+            ..Default::default()
+        },
+    )
+    .await;
+    assert_eq!(
+        next_methods(&mut raw, 2).await,
+        vec![(2, "basic.cancel"), (1, "queue.delete-ok")]
+    );
+    drop(raw);
+    stop(b).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Malformed and out-of-order frames: each reply code, text and class/method ids as RabbitMQ
+// (4.x; the values were checked against RabbitMQ 3.10.8 where it closes the connection cleanly)
+
+fn publish_frame(channel: u16, routing_key: &str) -> Vec<u8> {
+    let mut b = BytesMut::new();
+    encode_method_frame(
+        channel,
+        &Method::BasicPublish(BasicPublish {
+            routing_key: routing_key.into(),
+            ..Default::default()
+        }),
+        &mut b,
+    );
+    b.to_vec()
+}
+
+/// A content header frame with any class and weight and no properties.
+fn header_frame(channel: u16, class_id: u16, weight: u16, body_size: u64) -> Vec<u8> {
+    let mut p = BytesMut::new();
+    p.put_u16(class_id);
+    p.put_u16(weight);
+    p.put_u64(body_size);
+    p.put_u16(0);
+    raw_frame(warren_amqp::frame::FRAME_HEADER, channel, &p, FRAME_END)
+}
+
+/// A method frame for (class, method) with raw argument bytes.
+fn method_frame(channel: u16, class_id: u16, method_id: u16, args: &[u8]) -> Vec<u8> {
+    let mut p = BytesMut::new();
+    p.put_u16(class_id);
+    p.put_u16(method_id);
+    p.put_slice(args);
+    raw_frame(FRAME_METHOD, channel, &p, FRAME_END)
+}
+
+/// What is sent, the reply code, class and method ids, and the exact text when checked.
+type BadFrameCase = (&'static str, Vec<u8>, u16, (u16, u16), Option<&'static str>);
+
+#[tokio::test]
+async fn malformed_and_unexpected_frames_get_rabbitmq_reply_codes() {
+    let header_after_publish = |class_id, weight| {
+        let mut v = publish_frame(1, "q");
+        v.extend(header_frame(1, class_id, weight, 1));
+        v
+    };
+    let mut body_too_long = publish_frame(1, "q");
+    body_too_long.extend(header_frame(1, 60, 0, 2));
+    body_too_long.extend(raw_frame(FRAME_BODY, 1, b"abcd", FRAME_END));
+    let mut header_twice = publish_frame(1, "q");
+    header_twice.extend(header_frame(1, 60, 0, 2));
+    header_twice.extend(header_frame(1, 60, 0, 2));
+    let mut method_instead_of_body = publish_frame(1, "q");
+    method_instead_of_body.extend(header_frame(1, 60, 0, 2));
+    method_instead_of_body.extend(method_frame(1, 85, 10, &[0]));
+    // queue.declare whose name is not UTF-8: ticket, shortstr, bits, empty table.
+    let bad_name = method_frame(1, 50, 10, &[0, 0, 3, b'q', 0xFF, 0xFE, 0, 0, 0, 0, 0]);
+    let cases: Vec<BadFrameCase> = vec![
+        (
+            "content header for a class without content",
+            header_frame(1, 10, 0, 1),
+            505,
+            (0, 0),
+            Some("UNEXPECTED_FRAME - expected method frame, got non method frame instead"),
+        ),
+        (
+            "content header for class 10 after basic.publish",
+            header_after_publish(10, 0),
+            505,
+            (60, 40),
+            Some("UNEXPECTED_FRAME - expected content header for class 60, got one for class 10 instead"),
+        ),
+        (
+            "content header with a non-zero weight",
+            header_after_publish(60, 1),
+            505,
+            (60, 40),
+            Some("UNEXPECTED_FRAME - expected content header for class 60, got non content header frame instead"),
+        ),
+        (
+            "a second content header",
+            header_twice,
+            505,
+            (60, 40),
+            Some("UNEXPECTED_FRAME - expected content body, got non content body frame instead"),
+        ),
+        (
+            "a method where a body frame was expected",
+            method_instead_of_body,
+            505,
+            (60, 40),
+            Some("UNEXPECTED_FRAME - expected content body, got non content body frame instead"),
+        ),
+        (
+            "more body than the header announced",
+            body_too_long,
+            501,
+            (60, 40),
+            Some("FRAME_ERROR - content body frame exceeds remaining content size"),
+        ),
+        (
+            "basic.publish arguments running past the frame",
+            method_frame(1, 60, 40, &[0, 0, 5, b'a', b'b']),
+            501,
+            (60, 40),
+            None,
+        ),
+        (
+            "queue.declare arguments running past the frame",
+            method_frame(1, 50, 10, &[0, 0, 9, b'q']),
+            501,
+            (50, 10),
+            None,
+        ),
+        (
+            "bytes after the last argument",
+            method_frame(1, 85, 10, &[0, 1]),
+            501,
+            (85, 10),
+            None,
+        ),
+        (
+            "a field table with an unknown value type",
+            method_frame(1, 50, 10, &[0, 0, 1, b'q', 0, 0, 0, 0, 3, 1, b'k', b'Z']),
+            501,
+            (50, 10),
+            None,
+        ),
+        (
+            "a queue name that is not UTF-8",
+            bad_name,
+            501,
+            (0, 0),
+            Some("FRAME_ERROR - Malformed UTF-8 in shortstr"),
+        ),
+        (
+            "a method frame too short for its ids",
+            raw_frame(FRAME_METHOD, 1, &[0, 60, 0], FRAME_END),
+            501,
+            (0, 0),
+            None,
+        ),
+        (
+            "a heartbeat on channel 1",
+            raw_frame(8, 1, &[], FRAME_END),
+            505,
+            (0, 0),
+            None,
+        ),
+        (
+            "a heartbeat with a payload",
+            raw_frame(8, 0, b"ab", FRAME_END),
+            501,
+            (0, 0),
+            None,
+        ),
+        (
+            "an unknown frame type",
+            raw_frame(5, 1, &[], FRAME_END),
+            501,
+            (0, 0),
+            None,
+        ),
+        (
+            "a body frame on channel 0",
+            raw_frame(FRAME_BODY, 0, b"abc", FRAME_END),
+            505,
+            (0, 0),
+            None,
+        ),
+        (
+            "a content header on a channel that is not open",
+            header_frame(5, 60, 0, 1),
+            505,
+            (0, 0),
+            Some("UNEXPECTED_FRAME - expected method frame, got non method frame instead"),
+        ),
+        (
+            "channel.close-ok without a channel.close",
+            method_frame(1, 20, 41, &[]),
+            503,
+            (20, 41),
+            Some("COMMAND_INVALID - unimplemented method"),
+        ),
+        (
+            "connection.close-ok without a connection.close",
+            method_frame(0, 10, 51, &[]),
+            504,
+            (10, 51),
+            Some("CHANNEL_ERROR - unexpected method in connection state running"),
+        ),
+    ];
+    let b = broker().await;
+    for (what, bytes, code, (class_id, method_id), text) in cases {
+        let mut raw = open(b.amqp_addr()).await;
+        raw.write(&bytes).await;
+        let got = match raw.recv_method(0).await {
+            Method::ConnectionClose(c) => c,
+            m => panic!("{what}: expected connection.close, got {m:?}"),
+        };
+        assert_eq!(
+            (got.reply_code, got.class_id, got.method_id),
+            (code, class_id, method_id),
+            "{what}: {got:?}"
+        );
+        if let Some(text) = text {
+            assert_eq!(got.reply_text, text, "{what}");
+        }
+        raw.finish_server_close().await;
+    }
+    stop(b).await;
+}
+
+#[tokio::test]
+async fn a_frame_of_frame_max_payload_is_tolerated_as_rabbitmq() {
+    let b = broker().await;
+    let mut raw = open_with(b.amqp_addr(), 2047, 4096, 0).await;
+    raw.open_channel(1).await;
+    raw.declare_queue(1, "fudge").await;
+    let mut bytes = BytesMut::from(&publish_frame(1, "fudge")[..]);
+    encode_header_frame(1, 60, 4096, &BasicProperties::default(), &mut bytes);
+    // One body frame of 4096 + 8 bytes where 4096 was negotiated.
+    bytes.extend_from_slice(&raw_frame(FRAME_BODY, 1, &[7u8; 4096], FRAME_END));
+    raw.write(&bytes).await;
+    raw.declare_queue(1, "fudge").await;
+    drop(raw);
+    stop(b).await;
+}
+
+#[tokio::test]
+async fn binary_property_values_are_stored_and_delivered_unchanged() {
+    // A raw 16-byte UUID as correlation-id and message-id, as Go and .NET programs send.
+    let uuid: &[u8] = &[
+        0x00, 0xFF, 0x10, 0x80, 0xC3, 0x28, 0xA0, 0xA1, 0xE2, 0x28, 0xA1, 0xF0, 0x28, 0x8C, 0xBC,
+        0x01,
+    ];
+    let b = broker().await;
+    let mut raw = open(b.amqp_addr()).await;
+    raw.declare_queue(1, "binary-props").await;
+    let props = BasicProperties {
+        correlation_id: Some(uuid.into()),
+        message_id: Some(uuid.into()),
+        reply_to: Some(b"\xFFreply"[..].into()),
+        ..Default::default()
+    };
+    let mut bytes = BytesMut::from(&publish_frame(1, "binary-props")[..]);
+    encode_header_frame(1, 60, 2, &props, &mut bytes);
+    encode_body_frames(1, b"hi", 131_072, &mut bytes);
+    raw.write(&bytes).await;
+    raw.send(
+        1,
+        BasicGet {
+            queue: "binary-props".into(),
+            no_ack: true,
+            ..Default::default()
+        },
+    )
+    .await;
+    match raw.recv_method(1).await {
+        Method::BasicGetOk(_) => {}
+        m => panic!("expected basic.get-ok, got {m:?}"),
+    }
+    match raw.recv().await {
+        Frame::Header { properties, .. } => {
+            assert_eq!(properties, props);
+            assert_eq!(properties.correlation_id.unwrap().as_bytes(), uuid);
+        }
+        f => panic!("expected a content header, got {f:?}"),
+    }
+    drop(raw);
+    stop(b).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bounded output: a client that does not read what it is sent is not read from either
+
+#[tokio::test]
+async fn unread_returns_stop_the_broker_reading_instead_of_buffering_them() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    const N: usize = 1000;
+    const SIZE: usize = 100 * 1024;
+    let b = broker().await;
+    let raw = open(b.amqp_addr()).await;
+    let Raw { sock, mut buf, .. } = raw;
+    let (mut rd, mut wr) = sock.into_split();
+    // Mandatory publishes that route nowhere: each comes back as a 100 KB basic.return.
+    let mut one = BytesMut::new();
+    encode_method_frame(
+        1,
+        &Method::BasicPublish(BasicPublish {
+            routing_key: "nowhere".into(),
+            mandatory: true,
+            ..Default::default()
+        }),
+        &mut one,
+    );
+    encode_header_frame(1, 60, SIZE as u64, &BasicProperties::default(), &mut one);
+    encode_body_frames(1, &vec![1u8; SIZE], 131_072, &mut one);
+    let written = std::sync::Arc::new(AtomicUsize::new(0));
+    let progress = written.clone();
+    let writer = tokio::spawn(async move {
+        for _ in 0..N {
+            wr.write_all(&one).await.expect("write");
+            progress.fetch_add(one.len(), Ordering::Relaxed);
+        }
+        wr
+    });
+    // Without reading, the client's writes stall once the broker stops reading.
+    let mut last = 0;
+    let mut still = 0;
+    while still < 10 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = written.load(Ordering::Relaxed);
+        assert!(
+            !writer.is_finished(),
+            "the broker read {N} publishes no one read the returns of"
+        );
+        if now == last {
+            still += 1;
+        } else {
+            (last, still) = (now, 0);
+        }
+    }
+    // Output bound (8 MiB) + one frame + socket buffers on both sides.
+    assert!(
+        last < 48 * 1024 * 1024,
+        "the broker read {} MiB from a client that reads nothing",
+        last >> 20
+    );
+    // Reading the returns lets everything through, in order, nothing lost.
+    let mut returns = 0;
+    while returns < N {
+        let frame = timeout(WAIT, async {
+            loop {
+                if let Some(f) = parse_frame(&mut buf, &Limits::new(0)).unwrap() {
+                    return f;
+                }
+                assert!(rd.read_buf(&mut buf).await.unwrap() > 0, "closed");
+            }
+        })
+        .await
+        .expect("returns stopped coming");
+        if let Frame::Method {
+            method: Method::BasicReturn(r),
+            ..
+        } = frame
+        {
+            assert_eq!(r.reply_code, 312);
+            returns += 1;
+        }
+    }
+    timeout(WAIT, writer).await.unwrap().unwrap();
+    drop(rd);
+    stop(b).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Limits on what one connection holds in memory
+
+async fn expect_channel_close(raw: &mut Raw, channel: u16) -> ChannelClose {
+    match raw.recv_method(channel).await {
+        Method::ChannelClose(c) => c,
+        m => panic!("expected channel.close, got {m:?}"),
+    }
+}
+
+#[tokio::test]
+async fn incomplete_content_per_connection_is_bounded() {
+    let mut cfg = Config::default();
+    cfg.amqp.max_message_size = 1536 * 1024;
+    cfg.amqp.max_incomplete_content_bytes = 2 * 1024 * 1024;
+    let b = broker_with(cfg).await;
+    let mut raw = open(b.amqp_addr()).await;
+    raw.open_channel(2).await;
+    raw.open_channel(3).await;
+    raw.declare_queue(1, "incomplete").await;
+    let mut started = BytesMut::from(&publish_frame(1, "incomplete")[..]);
+    encode_header_frame(
+        1,
+        60,
+        1024 * 1024,
+        &BasicProperties::default(),
+        &mut started,
+    );
+    raw.write(&started).await;
+    let mut second = BytesMut::from(&publish_frame(2, "incomplete")[..]);
+    encode_header_frame(2, 60, 1536 * 1024, &BasicProperties::default(), &mut second);
+    raw.write(&second).await;
+    let c = expect_channel_close(&mut raw, 2).await;
+    assert_eq!((c.reply_code, c.class_id, c.method_id), (406, 60, 40));
+    assert_eq!(
+        c.reply_text,
+        "PRECONDITION_FAILED - message size 1572864 would take the content this connection has \
+         started and not finished to 2621440 bytes, over the limit of 2097152 \
+         (amqp.max_incomplete_content_bytes)"
+    );
+    // Finishing the first message releases its share.
+    let mut rest = BytesMut::new();
+    encode_body_frames(1, &vec![0u8; 1024 * 1024], 131_072, &mut rest);
+    raw.write(&rest).await;
+    let mut third = BytesMut::from(&publish_frame(3, "incomplete")[..]);
+    encode_header_frame(3, 60, 4, &BasicProperties::default(), &mut third);
+    encode_body_frames(3, b"done", 131_072, &mut third);
+    raw.write(&third).await;
+    raw.send(
+        1,
+        QueueDeclare {
+            queue: "incomplete".into(),
+            passive: true,
+            ..Default::default()
+        },
+    )
+    .await;
+    match raw.recv_method(1).await {
+        Method::QueueDeclareOk(ok) => assert_eq!(ok.message_count, 2),
+        m => panic!("expected queue.declare-ok, got {m:?}"),
+    }
+    drop(raw);
+    stop(b).await;
+}
+
+#[tokio::test]
+async fn transactions_are_bounded() {
+    let mut cfg = Config::default();
+    cfg.amqp.tx_max_operations = 3;
+    cfg.amqp.tx_max_bytes = 10;
+    let b = broker_with(cfg).await;
+    let mut raw = open(b.amqp_addr()).await;
+    raw.declare_queue(1, "txq").await;
+    raw.send(1, TxSelect {}).await;
+    assert!(matches!(raw.recv_method(1).await, Method::TxSelectOk(_)));
+    for _ in 0..3 {
+        raw.publish(1, "", "txq", b"abc").await;
+    }
+    raw.publish(1, "", "txq", b"abc").await;
+    let c = expect_channel_close(&mut raw, 1).await;
+    assert_eq!((c.reply_code, c.class_id, c.method_id), (406, 60, 40));
+    assert_eq!(
+        c.reply_text,
+        "PRECONDITION_FAILED - transaction holds the maximum of 3 publishes and acknowledgements \
+         (amqp.tx_max_operations); commit or roll back"
+    );
+    raw.send(1, ChannelCloseOk {}).await;
+    raw.open_channel(1).await;
+    raw.send(1, TxSelect {}).await;
+    assert!(matches!(raw.recv_method(1).await, Method::TxSelectOk(_)));
+    raw.publish(1, "", "txq", b"123456").await;
+    raw.publish(1, "", "txq", b"123456").await;
+    let c = expect_channel_close(&mut raw, 1).await;
+    assert_eq!(
+        c.reply_text,
+        "PRECONDITION_FAILED - transaction would hold 12 bytes of messages, over the limit of 10 \
+         (amqp.tx_max_bytes); commit or roll back"
+    );
+    drop(raw);
+    stop(b).await;
+}

@@ -502,3 +502,30 @@ test('message properties and headers round trip', { timeout: TEST_TIMEOUT }, asy
   assert.equal(p.headers['x-bool'], true);
   assert.equal(p.headers['x-nested'].k, 'v');
 });
+
+// ---------------------------------------------------------------------------
+// Closing while the client is still flushing
+// ---------------------------------------------------------------------------
+
+test('close right after a burst of publishes completes without a socket error', { timeout: TEST_TIMEOUT }, async (t) => {
+  // amqplib writes connection.close ahead of the publishes still buffered in its channel;
+  // the broker must keep reading (and discarding) them until the client closes its socket.
+  const c = await ctx(t);
+  const setup = await c.conn();
+  const sch = await setup.createChannel();
+  const q = c.queue('close-burst');
+  await sch.assertQueue(q, { durable: false });
+  for (let round = 0; round < 5; round++) {
+    const conn = await withTimeout(amqp.connect(URL, { timeout: 10000 }), 15000, 'connect');
+    const errors = [];
+    conn.on('error', (e) => errors.push(e));
+    const ch = await conn.createChannel();
+    const body = Buffer.alloc(64, 'x');
+    for (let i = 0; i < 2000; i++) ch.sendToQueue(q, body);
+    const started = Date.now();
+    await withTimeout(conn.close(), 5000, 'connection.close');
+    await sleep(50);
+    assert.deepEqual(errors.map((e) => e.code || e.message), [], `round ${round}: socket errors`);
+    assert.ok(Date.now() - started < 5000);
+  }
+});
