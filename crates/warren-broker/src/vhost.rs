@@ -122,6 +122,13 @@ impl Broker {
                 }
             }
         }
+        // Once every queue is back (a dead-letter target included), over-long queues shed
+        // their heads as they would have had the messages come back while running.
+        for v in b.vhosts.read().values() {
+            for q in v.queues() {
+                q.enforce_limits();
+            }
+        }
         Ok((b, recovered.report))
     }
 
@@ -1572,6 +1579,98 @@ mod tests {
                 .and_then(|v| v.as_i64())
         };
         assert_eq!(count(&twice), Some(2));
+    }
+
+    fn requeue(q: &Arc<Queue>, m: QueuedMessage) {
+        q.settle(
+            0,
+            vec![crate::queue::Settlement {
+                consumer_tag: None,
+                message: m,
+                requeue: true,
+                rejected: false,
+            }],
+        );
+    }
+
+    fn bodies(q: &Queue) -> Vec<String> {
+        std::iter::from_fn(|| q.get(true))
+            .map(|(m, _)| String::from_utf8_lossy(&m.message.body).into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn requeue_respects_length_limits() {
+        // RabbitMQ 3.10.8: x-max-length 2, publish a b, get a, publish c, nack a with requeue:
+        // drop-head keeps [b, c] and dead-letters a (maxlen); reject-publish keeps [a, b, c].
+        for (overflow, kept, dead) in [
+            ("drop-head", vec!["b", "c"], vec!["a"]),
+            ("reject-publish", vec!["a", "b", "c"], vec![]),
+            ("reject-publish-dlx", vec!["a", "b", "c"], vec![]),
+        ] {
+            let (_, v) = clocked();
+            let dlq = declare_with(&v, "dlq", &[]);
+            let q = declare_with(
+                &v,
+                "limited",
+                &[
+                    ("x-max-length", FieldValue::I32(2)),
+                    ("x-overflow", text(overflow)),
+                    ("x-dead-letter-exchange", text("")),
+                    ("x-dead-letter-routing-key", text("dlq")),
+                ],
+            );
+            send(&v, "limited", b"a");
+            send(&v, "limited", b"b");
+            let (a, _) = q.get(false).unwrap();
+            send(&v, "limited", b"c");
+            requeue(&q, a);
+            assert_eq!(bodies(&q), kept, "{overflow}");
+            let dl: Vec<(String, String)> = std::iter::from_fn(|| dlq.get(true))
+                .map(|(m, _)| {
+                    let h = m.message.properties.headers.clone().unwrap_or_default();
+                    let reason = h
+                        .get("x-first-death-reason")
+                        .and_then(|v| v.as_str())
+                        .unwrap_or_default()
+                        .to_string();
+                    (
+                        String::from_utf8_lossy(&m.message.body).into_owned(),
+                        reason,
+                    )
+                })
+                .collect();
+            let want: Vec<(String, String)> = dead
+                .iter()
+                .map(|b| (b.to_string(), "maxlen".to_string()))
+                .collect();
+            assert_eq!(dl, want, "{overflow}");
+        }
+    }
+
+    #[test]
+    fn requeue_respects_byte_limits() {
+        let (_, v) = clocked();
+        let q = declare_with(&v, "bytes", &[("x-max-length-bytes", FieldValue::I32(2))]);
+        send(&v, "bytes", b"a");
+        send(&v, "bytes", b"b");
+        let (a, _) = q.get(false).unwrap();
+        let (b, _) = q.get(false).unwrap();
+        send(&v, "bytes", b"c");
+        // Both come back (recover, channel close): the head goes until 2 bytes remain.
+        q.settle(
+            0,
+            [a, b]
+                .into_iter()
+                .map(|m| crate::queue::Settlement {
+                    consumer_tag: None,
+                    message: m,
+                    requeue: true,
+                    rejected: false,
+                })
+                .collect(),
+        );
+        assert_eq!(bodies(&q), vec!["b", "c"]);
     }
 
     #[test]
