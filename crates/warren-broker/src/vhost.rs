@@ -647,11 +647,15 @@ impl VHost {
     }
 
     /// exchange.declare. Errors: 404 (passive, missing), 406 (unknown type, as in RabbitMQ 4.x;
-    /// 3.x closed the connection with 503), 403 (default exchange, or `amq.` prefix for an
-    /// exchange that does not exist yet), 406 (inequivalent type, flags or
+    /// 3.x closed the connection with 503), 403 (default exchange, passive or not, or `amq.`
+    /// prefix for an exchange that does not exist yet), 406 (inequivalent type, flags or
     /// `alternate-exchange`).
     pub fn declare_exchange(&self, d: &ExchangeDeclare) -> Result<()> {
         if d.passive {
+            // RabbitMQ refuses the default exchange even to a passive declare.
+            if d.name.is_empty() {
+                return Err(default_exchange_refused());
+            }
             let topo = self.topology.read();
             return match topo.exchanges.get(&d.name) {
                 Some(_) => Ok(()),
@@ -736,6 +740,10 @@ impl VHost {
 
     /// queue.declare, for connection `connection_id`. Returns the queue and its counts.
     ///
+    /// An exclusive queue is never durable: `durable` is ignored when `exclusive` is set (it
+    /// is deleted with its connection anyway), in the declare and in the equivalence check of
+    /// a redeclare, as RabbitMQ's `Durable = DurableDeclare andalso not ExclusiveDeclare`.
+    ///
     /// Errors: 404 (passive, missing), 403 (`amq.` prefix), 405 (exclusive to another
     /// connection, or exclusivity differs), 406 (inequivalent durable/auto_delete/arguments).
     pub fn declare_queue(
@@ -773,7 +781,7 @@ impl VHost {
                     .unwrap_or_else(|| locked_queue(q)));
             }
             let what = self.queue_resource(&name);
-            check_field(&what, "durable", q.durable, d.durable)?;
+            check_field(&what, "durable", q.durable, d.durable && !d.exclusive)?;
             check_field(&what, "auto_delete", q.auto_delete, d.auto_delete)?;
             check_args(&what, &q.arguments, &d.arguments, EQUIVALENT_QUEUE_ARGS)?;
             q.touch();
@@ -784,7 +792,7 @@ impl VHost {
         let q = Arc::new(self.new_queue(Queue::new(
             name.clone(),
             self.name.clone(),
-            d.durable,
+            d.durable && !d.exclusive,
             d.exclusive.then_some(connection_id),
             d.auto_delete,
             d.arguments.clone(),
@@ -1671,6 +1679,59 @@ mod tests {
                 .collect(),
         );
         assert_eq!(bodies(&q), vec!["b", "c"]);
+    }
+
+    #[test]
+    fn exclusive_queues_are_never_durable() {
+        let v = VHost::new("/");
+        let (q, _) = v
+            .declare_queue(
+                &QueueDeclare {
+                    exclusive: true,
+                    durable: true,
+                    ..qd("ex")
+                },
+                1,
+            )
+            .unwrap();
+        assert!(!q.durable);
+        // Redeclaring with either durable flag is equivalent.
+        for durable in [false, true] {
+            v.declare_queue(
+                &QueueDeclare {
+                    exclusive: true,
+                    durable,
+                    ..qd("ex")
+                },
+                1,
+            )
+            .unwrap();
+        }
+        assert!(v
+            .topology
+            .read()
+            .snapshot("/")
+            .get("queues")
+            .and_then(|q| q.as_array())
+            .unwrap()
+            .is_empty());
+    }
+
+    #[test]
+    fn default_exchange_cannot_be_declared_even_passively() {
+        let v = VHost::new("/");
+        for passive in [true, false] {
+            let e = v
+                .declare_exchange(&ExchangeDeclare {
+                    name: String::new(),
+                    kind: "direct".into(),
+                    passive,
+                    ..Default::default()
+                })
+                .unwrap_err();
+            assert_eq!(e.code, 403);
+            assert_eq!(e.text, "operation not permitted on the default exchange");
+        }
     }
 
     #[test]
