@@ -12,19 +12,23 @@
 pub mod args;
 pub mod auth;
 pub mod clock;
+pub mod delayed;
 pub mod error;
 pub mod exchange;
 pub mod headers;
+pub mod limits;
 pub mod message;
 pub mod names;
 pub mod persist;
 pub mod queue;
+pub mod sender_selected;
 pub mod topic;
 pub mod vhost;
 
 pub use auth::{User, Users};
 pub use error::{BrokerError, Result};
 pub use exchange::{Destination, ExchangeKind};
+pub use limits::Limits;
 pub use message::{Message, QueuedMessage};
 pub use persist::StorageOptions;
 pub use queue::{Consumer, DeliveryTarget, Queue};
