@@ -21,6 +21,44 @@ pub struct Config {
     pub memory: MemoryConfig,
     /// Users; when empty, the default `guest`/`guest` (loopback only) is created.
     pub users: Vec<UserConfig>,
+    /// Caps on what each vhost may hold.
+    pub limits: LimitsConfig,
+}
+
+/// `[limits]`: caps per vhost on queues, exchanges and bindings (RabbitMQ's vhost limit
+/// `max-queues` and its siblings). A declare or bind past a cap fails with 406
+/// PRECONDITION_FAILED. A negative value means no limit; 0 allows none.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Most queues per vhost (default 100,000).
+    pub max_queues: i64,
+    /// Most exchanges per vhost besides the pre-declared ones (default 10,000).
+    pub max_exchanges: i64,
+    /// Most bindings per vhost (default 1,000,000).
+    pub max_bindings: i64,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        let d = warren_broker::Limits::default();
+        LimitsConfig {
+            max_queues: d.max_queues,
+            max_exchanges: d.max_exchanges,
+            max_bindings: d.max_bindings,
+        }
+    }
+}
+
+impl LimitsConfig {
+    /// The broker model's limits.
+    pub fn limits(&self) -> warren_broker::Limits {
+        warren_broker::Limits {
+            max_queues: self.max_queues,
+            max_exchanges: self.max_exchanges,
+            max_bindings: self.max_bindings,
+        }
+    }
 }
 
 /// `[memory]`: the memory alarm (RabbitMQ's `vm_memory_high_watermark`). Above the
@@ -190,7 +228,7 @@ pub enum ConfigError {
     Invalid(String),
 }
 
-const SECTIONS: &[&str] = &["amqp", "storage", "log", "memory"];
+const SECTIONS: &[&str] = &["amqp", "storage", "log", "memory", "limits"];
 
 impl Config {
     /// Loads `path` (if given), then applies `WARREN_<SECTION>_<KEY>` variables from `env`.
@@ -321,6 +359,14 @@ level = "{level}"
 high_watermark = {high_watermark}
 high_watermark_bytes = {high_watermark_bytes}
 
+[limits]
+# Caps per vhost; a declare or bind past one fails with 406 PRECONDITION_FAILED.
+# A negative value means no limit, 0 allows none.
+max_queues = {max_queues}
+# Not counting the pre-declared default and amq.* exchanges.
+max_exchanges = {max_exchanges}
+max_bindings = {max_bindings}
+
 # Users. With none listed, guest/guest is created and may only log in from localhost.
 # [[users]]
 # name = "admin"
@@ -344,6 +390,9 @@ high_watermark_bytes = {high_watermark_bytes}
             level = d.log.level,
             high_watermark = d.memory.high_watermark,
             high_watermark_bytes = d.memory.high_watermark_bytes,
+            max_queues = d.limits.max_queues,
+            max_exchanges = d.limits.max_exchanges,
+            max_bindings = d.limits.max_bindings,
         )
     }
 }

@@ -113,6 +113,7 @@ impl ServerState {
                 broker
             }
         };
+        broker.set_limits(config.limits.limits());
         let memory_limit = config.memory.limit(total_memory().unwrap_or(u64::MAX));
         Ok(ServerState {
             broker,
