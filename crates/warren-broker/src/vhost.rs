@@ -2545,6 +2545,31 @@ mod tests {
     }
 
     #[test]
+    fn delayed_exchange_uses_its_alternate_exchange_only_when_due() {
+        // The plugin's open issue #36: RabbitMQ sees "no queues" at publish time and copies a
+        // held message to the alternate exchange at once. Warren only uses it when the held
+        // message is due and routes nowhere.
+        let (clock, v) = clocked();
+        v.declare_exchange(&xd("ae", "fanout", &[])).unwrap();
+        v.declare_exchange(&xd(
+            "dx",
+            delayed::TYPE,
+            &[
+                ("x-delayed-type", text("direct")),
+                ("alternate-exchange", text("ae")),
+            ],
+        ))
+        .unwrap();
+        let aq = declare_with(&v, "aq", &[]);
+        bind_q(&v, "ae", "aq", "");
+        publish_with(&v, "dx", "unbound", delay(10), b"m");
+        assert_eq!(aq.counts().ready, 0);
+        clock.advance(10);
+        v.sweep();
+        assert_eq!(aq.counts().ready, 1);
+    }
+
+    #[test]
     fn delayed_exchange_declare_validation() {
         let v = VHost::new("/");
         let e = v
