@@ -269,19 +269,28 @@ impl Exchange {
     /// and `BCC` header keys: RabbitMQ's sender-selected distribution): direct and topic
     /// exchanges match each key, fanout and headers exchanges ignore keys and route once.
     /// A destination may be reported more than once.
+    ///
+    /// A topic exchange visits at most `*budget` trie nodes for all keys together (see
+    /// [`TopicTrie::matches_within`]); returns false when that was not enough.
     pub fn route_keys(
         &self,
         keys: &[&str],
         headers: Option<&FieldTable>,
+        budget: &mut usize,
         out: &mut impl FnMut(&Destination),
-    ) {
+    ) -> bool {
         match &self.table {
-            Table::Direct(_) | Table::Topic(_) => {
+            Table::Topic(trie) => keys.iter().all(|key| trie.matches_within(key, budget, out)),
+            Table::Direct(_) => {
                 for key in keys {
                     self.route(key, headers, out);
                 }
+                true
             }
-            Table::Fanout | Table::Headers => self.route("", headers, out),
+            Table::Fanout | Table::Headers => {
+                self.route("", headers, out);
+                true
+            }
         }
     }
 }

@@ -17,15 +17,22 @@ pub struct Limits {
     pub max_exchanges: i64,
     /// Most bindings per vhost, queue and exchange-to-exchange bindings together.
     pub max_bindings: i64,
+    /// Most topic-trie nodes visited to route one message (all topic exchanges it passes and
+    /// all its routing keys together). Real binding sets need tens to hundreds; a message
+    /// that needs more is refused with 406 rather than holding a worker and the vhost's
+    /// topology lock (about 10 ms for 100,000 visits of a hostile trie).
+    pub topic_match_budget: i64,
 }
 
 impl Default for Limits {
-    /// 100,000 queues, 10,000 exchanges and 1,000,000 bindings per vhost.
+    /// 100,000 queues, 10,000 exchanges and 1,000,000 bindings per vhost; 100,000 topic
+    /// match steps per message.
     fn default() -> Self {
         Limits {
             max_queues: 100_000,
             max_exchanges: 10_000,
             max_bindings: 1_000_000,
+            topic_match_budget: 100_000,
         }
     }
 }
@@ -37,7 +44,13 @@ impl Limits {
             max_queues: -1,
             max_exchanges: -1,
             max_bindings: -1,
+            topic_match_budget: -1,
         }
+    }
+
+    /// The topic match budget in trie nodes (unlimited for a negative setting).
+    pub fn topic_budget(&self) -> usize {
+        usize::try_from(self.topic_match_budget).unwrap_or(usize::MAX)
     }
 }
 
@@ -111,7 +124,9 @@ mod tests {
             max_queues: 2,
             max_exchanges: 0,
             max_bindings: -1,
+            topic_match_budget: -1,
         };
+        assert_eq!(l.topic_budget(), usize::MAX);
         assert!(check_queue(&l, "/", "q", 1).is_ok());
         let e = check_queue(&l, "/", "q", 2).unwrap_err();
         assert_eq!(e.code, 406);

@@ -10,13 +10,17 @@
 //!
 //! A `#` may absorb any number of words, so a naive walk tries every split point at every `#`
 //! of a pattern: `#.a.#.a.#.a.c` against a long key of `a` words explores exponentially many
-//! paths (seven `#.a` pairs and a 60-word key took 15 s). Below a first `#` the walk therefore
-//! remembers which (`#` node, key position) pairs it has explored and never explores one twice:
-//! the work is bounded by the number of trie nodes times the number of key words (both bounded
-//! by AMQP's 255-byte short strings), whatever the patterns.
+//! paths (seven `#.a` pairs and a 60-word key took 15 s). The walk instead treats a `#` at key
+//! position p as "continue after the `#` at p, or let it absorb one more word", and below a
+//! first `#` remembers which (`#` node, position) pairs it has explored, never exploring one
+//! twice. Each trie node is then visited at most once per key position: the work is bounded
+//! by the number of trie nodes times the number of key words (at most 128, AMQP's 255-byte
+//! short string), whatever the patterns. [`TopicTrie::matches_within`] also stops a walk after
+//! a given number of node visits, so that a vast set of hostile bindings cannot make one
+//! message's routing take long.
 
 use std::collections::{HashMap, HashSet};
-use std::hash::Hash;
+use std::hash::{BuildHasherDefault, Hash, Hasher};
 
 /// A trie mapping binding keys to the values bound with them.
 #[derive(Debug)]
@@ -85,16 +89,31 @@ impl<V: Clone + Eq + Hash> TopicTrie<V> {
         self.matches_counting(routing_key, out);
     }
 
+    /// [`TopicTrie::matches`], visiting at most `*budget` trie nodes; `*budget` is reduced by
+    /// the nodes visited. Returns false when the budget ran out before the walk was complete
+    /// (some matching values may then not have been reported).
+    pub fn matches_within(
+        &self,
+        routing_key: &str,
+        budget: &mut usize,
+        out: &mut impl FnMut(&V),
+    ) -> bool {
+        let words: Vec<&str> = split_words(routing_key).collect();
+        let mut walk = Walk {
+            explored: HashSet::default(),
+            budget: *budget,
+        };
+        let complete = walk.visit(&self.root, &words, false, out);
+        *budget = walk.budget;
+        complete
+    }
+
     /// [`TopicTrie::matches`], returning the number of trie nodes visited (the matcher's work,
     /// for tests of its complexity).
     pub fn matches_counting(&self, routing_key: &str, out: &mut impl FnMut(&V)) -> usize {
-        let words: Vec<&str> = split_words(routing_key).collect();
-        let mut walk = Walk {
-            explored: HashSet::new(),
-            visits: 0,
-        };
-        walk.visit(&self.root, &words, false, out);
-        walk.visits
+        let mut budget = usize::MAX;
+        self.matches_within(routing_key, &mut budget, out);
+        usize::MAX - budget
     }
 }
 
@@ -154,47 +173,75 @@ impl<V> Node<V> {
 
 /// One match of a routing key against the trie.
 struct Walk {
-    /// (`#` node, remaining words) pairs already explored below a first `#`.
-    explored: HashSet<(usize, usize)>,
-    /// Nodes visited.
-    visits: usize,
+    /// (`#` node, position) pairs already explored below a first `#`, as the node's address
+    /// shifted left by 8 bits plus the position (at most 128).
+    explored: HashSet<usize, BuildHasherDefault<AddressHasher>>,
+    /// Node visits left.
+    budget: usize,
 }
 
 impl Walk {
     /// Matches `words` from `node`; `below_hash` once the path went through a `#`, the only
-    /// way the same (node, position) can be reached twice.
+    /// way a node can be reached at the same position twice. Returns false when the budget
+    /// ran out.
     fn visit<V>(
         &mut self,
         node: &Node<V>,
         words: &[&str],
         below_hash: bool,
         out: &mut impl FnMut(&V),
-    ) {
-        self.visits += 1;
+    ) -> bool {
+        let Some(left) = self.budget.checked_sub(1) else {
+            return false;
+        };
+        self.budget = left;
         if let Some(h) = &node.hash {
-            // '#' consumes zero or more words: try every split point, each once.
+            // '#' absorbs zero or more words: continue after it at each position from here
+            // on. Positions are explored in increasing order and always to the end, so once
+            // one was explored before, so were all later ones.
+            let key = &**h as *const Node<V> as usize;
             for i in 0..=words.len() {
-                let rest = &words[i..];
-                if below_hash
-                    && !self
-                        .explored
-                        .insert((&**h as *const Node<V> as usize, rest.len()))
-                {
-                    continue;
+                if below_hash && !self.explored.insert((key << 8) | (words.len() - i)) {
+                    break;
                 }
-                self.visit(h, rest, true, out);
+                if !self.visit(h, &words[i..], true, out) {
+                    return false;
+                }
             }
         }
         let Some((first, rest)) = words.split_first() else {
             node.values.iter().for_each(&mut *out);
-            return;
+            return true;
         };
         if let Some(child) = node.words.get(*first) {
-            self.visit(child, rest, below_hash, out);
+            if !self.visit(child, rest, below_hash, out) {
+                return false;
+            }
         }
-        if let Some(star) = &node.star {
-            self.visit(star, rest, below_hash, out);
+        match &node.star {
+            Some(star) => self.visit(star, rest, below_hash, out),
+            None => true,
         }
+    }
+}
+
+/// Hashes the already unique `usize` keys of [`Walk::explored`] with one multiplication.
+#[derive(Default)]
+struct AddressHasher(u64);
+
+impl Hasher for AddressHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.0 = (n as u64)
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            .rotate_left(26);
     }
 }
 

@@ -288,6 +288,20 @@ const STANDARD_EXCHANGES: [(&str, ExchangeKind); 6] = [
     ("amq.match", ExchangeKind::Headers),
 ];
 
+/// Why a routing walk failed.
+enum WalkError {
+    /// A reply to the publisher (an unreadable `x-delay`).
+    Broker(BrokerError),
+    /// Topic matching in this exchange used up the message's budget.
+    TooComplex(String),
+}
+
+impl From<BrokerError> for WalkError {
+    fn from(e: BrokerError) -> Self {
+        WalkError::Broker(e)
+    }
+}
+
 /// What a routing walk reached.
 #[derive(Default)]
 struct Routed {
@@ -1460,7 +1474,15 @@ impl VHost {
                 self.exchange_resource(exchange)
             )));
         }
-        topo.walk(x, keys, headers, out)
+        let budget = self.limits.read().topic_budget();
+        topo.walk(x, keys, headers, budget, out)
+            .map_err(|e| match e {
+                WalkError::Broker(e) => e,
+                WalkError::TooComplex(through) => BrokerError::precondition_failed(format!(
+                "cannot route message through {}: topic matching needs more than {budget} steps",
+                self.exchange_resource(&through)
+            )),
+            })
     }
 
     /// Registers a consumer on queue `name` for connection `connection_id` (404, 405, 403).
@@ -1560,14 +1582,16 @@ impl Topology {
     /// must hold the message routes it nowhere now and is recorded in `out.delayed` (without
     /// trying its alternate exchange; see [`crate::delayed`]).
     ///
-    /// Errors: 406 for an `x-delay` header a delayed exchange cannot read.
+    /// Errors: 406 for an `x-delay` header a delayed exchange cannot read; the name of the
+    /// topic exchange where the walk used up its `budget` of trie nodes.
     fn walk<'a>(
         &'a self,
         start: &'a Exchange,
         keys: &[&str],
         headers: Option<&FieldTable>,
+        mut budget: usize,
         out: &mut Routed,
-    ) -> Result<()> {
+    ) -> std::result::Result<(), WalkError> {
         let mut work: Vec<&'a Exchange> = vec![start];
         let mut seen = Seen::new(&start.name);
         while let Some(x) = work.pop() {
@@ -1580,7 +1604,7 @@ impl Topology {
                 }
             }
             let mut any = false;
-            x.route_keys(keys, headers, &mut |d| {
+            let complete = x.route_keys(keys, headers, &mut budget, &mut |d| {
                 any = true;
                 match d {
                     Destination::Queue(name) => {
@@ -1597,6 +1621,9 @@ impl Topology {
                     }
                 }
             });
+            if !complete {
+                return Err(WalkError::TooComplex(x.name.clone()));
+            }
             if !any {
                 if let Some(ae) = x.alternate_exchange().and_then(|n| self.exchanges.get(n)) {
                     if seen.insert(&ae.name) {
@@ -2635,12 +2662,45 @@ mod tests {
     }
 
     #[test]
+    fn topic_match_budget_refuses_messages_that_need_more() {
+        let b = Broker::new(Users::new());
+        b.set_limits(Limits {
+            topic_match_budget: 500,
+            ..Limits::default()
+        });
+        let v = b.vhost("/").unwrap();
+        let q = v.declare_queue(&qd("q"), 1).unwrap().0;
+        bind_q(&v, "amq.topic", "q", "#.a.#.a.#.a.#.a.#.a.#.a.#.a.c");
+        // 60 words need about 800 node visits: over this budget.
+        let m = Message::new(
+            "amq.topic".into(),
+            format!("{}b", "a.".repeat(60)),
+            Default::default(),
+            bytes::Bytes::new(),
+        );
+        match v.publish(Arc::new(m), None) {
+            Err(PublishError::Broker(e)) => {
+                assert_eq!(e.code, 406);
+                assert_eq!(
+                    e.text,
+                    "cannot route message through exchange 'amq.topic' in vhost '/': topic matching needs more than 500 steps"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        // Shorter keys fit.
+        publish_with(&v, "amq.topic", "a.a.a.a.a.a.a.c", FieldTable::new(), b"m");
+        assert_eq!(q.counts().ready, 1);
+    }
+
+    #[test]
     fn vhost_limits() {
         let b = Broker::new(Users::new());
         b.set_limits(Limits {
             max_queues: 2,
             max_exchanges: 1,
             max_bindings: 2,
+            ..Limits::default()
         });
         let v = b.vhost("/").unwrap();
         v.declare_queue(&qd("q1"), 1).unwrap();

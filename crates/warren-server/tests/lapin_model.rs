@@ -1,7 +1,8 @@
 //! Broker-model behaviour checked end to end with lapin, each against the value RabbitMQ
 //! 3.10.8 gives: alternate exchanges decided per exchange visited, length limits on
 //! requeue, exclusive queues never durable, sender-selected distribution (CC / BCC), the
-//! default exchange refusing even passive declares, and per-vhost limits.
+//! default exchange refusing even passive declares, per-vhost limits, and a hostile topic
+//! binding that must not stall the broker.
 
 mod lapin_support;
 
@@ -563,5 +564,36 @@ async fn vhost_limits_refuse_new_queues_exchanges_and_bindings() {
         406,
         "PRECONDITION_FAILED - cannot bind queue 'q2' in vhost '/' to exchange 'x1' in vhost '/': binding limit of 1 is reached",
     );
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn hostile_topic_binding_does_not_stall_the_broker() {
+    // With an exponential matcher this one message took 15 s of CPU, during which every other
+    // connection stalled (the waits below are bounded by 10 s).
+    let env = Env::start().await;
+    let ch = env.channel().await;
+    let q = declare_queue(&ch, "hostile").await;
+    bind(&ch, &q, "amq.topic", "#.a.#.a.#.a.#.a.#.a.#.a.#.a.c").await;
+    within(
+        "confirm.select",
+        ch.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await
+    .expect("confirm.select");
+    let miss = format!("{}b", "a.".repeat(60));
+    let hit = format!("{}c", "a.".repeat(60));
+    for key in [&miss, &hit] {
+        publish_confirmed(&ch, "amq.topic", key, false, BasicProperties::default()).await;
+    }
+    // Another connection is served meanwhile and afterwards.
+    let other = env.connect().await;
+    let och = within("channel.open", other.create_channel())
+        .await
+        .expect("channel.open");
+    declare_queue(&och, "other").await;
+    publish(&och, "", "other", b"x").await;
+    assert_eq!(drain(&och, "other").await, vec!["x"]);
+    assert_eq!(drain(&ch, &q).await, vec!["m"]);
     env.stop().await;
 }
