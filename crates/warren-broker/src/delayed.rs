@@ -31,7 +31,7 @@
 //!
 //! Where Warren differs on purpose (see the README): an `x-delay` string that is not an
 //! integer (and a decimal, which RabbitMQ 4.x cannot convert) fails the publish with a
-//! channel error 406 PRECONDITION_FAILED instead of crashing the channel; and a held message
+//! channel error 406 PRECONDITION_FAILED instead of an internal error; and a held message
 //! does not also go to the exchange's alternate exchange at publish time (the plugin's open
 //! issue #36: RabbitMQ sees "no queues" and uses the alternate exchange).
 //!
