@@ -28,6 +28,8 @@
 //!   and the message is still delivered when due.
 //! - The delayed copy is routed only once: if nothing matches when it is due, it is dropped,
 //!   or goes to the exchange's `alternate-exchange`.
+//! - Deleting the exchange drops what it holds (Warren lets go of the messages at once; the
+//!   plugin keeps them until due and then finds no bindings).
 //!
 //! Where Warren differs on purpose (see the README): an `x-delay` string that is not an
 //! integer (and a decimal, which RabbitMQ 4.x cannot convert) fails the publish with a
@@ -232,6 +234,19 @@ impl Schedule {
     pub fn len(&self) -> usize {
         self.entries.len()
     }
+
+    /// Takes every message held by `exchange` (deleted), with their (due time, id).
+    pub fn remove_exchange(&mut self, exchange: &str) -> Vec<((u64, u64), Held)> {
+        let keys: Vec<(u64, u64)> = self
+            .entries
+            .iter()
+            .filter(|(_, h)| &*h.exchange == exchange)
+            .map(|(k, _)| *k)
+            .collect();
+        keys.into_iter()
+            .filter_map(|k| self.entries.remove_entry(&k))
+            .collect()
+    }
 }
 
 #[cfg(test)]
@@ -387,6 +402,9 @@ mod tests {
             .map(|(_, h)| h.exchange.to_string())
             .collect();
         assert_eq!(due, vec!["a", "b"]);
+        assert_eq!(s.len(), 1);
+        s.insert(300, 4, held("other"));
+        assert_eq!(s.remove_exchange("late").len(), 1);
         assert_eq!(s.len(), 1);
         assert_eq!(s.take_due(1000, 0).len(), 0);
         assert_eq!(s.take_due(1000, 10).len(), 1);

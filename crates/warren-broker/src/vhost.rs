@@ -617,11 +617,18 @@ impl VHost {
         };
         let mut routed = Routed::default();
         {
-            let sender_keys = msg.sender_keys.clone().unwrap_or_default();
-            let keys = sender_keys.all(&msg.routing_key);
+            let single = [msg.routing_key.as_str()];
+            let all;
+            let keys: &[&str] = match &msg.sender_keys {
+                Some(k) if !k.is_empty() => {
+                    all = k.all(&msg.routing_key);
+                    &all
+                }
+                _ => &single,
+            };
             self.route_inner(
                 start,
-                &keys,
+                keys,
                 msg.properties.headers.as_ref(),
                 refuse_internal,
                 &mut routed,
@@ -1083,6 +1090,7 @@ impl VHost {
 
     /// exchange.delete. Deleting a missing exchange succeeds, as in RabbitMQ. Errors: 403 for the
     /// default exchange and `amq.` exchanges, 406 with `if_unused` when it is a binding source.
+    /// A deleted delayed-message exchange drops the messages it holds.
     pub fn delete_exchange(&self, name: &str, if_unused: bool) -> Result<()> {
         if name.is_empty() {
             return Err(default_exchange_refused());
@@ -1103,12 +1111,34 @@ impl VHost {
                 self.exchange_resource(name)
             )));
         }
-        let durable = x.durable;
+        let (durable, delayed) = (x.durable, x.kind == ExchangeKind::DelayedMessage);
         topo.remove_exchange(name);
         if durable {
             self.save(&topo);
         }
+        drop(topo);
+        if delayed {
+            self.drop_held(name);
+        }
         Ok(())
+    }
+
+    /// Lets go of the messages a deleted delayed exchange held.
+    fn drop_held(&self, exchange: &str) {
+        let gone = self.delayed.lock().remove_exchange(exchange);
+        let Some(p) = &self.persist else {
+            return;
+        };
+        for ((due_ms, id), held) in gone {
+            match held.body {
+                Body::Paged(loc) => p.store.release(loc),
+                Body::Stored(loc) => {
+                    p.store
+                        .ack(&delayed::store_key(&self.name, exchange, due_ms), id, loc)
+                }
+                Body::Memory(_) => {}
+            }
+        }
     }
 
     /// True when the exchange exists.
@@ -2594,6 +2624,26 @@ mod tests {
         clock.advance(10);
         v.sweep();
         assert_eq!(aq.counts().ready, 1);
+    }
+
+    #[test]
+    fn deleting_a_delayed_exchange_drops_what_it_holds() {
+        let (clock, v) = clocked();
+        delayed_exchange(&v, "dx", "fanout");
+        delayed_exchange(&v, "keep", "fanout");
+        let q = declare_with(&v, "q", &[]);
+        bind_q(&v, "dx", "q", "");
+        bind_q(&v, "keep", "q", "");
+        publish_with(&v, "dx", "", delay(10), b"gone");
+        publish_with(&v, "keep", "", delay(10), b"kept");
+        v.delete_exchange("dx", false).unwrap();
+        assert_eq!(v.delayed_count(), 1);
+        // Redeclared, it starts empty.
+        delayed_exchange(&v, "dx", "fanout");
+        bind_q(&v, "dx", "q", "");
+        clock.advance(10);
+        v.sweep();
+        assert_eq!(bodies(&q), vec!["kept"]);
     }
 
     #[test]
