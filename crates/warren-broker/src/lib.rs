@@ -7,7 +7,9 @@
 //!
 //! Locking discipline: a vhost's topology lock may be held while taking a queue lock, and a queue
 //! lock may be held while calling into a [`queue::DeliveryTarget`] (a channel), never the reverse.
-//! Channels therefore never call back into a queue while holding their own lock.
+//! Channels therefore never call back into a queue while holding their own lock. A vhost's
+//! schedule of delayed messages is taken alone or under the topology lock, and never held
+//! while routing.
 
 pub mod args;
 pub mod auth;

@@ -1066,7 +1066,10 @@ impl VHost {
             return Ok(());
         }
         // As RabbitMQ: the limit first, then the type's own validation.
-        let user_exchanges = topo.exchanges.len() - STANDARD_EXCHANGES.len();
+        let user_exchanges = topo
+            .exchanges
+            .len()
+            .saturating_sub(STANDARD_EXCHANGES.len());
         limits::check_exchange(&self.limits.read(), &self.name, &d.name, user_exchanges)?;
         if kind == ExchangeKind::DelayedMessage {
             delayed::routing_kind(&d.arguments)?;
@@ -1116,8 +1119,9 @@ impl VHost {
         if durable {
             self.save(&topo);
         }
-        drop(topo);
         if delayed {
+            // Under the topology lock, so that a new exchange of the same name cannot have
+            // held anything yet.
             self.drop_held(name);
         }
         Ok(())
