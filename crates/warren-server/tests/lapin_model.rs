@@ -414,8 +414,20 @@ async fn cc_that_is_not_an_array_closes_the_channel() {
         ("CC", AMQPValue::LongInt(5), "signedint"),
         ("BCC", s("x"), "longstr"),
     ] {
-        let ch = env.channel().await;
+        // A connection per case: lapin may not have freed a closed channel's number yet.
+        let conn = env.connect().await;
+        let ch = within("channel.open", conn.create_channel())
+            .await
+            .expect("channel.open");
         within(
+            "confirm.select",
+            ch.confirm_select(ConfirmSelectOptions::default()),
+        )
+        .await
+        .expect("confirm.select");
+        // The channel close fails the publish, or its pending confirm, whichever of lapin's
+        // tasks sees it first.
+        let res = match within(
             "basic.publish",
             ch.basic_publish(
                 "amq.direct".into(),
@@ -426,10 +438,12 @@ async fn cc_that_is_not_an_array_closes_the_channel() {
             ),
         )
         .await
-        .expect("basic.publish");
-        // The channel error shows on the next synchronous method.
+        {
+            Ok(pc) => within("confirm", pc).await.map(|_| ()),
+            Err(e) => Err(e),
+        };
         expect_error(
-            within("basic.get", ch.basic_get("nosuch".into(), BasicGetOptions::default())).await,
+            res,
             406,
             &format!(
                 "PRECONDITION_FAILED - invalid message: {{unacceptable_type_in_header,\"{header}\",{ty}}}"
