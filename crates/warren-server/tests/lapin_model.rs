@@ -219,12 +219,15 @@ async fn requeue_over_max_length_drops_the_head() {
 }
 
 #[tokio::test]
-async fn recover_and_channel_close_respect_max_length() {
+async fn recover_channel_close_and_connection_close_respect_max_length() {
     let env = Env::start().await;
     let ch = env.channel().await;
     limited_queue(&ch, "drop-head").await;
-    for how in ["recover", "close"] {
-        let other = env.channel().await;
+    for how in ["recover", "channel", "connection"] {
+        let conn = env.connect().await;
+        let other = within("channel.open", conn.create_channel())
+            .await
+            .expect("channel.open");
         publish(&ch, "", "limited", b"a").await;
         publish(&ch, "", "limited", b"b").await;
         get_unacked(&other, "limited").await;
@@ -236,9 +239,13 @@ async fn recover_and_channel_close_respect_max_length() {
             )
             .await
             .expect("basic.recover"),
-            _ => within("channel.close", other.close(200, "bye".into()))
+            "channel" => within("channel.close", other.close(200, "bye".into()))
                 .await
                 .expect("channel.close"),
+            // The broker requeues a closing connection's unacked messages before close-ok.
+            _ => within("connection.close", conn.close(200, "bye".into()))
+                .await
+                .expect("connection.close"),
         }
         assert_eq!(drain(&ch, "limited").await, vec!["b", "c"], "{how}");
         assert_eq!(
