@@ -102,10 +102,11 @@ impl<V: Clone + Eq + Hash> TopicTrie<V> {
         let mut walk = Walk {
             explored: HashSet::default(),
             budget: *budget,
+            exhausted: false,
         };
-        let complete = walk.visit(&self.root, &words, false, out);
+        walk.visit(&self.root, &words, false, out);
         *budget = walk.budget;
-        complete
+        !walk.exhausted
     }
 
     /// [`TopicTrie::matches`], returning the number of trie nodes visited (the matcher's work,
@@ -178,49 +179,50 @@ struct Walk {
     explored: HashSet<usize, BuildHasherDefault<AddressHasher>>,
     /// Node visits left.
     budget: usize,
+    /// The budget ran out: every further visit returns at once.
+    exhausted: bool,
 }
 
 impl Walk {
     /// Matches `words` from `node`; `below_hash` once the path went through a `#`, the only
-    /// way a node can be reached at the same position twice. Returns false when the budget
-    /// ran out.
+    /// way a node can be reached at the same position twice. Once the budget is spent it sets
+    /// `exhausted` and visits nothing more.
     fn visit<V>(
         &mut self,
         node: &Node<V>,
         words: &[&str],
         below_hash: bool,
         out: &mut impl FnMut(&V),
-    ) -> bool {
-        let Some(left) = self.budget.checked_sub(1) else {
-            return false;
-        };
-        self.budget = left;
+    ) {
+        if self.budget == 0 {
+            self.exhausted = true;
+            return;
+        }
+        self.budget -= 1;
         if let Some(h) = &node.hash {
             // '#' absorbs zero or more words: continue after it at each position from here
-            // on. Positions are explored in increasing order and always to the end, so once
-            // one was explored before, so were all later ones.
+            // on. Positions are explored in increasing order and always to the end (or until
+            // the budget is spent, which ends the whole walk), so once one was explored
+            // before, so were all later ones.
             let key = &**h as *const Node<V> as usize;
             for i in 0..=words.len() {
-                if below_hash && !self.explored.insert((key << 8) | (words.len() - i)) {
+                if self.exhausted
+                    || (below_hash && !self.explored.insert((key << 8) | (words.len() - i)))
+                {
                     break;
                 }
-                if !self.visit(h, &words[i..], true, out) {
-                    return false;
-                }
+                self.visit(h, &words[i..], true, out);
             }
         }
         let Some((first, rest)) = words.split_first() else {
             node.values.iter().for_each(&mut *out);
-            return true;
+            return;
         };
         if let Some(child) = node.words.get(*first) {
-            if !self.visit(child, rest, below_hash, out) {
-                return false;
-            }
+            self.visit(child, rest, below_hash, out);
         }
-        match &node.star {
-            Some(star) => self.visit(star, rest, below_hash, out),
-            None => true,
+        if let Some(star) = &node.star {
+            self.visit(star, rest, below_hash, out);
         }
     }
 }
