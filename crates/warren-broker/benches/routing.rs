@@ -1,6 +1,7 @@
 //! Routing benchmarks through the public `Exchange` API: a topic exchange with 10,000 bindings
 //! (literal words, `*` and `#` mixed), a direct exchange with 10,000 keys, and a fanout exchange
-//! with 10 queues for reference.
+//! with 10 queues for reference, and a hostile topic binding (nested `#`) that an exponential
+//! matcher takes seconds on.
 //!
 //! Run with: `cargo bench -p warren-broker --bench routing -- --warm-up-time 1 --measurement-time 3`
 
@@ -110,6 +111,20 @@ fn bench_topic(c: &mut Criterion) {
     g.finish();
 }
 
+/// One binding with seven `#.a` pairs and a 60-word key of `a` then `b`: the pattern the
+/// matcher must handle in polynomial time.
+fn bench_topic_hostile(c: &mut Criterion) {
+    let mut x = exchange(ExchangeKind::Topic);
+    bind(&mut x, "#.a.#.a.#.a.#.a.#.a.#.a.#.a.c".to_owned(), 0);
+    let key = format!("{}b", "a.".repeat(60));
+    assert_eq!(route_count(&x, &key), 0);
+    let mut g = c.benchmark_group("topic_hostile");
+    g.bench_function("nested_hash_60_words", |b| {
+        b.iter(|| route_count(&x, black_box(&key)))
+    });
+    g.finish();
+}
+
 fn bench_direct(c: &mut Criterion) {
     let mut x = exchange(ExchangeKind::Direct);
     for i in 0..10_000 {
@@ -137,5 +152,11 @@ fn bench_fanout(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_topic, bench_direct, bench_fanout);
+criterion_group!(
+    benches,
+    bench_topic,
+    bench_topic_hostile,
+    bench_direct,
+    bench_fanout
+);
 criterion_main!(benches);

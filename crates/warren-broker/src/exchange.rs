@@ -4,13 +4,17 @@
 //! direct = hash map from routing key, fanout = list, topic = [`TopicTrie`], headers = list of
 //! patterns. Every binding is also kept in [`Exchange::bindings`] in creation order, for
 //! unbinding, listing and cleanup when a queue or exchange goes away.
+//!
+//! RabbitMQ's delayed-message exchange (`x-delayed-message`, see [`crate::delayed`]) keeps the
+//! table of its `x-delayed-type` and routes like it once a message's delay is over.
 
 use crate::headers::{self, MatchMode};
 use crate::topic::TopicTrie;
 use std::collections::HashMap;
 use warren_amqp::table::FieldTable;
 
-/// The four exchange types of AMQP 0-9-1 (section 3.1.3).
+/// The four exchange types of AMQP 0-9-1 (section 3.1.3), and RabbitMQ's delayed-message
+/// exchange.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExchangeKind {
     /// Routes on exact routing-key equality.
@@ -21,6 +25,9 @@ pub enum ExchangeKind {
     Topic,
     /// Routes on message headers.
     Headers,
+    /// `x-delayed-message` (the rabbitmq_delayed_message_exchange plugin's type): holds each
+    /// message for its `x-delay` header, then routes as its `x-delayed-type` argument says.
+    DelayedMessage,
 }
 
 impl ExchangeKind {
@@ -31,6 +38,7 @@ impl ExchangeKind {
             "fanout" => Some(Self::Fanout),
             "topic" => Some(Self::Topic),
             "headers" => Some(Self::Headers),
+            crate::delayed::TYPE => Some(Self::DelayedMessage),
             _ => None,
         }
     }
@@ -41,6 +49,7 @@ impl ExchangeKind {
             Self::Fanout => "fanout",
             Self::Topic => "topic",
             Self::Headers => "headers",
+            Self::DelayedMessage => crate::delayed::TYPE,
         }
     }
 }
@@ -100,11 +109,15 @@ pub struct Exchange {
     /// Declared arguments (e.g. `alternate-exchange`).
     pub arguments: FieldTable,
     bindings: Vec<Binding>,
+    /// The type whose routing table this exchange keeps: `kind`, or the `x-delayed-type` of
+    /// a delayed-message exchange.
+    routing_kind: ExchangeKind,
     table: Table,
 }
 
 impl Exchange {
-    /// A new exchange with no bindings.
+    /// A new exchange with no bindings. A delayed-message exchange routes as its
+    /// `x-delayed-type` argument (validated at exchange.declare; direct when it is unusable).
     pub fn new(
         name: impl Into<String>,
         kind: ExchangeKind,
@@ -113,8 +126,14 @@ impl Exchange {
         internal: bool,
         arguments: FieldTable,
     ) -> Self {
-        let table = match kind {
-            ExchangeKind::Direct => Table::Direct(HashMap::new()),
+        let routing_kind = match kind {
+            ExchangeKind::DelayedMessage => {
+                crate::delayed::routing_kind(&arguments).unwrap_or(ExchangeKind::Direct)
+            }
+            other => other,
+        };
+        let table = match routing_kind {
+            ExchangeKind::Direct | ExchangeKind::DelayedMessage => Table::Direct(HashMap::new()),
             ExchangeKind::Fanout => Table::Fanout,
             ExchangeKind::Topic => Table::Topic(TopicTrie::new()),
             ExchangeKind::Headers => Table::Headers,
@@ -127,8 +146,15 @@ impl Exchange {
             internal,
             arguments,
             bindings: Vec::new(),
+            routing_kind,
             table,
         }
+    }
+
+    /// The type this exchange routes as: its own, or a delayed-message exchange's
+    /// `x-delayed-type`.
+    pub fn routing_kind(&self) -> ExchangeKind {
+        self.routing_kind
     }
 
     /// Bindings in creation order.
@@ -235,6 +261,35 @@ impl Exchange {
                         out(&b.destination);
                     }
                 }
+            }
+        }
+    }
+
+    /// Routes a message that carries several routing keys (its routing key, then its `CC`
+    /// and `BCC` header keys: RabbitMQ's sender-selected distribution): direct and topic
+    /// exchanges match each key, fanout and headers exchanges ignore keys and route once.
+    /// A destination may be reported more than once.
+    ///
+    /// A topic exchange visits at most `*budget` trie nodes for all keys together (see
+    /// [`TopicTrie::matches_within`]); returns false when that was not enough.
+    pub fn route_keys(
+        &self,
+        keys: &[&str],
+        headers: Option<&FieldTable>,
+        budget: &mut usize,
+        out: &mut impl FnMut(&Destination),
+    ) -> bool {
+        match &self.table {
+            Table::Topic(trie) => keys.iter().all(|key| trie.matches_within(key, budget, out)),
+            Table::Direct(_) => {
+                for key in keys {
+                    self.route(key, headers, out);
+                }
+                true
+            }
+            Table::Fanout | Table::Headers => {
+                self.route("", headers, out);
+                true
             }
         }
     }

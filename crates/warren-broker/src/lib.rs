@@ -11,7 +11,9 @@
 //!
 //! Locking discipline: a vhost's topology lock may be held while taking a queue lock, and a queue
 //! lock may be held while calling into a [`queue::DeliveryTarget`] (a channel), never the reverse.
-//! Channels therefore never call back into a queue while holding their own lock.
+//! Channels therefore never call back into a queue while holding their own lock. A vhost's
+//! schedule of delayed messages is taken alone or under the topology lock, and never held
+//! while routing.
 
 pub mod access;
 pub mod args;
@@ -19,13 +21,16 @@ pub mod auth;
 pub mod clock;
 pub mod data_dir;
 pub mod definitions;
+pub mod delayed;
 pub mod error;
 pub mod exchange;
 pub mod headers;
+pub mod limits;
 pub mod message;
 pub mod names;
 pub mod persist;
 pub mod queue;
+pub mod sender_selected;
 pub mod topic;
 pub mod vhost;
 
@@ -33,6 +38,7 @@ pub use auth::{User, Users};
 pub use data_dir::{DataDir, DataDirError};
 pub use error::{BrokerError, Result};
 pub use exchange::{Destination, ExchangeKind};
+pub use limits::Limits;
 pub use message::{Message, QueuedMessage};
 pub use persist::StorageOptions;
 pub use queue::{Consumer, DeliveryTarget, Queue};

@@ -64,6 +64,10 @@ pub struct Message {
     pub body: Bytes,
     /// The publisher confirm to send early once every durable queue has acked the message.
     pub confirm: OnceLock<Arc<ConfirmTicket>>,
+    /// The keys besides `routing_key` the message is routed with (its `CC` and `BCC` header
+    /// keys, see [`crate::sender_selected`]), fixed when it is published or dead-lettered.
+    /// `None` (a message read back from the store) means: the keys of its `CC` header.
+    pub sender_keys: Option<Arc<crate::sender_selected::SenderKeys>>,
     encoded_properties: OnceLock<Bytes>,
 }
 
@@ -81,6 +85,7 @@ impl Message {
             properties,
             body,
             confirm: OnceLock::new(),
+            sender_keys: None,
             encoded_properties: OnceLock::new(),
         }
     }
@@ -98,6 +103,21 @@ impl Message {
     /// True for `delivery_mode = 2` (persistent).
     pub fn is_persistent(&self) -> bool {
         self.properties.delivery_mode == Some(2)
+    }
+
+    /// The message's `CC` / `BCC` keys: as fixed at publish, or read from its `CC` header.
+    pub fn sender_keys(&self) -> crate::sender_selected::SenderKeys {
+        match &self.sender_keys {
+            Some(k) => (**k).clone(),
+            None => {
+                crate::sender_selected::SenderKeys::from_headers(self.properties.headers.as_ref())
+                    .map(|k| crate::sender_selected::SenderKeys {
+                        cc: k.cc,
+                        bcc: Vec::new(),
+                    })
+                    .unwrap_or_default()
+            }
+        }
     }
 }
 

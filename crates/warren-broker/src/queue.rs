@@ -922,6 +922,12 @@ impl Queue {
 
     /// Settles delivered messages (ack, reject, requeue), then delivers what the freed credit
     /// allows. On a deleted queue, settling only releases the messages' storage.
+    ///
+    /// Requeued messages count against the queue's length limits like published ones: with
+    /// overflow `drop-head`, a queue pushed over `x-max-length` / `x-max-length-bytes` by a
+    /// requeue drops (or dead-letters, reason `maxlen`) from its head, which is where requeued
+    /// messages return to; `reject-publish` queues keep them, over their limit, as RabbitMQ's
+    /// `requeue_and_run` does (its `maybe_drop_head` only drops for `drop-head`).
     pub fn settle(self: &Arc<Self>, channel_key: u64, settlements: Vec<Settlement>) {
         let mut st = self.state.lock();
         if st.deleted {
@@ -931,6 +937,7 @@ impl Queue {
             }
             return;
         }
+        let mut requeued = false;
         for s in settlements {
             st.unacked = st.unacked.saturating_sub(1);
             if let Some(tag) = &s.consumer_tag {
@@ -946,13 +953,31 @@ impl Queue {
                 let mut m = s.message;
                 m.redelivered = true;
                 st.insert_ordered(m);
+                requeued = true;
             } else if s.rejected {
                 self.discard(&mut st, s.message, DeathReason::Rejected);
             } else {
                 self.settled(&s.message);
             }
         }
+        if requeued {
+            self.enforce_max_length(&mut st);
+        }
         self.dispatch_from(&mut st, None);
+        let dead = self.flush_dead(&mut st);
+        drop(st);
+        self.publish_dead(dead);
+    }
+
+    /// Applies the queue's length limits to what it holds now (after recovery, where messages
+    /// that were unacknowledged come back as ready), as RabbitMQ does when a queue process
+    /// starts: a `drop-head` queue over its limit drops or dead-letters from its head.
+    pub fn enforce_limits(&self) {
+        let mut st = self.state.lock();
+        if st.deleted {
+            return;
+        }
+        self.enforce_max_length(&mut st);
         let dead = self.flush_dead(&mut st);
         drop(st);
         self.publish_dead(dead);

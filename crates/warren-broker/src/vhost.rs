@@ -7,16 +7,19 @@
 use crate::args::QueueArgs;
 use crate::auth::Users;
 use crate::clock::{Clock, SystemClock};
+use crate::delayed::{self, Body, Held};
 use crate::error::{resource, BrokerError, Result};
 use crate::exchange::{Binding, Destination, Exchange, ExchangeKind};
+use crate::limits::{self, Limits};
 use crate::message::{ConfirmTicket, Message, QueuedMessage};
 use crate::names;
 use crate::persist::{get_bool, get_str, get_table, s, Persistence, StorageOptions};
 use crate::queue::{
     Backing, Consumer, DeadLetter, DeathReason, DeliveryTarget, Queue, QueueCounts,
 };
+use crate::sender_selected::{self, SenderKeys};
 use parking_lot::RwLock;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use warren_amqp::table::{FieldTable, FieldValue};
@@ -51,6 +54,7 @@ pub struct Broker {
     persist: Option<Arc<Persistence>>,
     ids: Arc<AtomicU64>,
     clock: Arc<dyn Clock>,
+    limits: Arc<RwLock<Limits>>,
 }
 
 /// Why a durable broker could not start.
@@ -88,6 +92,7 @@ impl Broker {
             persist: None,
             ids: Arc::new(AtomicU64::new(1)),
             clock,
+            limits: Arc::default(),
         };
         b.add_vhost("/");
         b
@@ -125,6 +130,7 @@ impl Broker {
             persist: Some(persist.clone()),
             ids: Arc::new(AtomicU64::new(0)),
             clock: Arc::new(SystemClock),
+            limits: Arc::default(),
         };
         for defs in definitions {
             let vh = b.add_vhost(get_str(&defs, "name"));
@@ -132,6 +138,18 @@ impl Broker {
         }
         b.add_vhost("/");
         for (key, entries) in recovered.queues {
+            if let Some((vhost, exchange, due_ms)) = delayed::parse_store_key(&key) {
+                // Persistent messages held by a durable delayed exchange.
+                match b.vhost(vhost).filter(|v| v.holds_durably(exchange)) {
+                    Some(v) => v.recover_delayed(exchange, due_ms, &entries),
+                    None => {
+                        for e in entries {
+                            store.ack(&key, e.id, e.location);
+                        }
+                    }
+                }
+                continue;
+            }
             let queue = key
                 .split_once('\u{1f}')
                 .and_then(|(v, q)| b.vhost(v)?.topology.read().queues.get(q).cloned())
@@ -151,12 +169,30 @@ impl Broker {
                 }
             }
         }
+        // Once every queue is back (a dead-letter target included), over-long queues shed
+        // their heads as they would have had the messages come back while running.
+        for v in b.vhosts.read().values() {
+            for q in v.queues() {
+                q.enforce_limits();
+            }
+        }
         Ok((b, recovered.report))
     }
 
     /// The message store, for a durable broker.
     pub fn store(&self) -> Option<&Store> {
         self.persist.as_ref().map(|p| &p.store)
+    }
+
+    /// Sets the per-vhost caps on queues, exchanges and bindings of every vhost (see
+    /// [`Limits`]; [`Limits::default`] until set). Declares already made stay.
+    pub fn set_limits(&self, limits: Limits) {
+        *self.limits.write() = limits;
+    }
+
+    /// The per-vhost caps in force.
+    pub fn limits(&self) -> Limits {
+        *self.limits.read()
     }
 
     /// Stops the message store's writer after a final fsync and releases the data
@@ -179,6 +215,7 @@ impl Broker {
                     v.persist = self.persist.clone();
                     v.ids = self.ids.clone();
                     v.clock = self.clock.clone();
+                    v.limits = self.limits.clone();
                     v.me = me.clone();
                     v
                 })
@@ -224,6 +261,10 @@ pub struct VHost {
     defs_dirty: std::sync::atomic::AtomicBool,
     /// No retry of a failed save before this instant.
     defs_retry_at: parking_lot::Mutex<Option<std::time::Instant>>,
+    /// Messages held by delayed-message exchanges, by due time.
+    delayed: parking_lot::Mutex<delayed::Schedule>,
+    /// Caps on queues, exchanges and bindings (shared with the broker).
+    limits: Arc<RwLock<Limits>>,
 }
 
 /// The pseudo-queue of RabbitMQ's direct reply-to: a requester consumes from it in no-ack
@@ -268,6 +309,100 @@ pub enum PublishError {
 struct Topology {
     exchanges: HashMap<String, Exchange>,
     queues: HashMap<String, Arc<Queue>>,
+    /// Bindings of all exchanges, for the binding limit.
+    bindings: usize,
+}
+
+/// The exchanges every vhost has from the start: they do not count against the exchange
+/// limit and cannot be deleted.
+const STANDARD_EXCHANGES: [(&str, ExchangeKind); 6] = [
+    ("", ExchangeKind::Direct),
+    ("amq.direct", ExchangeKind::Direct),
+    ("amq.fanout", ExchangeKind::Fanout),
+    ("amq.topic", ExchangeKind::Topic),
+    ("amq.headers", ExchangeKind::Headers),
+    ("amq.match", ExchangeKind::Headers),
+];
+
+/// Why a routing walk failed.
+enum WalkError {
+    /// A reply to the publisher (an unreadable `x-delay`).
+    Broker(BrokerError),
+    /// Topic matching in this exchange used up the message's budget.
+    TooComplex(String),
+}
+
+impl From<BrokerError> for WalkError {
+    fn from(e: BrokerError) -> Self {
+        WalkError::Broker(e)
+    }
+}
+
+/// What a routing walk reached.
+#[derive(Default)]
+struct Routed {
+    /// Queues, each once.
+    queues: Vec<Arc<Queue>>,
+    /// The queues by address, once there are too many to look through.
+    index: HashSet<usize>,
+    /// Delayed-message exchanges that hold the message: (name, durable, delay in ms).
+    delayed: Vec<(String, bool, u64)>,
+}
+
+impl Routed {
+    fn add_queue(&mut self, q: &Arc<Queue>) {
+        const LINEAR: usize = 16;
+        let addr = Arc::as_ptr(q) as usize;
+        if self.queues.len() < LINEAR {
+            if self.queues.iter().any(|o| Arc::ptr_eq(o, q)) {
+                return;
+            }
+        } else {
+            if self.index.is_empty() {
+                self.index
+                    .extend(self.queues.iter().map(|o| Arc::as_ptr(o) as usize));
+            }
+            if !self.index.insert(addr) {
+                return;
+            }
+        }
+        self.queues.push(q.clone());
+    }
+}
+
+/// The exchanges a routing walk has queued up, the first one apart (most walks visit one).
+struct Seen<'a> {
+    start: &'a str,
+    few: Vec<&'a str>,
+    many: HashSet<&'a str>,
+}
+
+impl<'a> Seen<'a> {
+    fn new(start: &'a str) -> Self {
+        Seen {
+            start,
+            few: Vec::new(),
+            many: HashSet::new(),
+        }
+    }
+
+    /// Records `name`; false when it was seen already.
+    fn insert(&mut self, name: &'a str) -> bool {
+        if name == self.start {
+            return false;
+        }
+        if !self.many.is_empty() {
+            return self.many.insert(name);
+        }
+        if self.few.contains(&name) {
+            return false;
+        }
+        self.few.push(name);
+        if self.few.len() > 16 {
+            self.many.extend(self.few.drain(..));
+        }
+        true
+    }
 }
 
 /// The flags and arguments of exchange.declare.
@@ -311,14 +446,7 @@ impl VHost {
     /// `amq.headers` and `amq.match`, all durable, as RabbitMQ pre-declares them.
     pub fn new(name: &str) -> Self {
         let mut topo = Topology::default();
-        for (n, k) in [
-            ("", ExchangeKind::Direct),
-            ("amq.direct", ExchangeKind::Direct),
-            ("amq.fanout", ExchangeKind::Fanout),
-            ("amq.topic", ExchangeKind::Topic),
-            ("amq.headers", ExchangeKind::Headers),
-            ("amq.match", ExchangeKind::Headers),
-        ] {
+        for (n, k) in STANDARD_EXCHANGES {
             topo.exchanges.insert(
                 n.into(),
                 Exchange::new(n, k, true, false, false, FieldTable::new()),
@@ -342,6 +470,8 @@ impl VHost {
             )),
             defs_dirty: std::sync::atomic::AtomicBool::new(false),
             defs_retry_at: parking_lot::Mutex::new(None),
+            delayed: parking_lot::Mutex::new(delayed::Schedule::default()),
+            limits: Arc::default(),
         }
     }
 
@@ -398,10 +528,11 @@ impl VHost {
     }
 
     /// Periodic housekeeping: retries a failed save of the durable definitions (at most once a
-    /// second), expires messages at the head of each queue and deletes the queues unused for
-    /// longer than their `x-expires`.
+    /// second), routes the delayed messages whose delay is over, expires messages at the head
+    /// of each queue and deletes the queues unused for longer than their `x-expires`.
     pub fn sweep(&self) {
         self.retry_save();
+        self.release_delayed();
         for q in self.queues() {
             if q.sweep() {
                 self.remove_queue(&q);
@@ -421,13 +552,21 @@ impl VHost {
         for l in letters {
             let msg = dead_lettered(from, dlx, &l, now_s);
             let headers = msg.properties.headers.as_ref();
-            let mut queues = Vec::new();
+            let mut routed = Routed::default();
+            let sender_keys = msg.sender_keys();
+            let keys = sender_keys.all(&msg.routing_key);
             if self
-                .route_inner(dlx, &msg.routing_key, headers, &mut queues, false)
+                .route_inner(dlx, &keys, headers, false, &mut routed)
                 .is_err()
             {
                 continue;
             }
+            for (x, durable, delay) in &routed.delayed {
+                if let Err(e) = self.hold(x, *durable, &msg, *delay) {
+                    tracing::warn!(queue = %from.name, error = %e, "cannot hold dead letter in delayed exchange");
+                }
+            }
+            let mut queues = routed.queues;
             let deaths = headers
                 .and_then(|h| h.get("x-death"))
                 .and_then(|v| v.as_array())
@@ -451,7 +590,7 @@ impl VHost {
             if queues.is_empty() {
                 continue;
             }
-            if let Err(e) = self.enqueue(msg, queues, None, false) {
+            if let Err(e) = self.enqueue(msg, queues, None, false, true) {
                 tracing::warn!(queue = %from.name, error = %e, "cannot dead-letter message");
             }
         }
@@ -468,6 +607,10 @@ impl VHost {
     /// Routes and enqueues a published message. A persistent message routed to durable queues
     /// of a durable broker is written to the store once, with `waiter` to be completed after
     /// its fsync (publisher confirms, tx.commit).
+    ///
+    /// Errors: 404 / 403 (missing or internal exchange), 406 (a `CC` / `BCC` header that is
+    /// not an array, an `x-delay` header a delayed exchange cannot read), or the
+    /// store refusing writes.
     pub fn publish(
         &self,
         msg: Arc<Message>,
@@ -481,41 +624,280 @@ impl VHost {
                 rejected: false,
             });
         }
-        let mut queues = Vec::new();
-        self.route(
-            &msg.exchange,
-            &msg.routing_key,
-            msg.properties.headers.as_ref(),
-            &mut queues,
-        )?;
-        if queues.is_empty() {
-            return Ok(Published {
+        let exchange = msg.exchange.clone();
+        self.dispatch(&exchange, msg, waiter, true)
+    }
+
+    /// Routes `msg` from exchange `start` (its publish exchange, or the delayed exchange that
+    /// held it) with its routing key and `CC` / `BCC` keys, holds it in the delayed exchanges
+    /// that must delay it, and enqueues it on the queues it reached.
+    fn dispatch(
+        &self,
+        start: &str,
+        msg: Arc<Message>,
+        waiter: Option<(Arc<dyn Completion>, u64)>,
+        refuse_internal: bool,
+    ) -> std::result::Result<Published, PublishError> {
+        // As published (BCC included): what a delayed exchange holds.
+        let original = msg.clone();
+        let msg = match msg.sender_keys {
+            Some(_) => msg,
+            None => match SenderKeys::from_headers(msg.properties.headers.as_ref()) {
+                Ok(keys) => sender_selected::prepare(msg, keys),
+                Err(reason) => {
+                    // RabbitMQ checks the exchange before it reads the message.
+                    self.check_publishable(start, refuse_internal)?;
+                    return Err(BrokerError::precondition_failed(format!(
+                        "invalid message: {reason}"
+                    ))
+                    .into());
+                }
+            },
+        };
+        let mut routed = Routed::default();
+        {
+            let single = [msg.routing_key.as_str()];
+            let all;
+            let keys: &[&str] = match &msg.sender_keys {
+                Some(k) if !k.is_empty() => {
+                    all = k.all(&msg.routing_key);
+                    &all
+                }
+                _ => &single,
+            };
+            self.route_inner(
+                start,
+                keys,
+                msg.properties.headers.as_ref(),
+                refuse_internal,
+                &mut routed,
+            )?;
+        }
+        // Held copies go to the store before the queues' copy, whose fsync then covers them.
+        let mut held_durably = false;
+        for (x, durable, delay) in &routed.delayed {
+            held_durably |= self.hold(x, *durable, &original, *delay)?;
+        }
+        let sync_waiter = waiter.clone().filter(|_| held_durably);
+        let mut queues = routed.queues;
+        let mut published = if queues.is_empty() {
+            Published {
                 routed: false,
                 stored: false,
                 pressured: None,
                 rejected: false,
+            }
+        } else {
+            let mut rejected = Vec::new();
+            queues.retain(|q| {
+                let refuse = q.rejects_publish(&msg);
+                if refuse {
+                    rejected.push(q.clone());
+                }
+                !refuse
             });
-        }
-        let mut rejected = Vec::new();
-        queues.retain(|q| {
-            let refuse = q.rejects_publish(&msg);
-            if refuse {
-                rejected.push(q.clone());
+            for q in &rejected {
+                if q.args.overflow == crate::args::Overflow::RejectPublishDlx {
+                    self.dead_letter(
+                        q,
+                        vec![DeadLetter {
+                            message: msg.clone(),
+                            reason: DeathReason::Maxlen,
+                        }],
+                    );
+                }
             }
-            !refuse
-        });
-        for q in &rejected {
-            if q.args.overflow == crate::args::Overflow::RejectPublishDlx {
-                self.dead_letter(
-                    q,
-                    vec![DeadLetter {
-                        message: msg.clone(),
-                        reason: DeathReason::Maxlen,
-                    }],
-                );
+            // An early confirm (all durable queues acked) must not overtake the fsync of a
+            // held copy.
+            self.enqueue(msg, queues, waiter, !rejected.is_empty(), !held_durably)?
+        };
+        if let Some(w) = sync_waiter {
+            if !published.stored && !published.rejected {
+                published.stored = self.sync(w);
             }
         }
-        self.enqueue(msg, queues, waiter, !rejected.is_empty())
+        Ok(published)
+    }
+
+    /// Fails like routing would from exchange `name`: 404 when it is missing, 403 when it is
+    /// internal and `refuse_internal`.
+    fn check_publishable(&self, name: &str, refuse_internal: bool) -> Result<()> {
+        if name.is_empty() {
+            return Ok(());
+        }
+        let topo = self.topology.read();
+        let x = topo
+            .exchanges
+            .get(name)
+            .ok_or_else(|| self.no_exchange(name))?;
+        if x.internal && refuse_internal {
+            return Err(BrokerError::access_refused(format!(
+                "cannot publish to internal {}",
+                self.exchange_resource(name)
+            )));
+        }
+        Ok(())
+    }
+
+    /// Holds `msg` in delayed exchange `exchange` (durable or not) for `delay` ms. Returns
+    /// true when it was written to the store as a persistent record, so that its publisher's
+    /// confirm must wait for an fsync.
+    fn hold(
+        &self,
+        exchange: &str,
+        durable: bool,
+        msg: &Arc<Message>,
+        delay: u64,
+    ) -> std::result::Result<bool, PublishError> {
+        let due_ms = self.clock.now_ms().saturating_add(delay);
+        let id = self.next_id();
+        let (body, persisted) = match &self.persist {
+            None => (Body::Memory(msg.clone()), false),
+            Some(p) if durable && msg.is_persistent() => {
+                let key = delayed::store_key(&self.name, exchange, due_ms);
+                let loc = p
+                    .store
+                    .append_publish(
+                        id,
+                        &msg.exchange,
+                        &msg.routing_key,
+                        &msg.properties,
+                        &msg.body,
+                        &[&key],
+                        None,
+                    )
+                    .map_err(|e| PublishError::StoreUnavailable(e.to_string()))?;
+                (Body::Stored(loc), true)
+            }
+            Some(p) => match p.store.append_transient(
+                id,
+                &msg.exchange,
+                &msg.routing_key,
+                &msg.properties,
+                &msg.body,
+            ) {
+                Ok(loc) => (Body::Paged(loc), false),
+                Err(e) => {
+                    tracing::warn!(%exchange, error = %e, "cannot page delayed message out; keeping it in memory");
+                    (Body::Memory(msg.clone()), false)
+                }
+            },
+        };
+        self.delayed.lock().insert(
+            due_ms,
+            id,
+            Held {
+                exchange: Arc::from(exchange),
+                body,
+            },
+        );
+        Ok(persisted)
+    }
+
+    /// Messages held by delayed-message exchanges of this vhost.
+    pub fn delayed_count(&self) -> usize {
+        self.delayed.lock().len()
+    }
+
+    /// Routes the held messages whose delay is over, a bounded batch per call.
+    fn release_delayed(&self) {
+        let now = self.clock.now_ms();
+        let due = self.delayed.lock().take_due(now, delayed::RELEASE_BATCH);
+        let mut due = due.into_iter();
+        while let Some(((due_ms, id), held)) = due.next() {
+            if let Err(held) = self.release(due_ms, id, held) {
+                // The store refuses writes: put this one and the rest back for a later sweep.
+                let mut schedule = self.delayed.lock();
+                schedule.insert(due_ms, id, held);
+                for ((due_ms, id), held) in due {
+                    schedule.insert(due_ms, id, held);
+                }
+                return;
+            }
+        }
+    }
+
+    /// Routes one held message from its delayed exchange (once: if nothing matches, it is
+    /// gone, as with the plugin), then lets go of the held copy. Gives it back when the store
+    /// cannot take the routed copy now.
+    fn release(&self, due_ms: u64, id: u64, held: Held) -> std::result::Result<(), Held> {
+        let store = self.persist.as_ref().map(|p| &p.store);
+        let msg = match &held.body {
+            Body::Memory(m) => Some(m.clone()),
+            Body::Paged(loc) | Body::Stored(loc) => match store.map(|s| s.read(*loc)) {
+                Some(Ok(m)) => Some(Arc::new(Message::new(
+                    m.exchange,
+                    m.routing_key,
+                    m.properties,
+                    m.body,
+                ))),
+                Some(Err(e)) => {
+                    tracing::warn!(exchange = %held.exchange, error = %e, "dropping unreadable delayed message");
+                    None
+                }
+                None => None,
+            },
+        };
+        if let Some(msg) = msg {
+            let delay = delayed::delay_of(msg.properties.headers.as_ref())
+                .ok()
+                .flatten()
+                .unwrap_or(0);
+            let released = Arc::new(delayed::released(&msg, delay));
+            match self.dispatch(&held.exchange, released, None, false) {
+                Ok(_) => {}
+                Err(PublishError::StoreUnavailable(_)) => return Err(held),
+                Err(PublishError::Broker(e)) => {
+                    tracing::debug!(exchange = %held.exchange, error = %e, "delayed message not routed");
+                }
+            }
+        }
+        if let Some(s) = store {
+            match held.body {
+                Body::Paged(loc) => s.release(loc),
+                Body::Stored(loc) => {
+                    s.ack(
+                        &delayed::store_key(&self.name, &held.exchange, due_ms),
+                        id,
+                        loc,
+                    );
+                }
+                Body::Memory(_) => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// True when `exchange` is a durable delayed-message exchange (whose persistent held
+    /// messages are recovered).
+    fn holds_durably(&self, exchange: &str) -> bool {
+        self.topology
+            .read()
+            .exchanges
+            .get(exchange)
+            .is_some_and(|x| x.durable && x.kind == ExchangeKind::DelayedMessage)
+    }
+
+    /// Re-arms persistent messages that `exchange` held until `due_ms` before a restart
+    /// (released on the first sweep when already due).
+    fn recover_delayed(
+        &self,
+        exchange: &str,
+        due_ms: u64,
+        entries: &[warren_store::RecoveredEntry],
+    ) {
+        let exchange: Arc<str> = Arc::from(exchange);
+        let mut schedule = self.delayed.lock();
+        for e in entries {
+            schedule.insert(
+                due_ms,
+                e.id,
+                Held {
+                    exchange: exchange.clone(),
+                    body: Body::Stored(e.location),
+                },
+            );
+        }
     }
 
     /// Enqueues a routed message on `queues`, writing it to the store first when it is
@@ -526,6 +908,7 @@ impl VHost {
         queues: Vec<Arc<Queue>>,
         waiter: Option<(Arc<dyn Completion>, u64)>,
         rejected: bool,
+        early_confirm: bool,
     ) -> std::result::Result<Published, PublishError> {
         if queues.is_empty() {
             return Ok(Published {
@@ -544,7 +927,7 @@ impl VHost {
                 .map(|q| q.store_key())
                 .collect();
             if !durable.is_empty() {
-                if let Some((sink, token)) = &waiter {
+                if let (Some((sink, token)), true) = (&waiter, early_confirm) {
                     let ticket = ConfirmTicket::new(durable.len() as u32, sink.clone(), *token);
                     let _ = msg.confirm.set(Arc::new(ticket));
                 }
@@ -694,11 +1077,12 @@ impl VHost {
                 Destination::Queue(dest_name)
             };
             if let Some(x) = topo.exchanges.get_mut(get_str(&b, "source")) {
-                x.bind(Binding {
+                let added = x.bind(Binding {
                     destination,
                     routing_key: get_str(&b, "routing_key").to_string(),
                     arguments: get_table(&b, "arguments"),
                 });
+                topo.bindings += usize::from(added);
             }
         }
     }
@@ -727,11 +1111,16 @@ impl VHost {
     }
 
     /// exchange.declare. Errors: 404 (passive, missing), 406 (unknown type, as in RabbitMQ 4.x;
-    /// 3.x closed the connection with 503), 403 (default exchange, or `amq.` prefix for an
-    /// exchange that does not exist yet), 406 (inequivalent type, flags or
-    /// `alternate-exchange`).
+    /// 3.x closed the connection with 503), 403 (default exchange, passive or not, or `amq.`
+    /// prefix for an exchange that does not exist yet), 406 (inequivalent type, flags or
+    /// `alternate-exchange`; a new `x-delayed-message` exchange without a usable
+    /// `x-delayed-type`; the vhost's exchange limit reached).
     pub fn declare_exchange(&self, d: &ExchangeDeclare) -> Result<()> {
         if d.passive {
+            // RabbitMQ refuses the default exchange even to a passive declare.
+            if d.name.is_empty() {
+                return Err(default_exchange_refused());
+            }
             let topo = self.topology.read();
             return match topo.exchanges.get(&d.name) {
                 Some(_) => Ok(()),
@@ -762,6 +1151,15 @@ impl VHost {
             check_args(&what, &x.arguments, &d.arguments, &["alternate-exchange"])?;
             return Ok(());
         }
+        // As RabbitMQ: the limit first, then the type's own validation.
+        let user_exchanges = topo
+            .exchanges
+            .len()
+            .saturating_sub(STANDARD_EXCHANGES.len());
+        limits::check_exchange(&self.limits.read(), &self.name, &d.name, user_exchanges)?;
+        if kind == ExchangeKind::DelayedMessage {
+            delayed::routing_kind(&d.arguments)?;
+        }
         topo.exchanges.insert(
             d.name.clone(),
             Exchange::new(
@@ -787,6 +1185,7 @@ impl VHost {
 
     /// exchange.delete. Deleting a missing exchange succeeds, as in RabbitMQ. Errors: 403 for the
     /// default exchange and `amq.` exchanges, 406 with `if_unused` when it is a binding source.
+    /// A deleted delayed-message exchange drops the messages it holds.
     pub fn delete_exchange(&self, name: &str, if_unused: bool) -> Result<()> {
         if name.is_empty() {
             return Err(default_exchange_refused());
@@ -807,6 +1206,7 @@ impl VHost {
                 self.exchange_resource(name)
             )));
         }
+        let delayed = x.kind == ExchangeKind::DelayedMessage;
         let mut undo = Undo::default();
         topo.remove_exchange(name, &mut undo);
         if undo.durable {
@@ -818,7 +1218,30 @@ impl VHost {
                 ));
             }
         }
+        if delayed {
+            // Under the topology lock, so that a new exchange of the same name cannot have
+            // held anything yet.
+            self.drop_held(name);
+        }
         Ok(())
+    }
+
+    /// Lets go of the messages a deleted delayed exchange held.
+    fn drop_held(&self, exchange: &str) {
+        let gone = self.delayed.lock().remove_exchange(exchange);
+        let Some(p) = &self.persist else {
+            return;
+        };
+        for ((due_ms, id), held) in gone {
+            match held.body {
+                Body::Paged(loc) => p.store.release(loc),
+                Body::Stored(loc) => {
+                    p.store
+                        .ack(&delayed::store_key(&self.name, exchange, due_ms), id, loc)
+                }
+                Body::Memory(_) => {}
+            }
+        }
     }
 
     /// True when the exchange exists.
@@ -828,8 +1251,13 @@ impl VHost {
 
     /// queue.declare, for connection `connection_id`. Returns the queue and its counts.
     ///
+    /// An exclusive queue is never durable: `durable` is ignored when `exclusive` is set (it
+    /// is deleted with its connection anyway), in the declare and in the equivalence check of
+    /// a redeclare, as RabbitMQ's `Durable = DurableDeclare andalso not ExclusiveDeclare`.
+    ///
     /// Errors: 404 (passive, missing), 403 (`amq.` prefix), 405 (exclusive to another
-    /// connection, or exclusivity differs), 406 (inequivalent durable/auto_delete/arguments).
+    /// connection, or exclusivity differs), 406 (inequivalent durable/auto_delete/arguments,
+    /// invalid arguments, the vhost's queue limit reached).
     pub fn declare_queue(
         &self,
         d: &QueueDeclare,
@@ -865,7 +1293,7 @@ impl VHost {
                     .unwrap_or_else(|| locked_queue(q)));
             }
             let what = self.queue_resource(&name);
-            check_field(&what, "durable", q.durable, d.durable)?;
+            check_field(&what, "durable", q.durable, d.durable && !d.exclusive)?;
             check_field(&what, "auto_delete", q.auto_delete, d.auto_delete)?;
             check_args(&what, &q.arguments, &d.arguments, EQUIVALENT_QUEUE_ARGS)?;
             q.touch();
@@ -873,10 +1301,11 @@ impl VHost {
             return Ok((q.clone(), counts));
         }
         QueueArgs::parse(&self.queue_resource(&name), &d.arguments)?;
+        limits::check_queue(&self.limits.read(), &self.name, &name, topo.queues.len())?;
         let q = Arc::new(self.new_queue(Queue::new(
             name.clone(),
             self.name.clone(),
-            d.durable,
+            d.durable && !d.exclusive,
             d.exclusive.then_some(connection_id),
             d.auto_delete,
             d.arguments.clone(),
@@ -998,7 +1427,8 @@ impl VHost {
     }
 
     /// queue.bind / exchange.bind. `destination` must exist (404), `source` must exist (404) and
-    /// must not be the default exchange (403). Headers bindings need a valid `x-match` (406).
+    /// must not be the default exchange (403). Headers bindings need a valid `x-match` (406);
+    /// a new binding must fit under the vhost's binding limit (406).
     pub fn bind(
         &self,
         source: &str,
@@ -1014,9 +1444,9 @@ impl VHost {
         self.check_destination(&topo, &destination, connection_id)?;
         let x = topo
             .exchanges
-            .get_mut(source)
+            .get(source)
             .ok_or_else(|| self.no_exchange(source))?;
-        if x.kind == ExchangeKind::Headers
+        if x.routing_kind() == ExchangeKind::Headers
             && crate::headers::MatchMode::from_args(arguments).is_none()
         {
             return Err(BrokerError::precondition_failed(
@@ -1033,17 +1463,31 @@ impl VHost {
                 },
             ));
         }
-        let durable_source = x.durable;
         let binding = Binding {
             destination: destination.clone(),
             routing_key: routing_key.to_string(),
             arguments: arguments.clone(),
         };
+        if !x.bindings().contains(&binding) {
+            limits::check_binding(
+                &self.limits.read(),
+                &self.name,
+                source,
+                &destination,
+                topo.bindings,
+            )?;
+        }
+        let Some(x) = topo.exchanges.get_mut(source) else {
+            return Err(self.no_exchange(source));
+        };
+        let durable_source = x.durable;
         let added = x.bind(binding.clone());
+        topo.bindings += usize::from(added);
         if added && durable_source && topo.destination_is_durable(&destination) {
             if let Err(e) = self.save(&topo) {
                 if let Some(x) = topo.exchanges.get_mut(source) {
                     x.unbind(&binding);
+                    topo.bindings -= 1;
                 }
                 return Err(not_stored(
                     format!(
@@ -1098,6 +1542,7 @@ impl VHost {
             .ok_or_else(|| self.no_exchange(source))?;
         let removed = x.unbind(&binding);
         let (durable_source, now_unused) = (x.durable, x.auto_delete && x.bindings().is_empty());
+        topo.bindings -= usize::from(removed);
         let mut undo = Undo::default();
         if removed {
             undo.durable = durable_source && topo.destination_is_durable(&destination);
@@ -1142,9 +1587,11 @@ impl VHost {
 
     /// Routes a basic.publish: fills `out` with each queue the message goes to, once.
     ///
-    /// Follows exchange-to-exchange bindings (each exchange visited once, so binding cycles
-    /// terminate) and the `alternate-exchange` of an exchange that routes nowhere. Errors:
-    /// 404 for a missing exchange, 403 for an internal one.
+    /// The message is routed with `routing_key` and the keys of its `CC` and `BCC` headers
+    /// (sender-selected distribution), through exchange-to-exchange bindings and alternate
+    /// exchanges as [`Topology::walk`] describes; delayed-message exchanges that would hold it
+    /// contribute nothing. Errors: 404 for a missing exchange, 403 for an internal one, 406
+    /// for `CC` / `BCC` headers that are not arrays or an unreadable `x-delay`.
     pub fn route(
         &self,
         exchange: &str,
@@ -1152,22 +1599,42 @@ impl VHost {
         headers: Option<&FieldTable>,
         out: &mut Vec<Arc<Queue>>,
     ) -> Result<()> {
-        self.route_inner(exchange, routing_key, headers, out, true)
+        let sender_keys = SenderKeys::from_headers(headers).map_err(|reason| {
+            BrokerError::precondition_failed(format!("invalid message: {reason}"))
+        })?;
+        let mut routed = Routed::default();
+        self.route_inner(
+            exchange,
+            &sender_keys.all(routing_key),
+            headers,
+            true,
+            &mut routed,
+        )?;
+        for q in routed.queues {
+            if !out.iter().any(|o| Arc::ptr_eq(o, &q)) {
+                out.push(q);
+            }
+        }
+        Ok(())
     }
 
-    /// [`VHost::route`]; dead-lettering may go through an internal exchange.
+    /// [`VHost::route`] with the routing keys given; dead-lettering and releasing delayed
+    /// messages may go through an internal exchange.
     fn route_inner(
         &self,
         exchange: &str,
-        routing_key: &str,
+        keys: &[&str],
         headers: Option<&FieldTable>,
-        out: &mut Vec<Arc<Queue>>,
         refuse_internal: bool,
+        out: &mut Routed,
     ) -> Result<()> {
         let topo = self.topology.read();
         if exchange.is_empty() {
-            if let Some(q) = topo.queues.get(routing_key) {
-                out.push(q.clone());
+            // The default exchange: each key names a queue.
+            for key in keys {
+                if let Some(q) = topo.queues.get(*key) {
+                    out.add_queue(q);
+                }
             }
             return Ok(());
         }
@@ -1181,23 +1648,15 @@ impl VHost {
                 self.exchange_resource(exchange)
             )));
         }
-        let mut visited: Vec<&str> = Vec::new();
-        topo.route_from(x, routing_key, headers, &mut visited, out);
-        let mut current = x;
-        while out.is_empty() {
-            let Some(ae) = current.alternate_exchange() else {
-                break;
-            };
-            let Some(next) = topo.exchanges.get(ae) else {
-                break;
-            };
-            if visited.contains(&next.name.as_str()) {
-                break;
-            }
-            topo.route_from(next, routing_key, headers, &mut visited, out);
-            current = next;
-        }
-        Ok(())
+        let budget = self.limits.read().topic_budget();
+        topo.walk(x, keys, headers, budget, out)
+            .map_err(|e| match e {
+                WalkError::Broker(e) => e,
+                WalkError::TooComplex(through) => BrokerError::precondition_failed(format!(
+                "cannot route message through {}: topic matching needs more than {budget} steps",
+                self.exchange_resource(&through)
+            )),
+            })
     }
 
     /// Registers a consumer on queue `name` for connection `connection_id` (404, 405, 403).
@@ -1289,41 +1748,72 @@ impl Topology {
         t
     }
 
-    fn route_from<'a>(
+    /// RabbitMQ's routing walk (`rabbit_exchange:route`): starting at `start`, each exchange
+    /// reached routes the message in turn, every exchange at most once (so binding cycles
+    /// end). Alternate exchanges are decided per exchange visited: one whose own bindings give
+    /// no destination at all (queue or exchange) passes the message to its
+    /// `alternate-exchange`, wherever it sits in the walk. A delayed-message exchange that
+    /// must hold the message routes it nowhere now and is recorded in `out.delayed` (without
+    /// trying its alternate exchange; see [`crate::delayed`]).
+    ///
+    /// Errors: 406 for an `x-delay` header a delayed exchange cannot read; the name of the
+    /// topic exchange where the walk used up its `budget` of trie nodes.
+    fn walk<'a>(
         &'a self,
-        x: &'a Exchange,
-        routing_key: &str,
+        start: &'a Exchange,
+        keys: &[&str],
         headers: Option<&FieldTable>,
-        visited: &mut Vec<&'a str>,
-        out: &mut Vec<Arc<Queue>>,
-    ) {
-        visited.push(&x.name);
-        let mut next: Vec<&'a Exchange> = Vec::new();
-        x.route(routing_key, headers, &mut |d| match d {
-            Destination::Queue(name) => {
-                if let Some(q) = self.queues.get(name) {
-                    if !out.iter().any(|o| Arc::ptr_eq(o, q)) {
-                        out.push(q.clone());
+        mut budget: usize,
+        out: &mut Routed,
+    ) -> std::result::Result<(), WalkError> {
+        let mut work: Vec<&'a Exchange> = vec![start];
+        let mut seen = Seen::new(&start.name);
+        while let Some(x) = work.pop() {
+            if x.kind == ExchangeKind::DelayedMessage {
+                if let Some(delay) = delayed::delay_of(headers)? {
+                    if !out.delayed.iter().any(|(n, _, _)| *n == x.name) {
+                        out.delayed.push((x.name.clone(), x.durable, delay));
+                    }
+                    continue;
+                }
+            }
+            let mut any = false;
+            let complete = x.route_keys(keys, headers, &mut budget, &mut |d| {
+                any = true;
+                match d {
+                    Destination::Queue(name) => {
+                        if let Some(q) = self.queues.get(name) {
+                            out.add_queue(q);
+                        }
+                    }
+                    Destination::Exchange(name) => {
+                        if let Some(e) = self.exchanges.get(name) {
+                            if seen.insert(&e.name) {
+                                work.push(e);
+                            }
+                        }
+                    }
+                }
+            });
+            if !complete {
+                return Err(WalkError::TooComplex(x.name.clone()));
+            }
+            if !any {
+                if let Some(ae) = x.alternate_exchange().and_then(|n| self.exchanges.get(n)) {
+                    if seen.insert(&ae.name) {
+                        work.push(ae);
                     }
                 }
             }
-            Destination::Exchange(name) => {
-                if let Some(e) = self.exchanges.get(name) {
-                    next.push(e);
-                }
-            }
-        });
-        for e in next {
-            if !visited.contains(&e.name.as_str()) {
-                self.route_from(e, routing_key, headers, visited, out);
-            }
         }
+        Ok(())
     }
 
     /// Removes an exchange, its bindings as a source and as a destination, and then any
     /// auto-delete exchange left without bindings; records each removal in `undo`.
     fn remove_exchange(&mut self, name: &str, undo: &mut Undo) {
         if let Some(x) = self.exchanges.remove(name) {
+            self.bindings -= x.bindings().len();
             undo.durable |= x.durable;
             undo.steps.push(Removed::Exchange(x));
         }
@@ -1354,7 +1844,7 @@ impl Topology {
             if gone.is_empty() {
                 continue;
             }
-            x.unbind_destination(dest);
+            self.bindings -= x.unbind_destination(dest);
             for b in gone {
                 undo.steps.push(Removed::Binding(x.name.clone(), b));
             }
@@ -1372,11 +1862,12 @@ impl Topology {
         for step in undo.steps.into_iter().rev() {
             match step {
                 Removed::Exchange(x) => {
+                    self.bindings += x.bindings().len();
                     self.exchanges.insert(x.name.clone(), x);
                 }
                 Removed::Binding(source, b) => {
                     if let Some(x) = self.exchanges.get_mut(&source) {
-                        x.bind(b);
+                        self.bindings += usize::from(x.bind(b));
                     }
                 }
                 Removed::Queue(q) => {
@@ -1416,14 +1907,23 @@ fn not_stored(what: String, e: &std::io::Error) -> BrokerError {
 /// queue's `x-dead-letter-routing-key` or its original routing key, its `x-death` history
 /// updated (entries per queue and reason, most recent first), its `expiration` moved to the
 /// entry's `original-expiration`.
+///
+/// Without `x-dead-letter-routing-key` the copy is routed with all the keys the message had
+/// (its routing key, `CC` and `BCC` keys); with one, with that key alone. The entry's
+/// `routing-keys` are the routing key and `CC` keys (RabbitMQ 4.x `mc:record_death`).
 fn dead_lettered(from: &Queue, dlx: &str, l: &DeadLetter, now_s: u64) -> Arc<Message> {
     let m = &l.message;
     let reason = l.reason.as_str();
+    let sender_keys = m.sender_keys();
     let routing_key = from
         .args
         .dead_letter_routing_key
         .clone()
         .unwrap_or_else(|| m.routing_key.clone());
+    let copy_keys = match from.args.dead_letter_routing_key {
+        Some(_) => SenderKeys::default(),
+        None => sender_keys.clone(),
+    };
     let mut props = m.properties.clone();
     let mut headers = props.headers.take().unwrap_or_default();
     let mut deaths: Vec<FieldValue> = headers
@@ -1474,7 +1974,11 @@ fn dead_lettered(from: &Queue, dlx: &str, l: &DeadLetter, now_s: u64) -> Arc<Mes
             t.insert("queue", s(&from.name));
             t.insert("time", FieldValue::Timestamp(now_s));
             t.insert("exchange", s(&m.exchange));
-            t.insert("routing-keys", FieldValue::Array(vec![s(&m.routing_key)]));
+            let keys = sender_keys.death_keys(&m.routing_key);
+            t.insert(
+                "routing-keys",
+                FieldValue::Array(keys.iter().map(|k| s(k)).collect()),
+            );
             t
         }
     };
@@ -1492,12 +1996,9 @@ fn dead_lettered(from: &Queue, dlx: &str, l: &DeadLetter, now_s: u64) -> Arc<Mes
     // RabbitMQ 4.x hands out a dead-lettered message's headers sorted by name.
     headers.0.sort_by(|a, b| a.0.cmp(&b.0));
     props.headers = Some(headers);
-    Arc::new(Message::new(
-        dlx.to_string(),
-        routing_key,
-        props,
-        m.body.clone(),
-    ))
+    let mut copy = Message::new(dlx.to_string(), routing_key, props, m.body.clone());
+    copy.sender_keys = Some(Arc::new(copy_keys));
+    Arc::new(copy)
 }
 
 /// Marks a queue deleted and cancels its consumers; returns its ready-message count.
@@ -1784,6 +2285,151 @@ mod tests {
         assert_eq!(count(&twice), Some(2));
     }
 
+    fn requeue(q: &Arc<Queue>, m: QueuedMessage) {
+        q.settle(
+            0,
+            vec![crate::queue::Settlement {
+                consumer_tag: None,
+                message: m,
+                requeue: true,
+                rejected: false,
+            }],
+        );
+    }
+
+    fn bodies(q: &Queue) -> Vec<String> {
+        std::iter::from_fn(|| q.get(true))
+            .map(|(m, _)| String::from_utf8_lossy(&m.message.body).into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn requeue_respects_length_limits() {
+        // RabbitMQ 3.10.8: x-max-length 2, publish a b, get a, publish c, nack a with requeue:
+        // drop-head keeps [b, c] and dead-letters a (maxlen); reject-publish keeps [a, b, c].
+        for (overflow, kept, dead) in [
+            ("drop-head", vec!["b", "c"], vec!["a"]),
+            ("reject-publish", vec!["a", "b", "c"], vec![]),
+            ("reject-publish-dlx", vec!["a", "b", "c"], vec![]),
+        ] {
+            let (_, v) = clocked();
+            let dlq = declare_with(&v, "dlq", &[]);
+            let q = declare_with(
+                &v,
+                "limited",
+                &[
+                    ("x-max-length", FieldValue::I32(2)),
+                    ("x-overflow", text(overflow)),
+                    ("x-dead-letter-exchange", text("")),
+                    ("x-dead-letter-routing-key", text("dlq")),
+                ],
+            );
+            send(&v, "limited", b"a");
+            send(&v, "limited", b"b");
+            let (a, _) = q.get(false).unwrap();
+            send(&v, "limited", b"c");
+            requeue(&q, a);
+            assert_eq!(bodies(&q), kept, "{overflow}");
+            let dl: Vec<(String, String)> = std::iter::from_fn(|| dlq.get(true))
+                .map(|(m, _)| {
+                    let h = m.message.properties.headers.clone().unwrap_or_default();
+                    let reason = h
+                        .get("x-first-death-reason")
+                        .and_then(|v| v.as_str())
+                        .unwrap_or_default()
+                        .to_string();
+                    (
+                        String::from_utf8_lossy(&m.message.body).into_owned(),
+                        reason,
+                    )
+                })
+                .collect();
+            let want: Vec<(String, String)> = dead
+                .iter()
+                .map(|b| (b.to_string(), "maxlen".to_string()))
+                .collect();
+            assert_eq!(dl, want, "{overflow}");
+        }
+    }
+
+    #[test]
+    fn requeue_respects_byte_limits() {
+        let (_, v) = clocked();
+        let q = declare_with(&v, "bytes", &[("x-max-length-bytes", FieldValue::I32(2))]);
+        send(&v, "bytes", b"a");
+        send(&v, "bytes", b"b");
+        let (a, _) = q.get(false).unwrap();
+        let (b, _) = q.get(false).unwrap();
+        send(&v, "bytes", b"c");
+        // Both come back (recover, channel close): the head goes until 2 bytes remain.
+        q.settle(
+            0,
+            [a, b]
+                .into_iter()
+                .map(|m| crate::queue::Settlement {
+                    consumer_tag: None,
+                    message: m,
+                    requeue: true,
+                    rejected: false,
+                })
+                .collect(),
+        );
+        assert_eq!(bodies(&q), vec!["b", "c"]);
+    }
+
+    #[test]
+    fn exclusive_queues_are_never_durable() {
+        let v = VHost::new("/");
+        let (q, _) = v
+            .declare_queue(
+                &QueueDeclare {
+                    exclusive: true,
+                    durable: true,
+                    ..qd("ex")
+                },
+                1,
+            )
+            .unwrap();
+        assert!(!q.durable);
+        // Redeclaring with either durable flag is equivalent.
+        for durable in [false, true] {
+            v.declare_queue(
+                &QueueDeclare {
+                    exclusive: true,
+                    durable,
+                    ..qd("ex")
+                },
+                1,
+            )
+            .unwrap();
+        }
+        assert!(v
+            .topology
+            .read()
+            .snapshot("/")
+            .get("queues")
+            .and_then(|q| q.as_array())
+            .unwrap()
+            .is_empty());
+    }
+
+    #[test]
+    fn default_exchange_cannot_be_declared_even_passively() {
+        let v = VHost::new("/");
+        for passive in [true, false] {
+            let e = v
+                .declare_exchange(&ExchangeDeclare {
+                    name: String::new(),
+                    kind: "direct".into(),
+                    passive,
+                    ..Default::default()
+                })
+                .unwrap_err();
+            assert_eq!(e.code, 403);
+            assert_eq!(e.text, "operation not permitted on the default exchange");
+        }
+    }
+
     #[test]
     fn exclusive_queues_are_locked() {
         let v = VHost::new("/");
@@ -1912,5 +2558,454 @@ mod tests {
             v.delete_exchange("amq.direct", false).unwrap_err().text,
             "deletion of system exchange 'amq.direct' in vhost '/' not allowed"
         );
+    }
+
+    fn xd(name: &str, kind: &str, args: &[(&str, FieldValue)]) -> ExchangeDeclare {
+        ExchangeDeclare {
+            name: name.into(),
+            kind: kind.into(),
+            arguments: args.iter().cloned().collect(),
+            ..Default::default()
+        }
+    }
+
+    fn bind_q(v: &VHost, x: &str, q: &str, key: &str) {
+        v.bind(x, Destination::Queue(q.into()), key, &FieldTable::new(), 1)
+            .unwrap();
+    }
+
+    fn headers(pairs: &[(&str, FieldValue)]) -> FieldTable {
+        pairs.iter().cloned().collect()
+    }
+
+    fn publish_with(
+        v: &VHost,
+        x: &str,
+        key: &str,
+        h: FieldTable,
+        body: &'static [u8],
+    ) -> Published {
+        let m = Message::new(
+            x.into(),
+            key.into(),
+            warren_amqp::properties::BasicProperties {
+                headers: Some(h),
+                ..Default::default()
+            },
+            bytes::Bytes::from_static(body),
+        );
+        v.publish(Arc::new(m), None).unwrap()
+    }
+
+    #[test]
+    fn alternate_exchange_is_decided_per_exchange_visited() {
+        // fanout E -> direct I (alternate-exchange A) ; A -> QA. A key I does not match
+        // reaches QA and counts as routed (RabbitMQ 3.10.8: no basic.return).
+        let v = VHost::new("/");
+        v.declare_exchange(&xd("E", "fanout", &[])).unwrap();
+        v.declare_exchange(&xd("A", "fanout", &[])).unwrap();
+        v.declare_exchange(&xd("I", "direct", &[("alternate-exchange", text("A"))]))
+            .unwrap();
+        v.bind(
+            "E",
+            Destination::Exchange("I".into()),
+            "",
+            &FieldTable::new(),
+            1,
+        )
+        .unwrap();
+        let qa = v.declare_queue(&qd("QA"), 1).unwrap().0;
+        let qi = v.declare_queue(&qd("QI"), 1).unwrap().0;
+        bind_q(&v, "A", "QA", "");
+        bind_q(&v, "I", "QI", "hit");
+        let p = publish_with(&v, "E", "miss", FieldTable::new(), b"m");
+        assert!(p.routed);
+        assert_eq!((qa.counts().ready, qi.counts().ready), (1, 0));
+        // E itself routed (to I), so E's own alternate exchange would not be used.
+        let p = publish_with(&v, "E", "hit", FieldTable::new(), b"m");
+        assert!(p.routed);
+        assert_eq!((qa.counts().ready, qi.counts().ready), (1, 1));
+    }
+
+    #[test]
+    fn cc_and_bcc_route_and_bcc_is_removed() {
+        let v = VHost::new("/");
+        for q in ["k1", "k2", "k3"] {
+            v.declare_queue(&qd(q), 1).unwrap();
+        }
+        v.declare_exchange(&xd("d", "direct", &[])).unwrap();
+        v.declare_exchange(&xd("t", "topic", &[])).unwrap();
+        for q in ["k1", "k2", "k3"] {
+            bind_q(&v, "d", q, q);
+            bind_q(&v, "t", q, &format!("{q}.#"));
+        }
+        let arr = |k: &str| FieldValue::Array(vec![text(k)]);
+        for (x, cc, bcc) in [("d", "k2", "k3"), ("t", "k2.x", "k3"), ("", "k2", "k3")] {
+            let p = publish_with(
+                &v,
+                x,
+                "k1",
+                headers(&[("CC", arr(cc)), ("BCC", arr(bcc))]),
+                b"m",
+            );
+            assert!(p.routed, "{x}");
+            for q in ["k1", "k2", "k3"] {
+                let (m, _) = v
+                    .queue(q, 1)
+                    .unwrap()
+                    .get(true)
+                    .unwrap_or_else(|| panic!("{x} {q}"));
+                let h = m.message.properties.headers.as_ref().unwrap();
+                assert!(h.get("BCC").is_none(), "{x}");
+                assert_eq!(h.get("CC"), Some(&arr(cc)));
+                assert_eq!(m.message.routing_key, "k1");
+            }
+        }
+        // A CC that is not an array is refused as RabbitMQ does.
+        let m = Message::new(
+            "d".into(),
+            "k1".into(),
+            warren_amqp::properties::BasicProperties {
+                headers: Some(headers(&[("CC", text("k2"))])),
+                ..Default::default()
+            },
+            bytes::Bytes::new(),
+        );
+        match v.publish(Arc::new(m), None) {
+            Err(PublishError::Broker(e)) => {
+                assert_eq!(e.code, 406);
+                assert_eq!(
+                    e.text,
+                    "invalid message: {unacceptable_type_in_header,\"CC\",longstr}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn x_death_records_cc_keys_and_dead_letters_route_with_all_keys() {
+        let (_, v) = clocked();
+        v.declare_exchange(&xd("d", "direct", &[])).unwrap();
+        for q in ["k2", "k3"] {
+            v.declare_queue(&qd(q), 1).unwrap();
+            bind_q(&v, "d", q, q);
+        }
+        let src = declare_with(&v, "src", &[("x-dead-letter-exchange", text("d"))]);
+        let arr = |k: &str| FieldValue::Array(vec![text(k)]);
+        publish_with(
+            &v,
+            "",
+            "src",
+            headers(&[("CC", arr("k2")), ("BCC", arr("k3"))]),
+            b"m",
+        );
+        // CC k2 and BCC k3 reached their queues already; drain them.
+        for q in ["k2", "k3"] {
+            assert!(v.queue(q, 1).unwrap().get(true).is_some());
+        }
+        let (m, _) = src.get(false).unwrap();
+        src.settle(
+            0,
+            vec![crate::queue::Settlement {
+                consumer_tag: None,
+                message: m,
+                requeue: false,
+                rejected: true,
+            }],
+        );
+        // Dead-lettered with src, k2 and k3 (BCC keys included) ...
+        for q in ["k2", "k3"] {
+            let (m, _) = v.queue(q, 1).unwrap().get(true).expect(q);
+            let h = m.message.properties.headers.as_ref().unwrap();
+            let death = h.get("x-death").and_then(|d| d.as_array()).unwrap()[0]
+                .as_table()
+                .unwrap()
+                .clone();
+            // ... and x-death lists the routing key and CC, not BCC.
+            assert_eq!(
+                death.get("routing-keys"),
+                Some(&FieldValue::Array(vec![text("src"), text("k2")]))
+            );
+        }
+    }
+
+    fn delayed_exchange(v: &VHost, name: &str, inner: &str) {
+        v.declare_exchange(&xd(name, delayed::TYPE, &[("x-delayed-type", text(inner))]))
+            .unwrap();
+    }
+
+    fn delay(ms: i32) -> FieldTable {
+        headers(&[("x-delay", FieldValue::I32(ms))])
+    }
+
+    #[test]
+    fn delayed_exchange_holds_until_due_in_due_order() {
+        let (clock, v) = clocked();
+        delayed_exchange(&v, "dx", "direct");
+        let q = declare_with(&v, "q", &[]);
+        bind_q(&v, "dx", "q", "k");
+        let p = publish_with(&v, "dx", "k", delay(300), b"late");
+        // Held: no queue yet, so a mandatory publish is returned (as with the plugin).
+        assert!(!p.routed);
+        publish_with(&v, "dx", "k", delay(100), b"early");
+        publish_with(&v, "dx", "k", delay(0), b"now");
+        publish_with(&v, "dx", "k", delay(-5), b"negative");
+        assert_eq!(bodies(&q), vec!["now", "negative"]);
+        assert_eq!(v.delayed_count(), 2);
+        clock.advance(99);
+        v.sweep();
+        assert!(q.get(true).is_none());
+        clock.advance(1);
+        v.sweep();
+        let (m, _) = q.get(true).unwrap();
+        assert_eq!(&m.message.body[..], b"early");
+        let h = m.message.properties.headers.as_ref().unwrap();
+        assert_eq!(h.get("x-delay"), Some(&FieldValue::I64(-100)));
+        clock.advance(200);
+        v.sweep();
+        assert_eq!(bodies(&q), vec!["late"]);
+        assert_eq!(v.delayed_count(), 0);
+    }
+
+    #[test]
+    fn delayed_exchange_behind_exchange_bindings() {
+        // fanout f -> delayed dx (topic) -> q ; f -> now. The copy through dx is held, the
+        // direct one is not; when due it is routed from dx, keeping exchange f and its key.
+        let (clock, v) = clocked();
+        v.declare_exchange(&xd("f", "fanout", &[])).unwrap();
+        delayed_exchange(&v, "dx", "topic");
+        v.bind(
+            "f",
+            Destination::Exchange("dx".into()),
+            "",
+            &FieldTable::new(),
+            1,
+        )
+        .unwrap();
+        let q = declare_with(&v, "q", &[]);
+        let now = declare_with(&v, "now", &[]);
+        bind_q(&v, "dx", "q", "a.*");
+        bind_q(&v, "f", "now", "");
+        // A second delayed exchange behind dx does not hold the message again.
+        delayed_exchange(&v, "dx2", "fanout");
+        v.bind(
+            "dx",
+            Destination::Exchange("dx2".into()),
+            "#",
+            &FieldTable::new(),
+            1,
+        )
+        .unwrap();
+        let q2 = declare_with(&v, "q2", &[]);
+        bind_q(&v, "dx2", "q2", "");
+        let p = publish_with(&v, "f", "a.b", delay(50), b"m");
+        assert!(p.routed);
+        assert_eq!((now.counts().ready, q.counts().ready), (1, 0));
+        clock.advance(50);
+        v.sweep();
+        let (m, _) = q.get(true).unwrap();
+        assert_eq!(
+            (m.message.exchange.as_str(), m.message.routing_key.as_str()),
+            ("f", "a.b")
+        );
+        assert_eq!(q2.counts().ready, 1);
+        assert_eq!(v.delayed_count(), 0);
+    }
+
+    #[test]
+    fn delayed_exchange_uses_its_alternate_exchange_only_when_due() {
+        // The plugin's open issue #36: RabbitMQ sees "no queues" at publish time and copies a
+        // held message to the alternate exchange at once. Warren only uses it when the held
+        // message is due and routes nowhere.
+        let (clock, v) = clocked();
+        v.declare_exchange(&xd("ae", "fanout", &[])).unwrap();
+        v.declare_exchange(&xd(
+            "dx",
+            delayed::TYPE,
+            &[
+                ("x-delayed-type", text("direct")),
+                ("alternate-exchange", text("ae")),
+            ],
+        ))
+        .unwrap();
+        let aq = declare_with(&v, "aq", &[]);
+        bind_q(&v, "ae", "aq", "");
+        publish_with(&v, "dx", "unbound", delay(10), b"m");
+        assert_eq!(aq.counts().ready, 0);
+        clock.advance(10);
+        v.sweep();
+        assert_eq!(aq.counts().ready, 1);
+    }
+
+    #[test]
+    fn deleting_a_delayed_exchange_drops_what_it_holds() {
+        let (clock, v) = clocked();
+        delayed_exchange(&v, "dx", "fanout");
+        delayed_exchange(&v, "keep", "fanout");
+        let q = declare_with(&v, "q", &[]);
+        bind_q(&v, "dx", "q", "");
+        bind_q(&v, "keep", "q", "");
+        publish_with(&v, "dx", "", delay(10), b"gone");
+        publish_with(&v, "keep", "", delay(10), b"kept");
+        v.delete_exchange("dx", false).unwrap();
+        assert_eq!(v.delayed_count(), 1);
+        // Redeclared, it starts empty.
+        delayed_exchange(&v, "dx", "fanout");
+        bind_q(&v, "dx", "q", "");
+        clock.advance(10);
+        v.sweep();
+        assert_eq!(bodies(&q), vec!["kept"]);
+    }
+
+    #[test]
+    fn delayed_exchange_declare_validation() {
+        let v = VHost::new("/");
+        let e = v
+            .declare_exchange(&xd("dx", delayed::TYPE, &[]))
+            .unwrap_err();
+        assert_eq!(
+            (e.code, e.text.as_str()),
+            (
+                406,
+                "Invalid argument, 'x-delayed-type' must be an existing exchange type"
+            )
+        );
+        let e = v
+            .declare_exchange(&xd(
+                "dx",
+                delayed::TYPE,
+                &[("x-delayed-type", text(delayed::TYPE))],
+            ))
+            .unwrap_err();
+        assert_eq!(
+            e.text,
+            "Invalid argument, 'x-delayed-message' can't be used for 'x-delayed-type'"
+        );
+        delayed_exchange(&v, "dx", "headers");
+        // Only the type, flags and alternate-exchange are compared on redeclare.
+        v.declare_exchange(&xd(
+            "dx",
+            delayed::TYPE,
+            &[("x-delayed-type", text("fanout"))],
+        ))
+        .unwrap();
+        let e = v.declare_exchange(&xd("dx", "headers", &[])).unwrap_err();
+        assert_eq!(
+            e.text,
+            "inequivalent arg 'type' for exchange 'dx' in vhost '/': received 'headers' but current is 'x-delayed-message'"
+        );
+        // A headers-typed delayed exchange checks x-match like a headers exchange.
+        v.declare_queue(&qd("q"), 1).unwrap();
+        let e = v
+            .bind(
+                "dx",
+                Destination::Queue("q".into()),
+                "",
+                &headers(&[("x-match", text("nope"))]),
+                1,
+            )
+            .unwrap_err();
+        assert_eq!(e.code, 406);
+        // An unreadable x-delay fails the publish.
+        let m = Message::new(
+            "dx".into(),
+            "".into(),
+            warren_amqp::properties::BasicProperties {
+                headers: Some(headers(&[("x-delay", text("soon"))])),
+                ..Default::default()
+            },
+            bytes::Bytes::new(),
+        );
+        assert!(matches!(
+            v.publish(Arc::new(m), None),
+            Err(PublishError::Broker(BrokerError { code: 406, .. }))
+        ));
+    }
+
+    #[test]
+    fn topic_match_budget_refuses_messages_that_need_more() {
+        let b = Broker::new(Users::new());
+        b.set_limits(Limits {
+            topic_match_budget: 500,
+            ..Limits::default()
+        });
+        let v = b.vhost("/").unwrap();
+        let q = v.declare_queue(&qd("q"), 1).unwrap().0;
+        bind_q(&v, "amq.topic", "q", "#.a.#.a.#.a.#.a.#.a.#.a.#.a.c");
+        // 60 words need about 800 node visits: over this budget.
+        let m = Message::new(
+            "amq.topic".into(),
+            format!("{}b", "a.".repeat(60)),
+            Default::default(),
+            bytes::Bytes::new(),
+        );
+        match v.publish(Arc::new(m), None) {
+            Err(PublishError::Broker(e)) => {
+                assert_eq!(e.code, 406);
+                assert_eq!(
+                    e.text,
+                    "cannot route message through exchange 'amq.topic' in vhost '/': topic matching needs more than 500 steps"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        // Shorter keys fit.
+        publish_with(&v, "amq.topic", "a.a.a.a.a.a.a.c", FieldTable::new(), b"m");
+        assert_eq!(q.counts().ready, 1);
+    }
+
+    #[test]
+    fn vhost_limits() {
+        let b = Broker::new(Users::new());
+        b.set_limits(Limits {
+            max_queues: 2,
+            max_exchanges: 1,
+            max_bindings: 2,
+            ..Limits::default()
+        });
+        let v = b.vhost("/").unwrap();
+        v.declare_queue(&qd("q1"), 1).unwrap();
+        v.declare_queue(&qd("q2"), 1).unwrap();
+        let e = v.declare_queue(&qd("q3"), 1).unwrap_err();
+        assert_eq!(
+            (e.code, e.text.as_str()),
+            (
+                406,
+                "cannot declare queue 'q3': queue limit in vhost '/' (2) is reached"
+            )
+        );
+        // Redeclares and passive declares still work at the limit.
+        v.declare_queue(&qd("q2"), 1).unwrap();
+        v.declare_exchange(&xd("x1", "direct", &[])).unwrap();
+        let e = v.declare_exchange(&xd("x2", "direct", &[])).unwrap_err();
+        assert_eq!(
+            e.text,
+            "cannot declare exchange 'x2' in vhost '/': exchange limit of 1 is reached"
+        );
+        v.declare_exchange(&xd("x1", "direct", &[])).unwrap();
+        bind_q(&v, "x1", "q1", "a");
+        bind_q(&v, "amq.direct", "q1", "b");
+        bind_q(&v, "x1", "q1", "a");
+        let e = v
+            .bind(
+                "x1",
+                Destination::Queue("q2".into()),
+                "c",
+                &FieldTable::new(),
+                1,
+            )
+            .unwrap_err();
+        assert_eq!(
+            e.text,
+            "cannot bind queue 'q2' in vhost '/' to exchange 'x1' in vhost '/': binding limit of 2 is reached"
+        );
+        // Deleting a queue frees its bindings and its place.
+        v.delete_queue("q1", false, false, 1).unwrap();
+        bind_q(&v, "x1", "q2", "c");
+        v.declare_queue(&qd("q3"), 1).unwrap();
+        v.delete_exchange("x1", false).unwrap();
+        assert_eq!(v.topology.read().bindings, 0);
+        v.declare_exchange(&xd("x2", "direct", &[])).unwrap();
     }
 }

@@ -25,6 +25,49 @@ pub struct Config {
     pub memory: MemoryConfig,
     /// Users; when empty, the default `guest`/`guest` (loopback only) is created.
     pub users: Vec<UserConfig>,
+    /// Caps on what each vhost may hold.
+    pub limits: LimitsConfig,
+}
+
+/// `[limits]`: caps per vhost on queues, exchanges and bindings (RabbitMQ's vhost limit
+/// `max-queues` and its siblings). A declare or bind past a cap fails with 406
+/// PRECONDITION_FAILED. A negative value means no limit; 0 allows none.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Most queues per vhost (default 100,000).
+    pub max_queues: i64,
+    /// Most exchanges per vhost besides the pre-declared ones (default 10,000).
+    pub max_exchanges: i64,
+    /// Most bindings per vhost (default 1,000,000).
+    pub max_bindings: i64,
+    /// Most topic-trie nodes visited to route one message (default 100,000); a message that
+    /// needs more is refused with 406.
+    pub topic_match_budget: i64,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        let d = warren_broker::Limits::default();
+        LimitsConfig {
+            max_queues: d.max_queues,
+            max_exchanges: d.max_exchanges,
+            max_bindings: d.max_bindings,
+            topic_match_budget: d.topic_match_budget,
+        }
+    }
+}
+
+impl LimitsConfig {
+    /// The broker model's limits.
+    pub fn limits(&self) -> warren_broker::Limits {
+        warren_broker::Limits {
+            max_queues: self.max_queues,
+            max_exchanges: self.max_exchanges,
+            max_bindings: self.max_bindings,
+            topic_match_budget: self.topic_match_budget,
+        }
+    }
 }
 
 /// `[memory]`: the memory alarm (RabbitMQ's `vm_memory_high_watermark`). Above the
@@ -433,7 +476,7 @@ pub enum ConfigError {
     },
 }
 
-const SECTIONS: &[&str] = &["amqp", "storage", "log", "memory"];
+const SECTIONS: &[&str] = &["amqp", "storage", "log", "memory", "limits"];
 
 /// `WARREN_*` variables that are not configuration: the scripts of this repository use them
 /// for themselves (the interop suite's broker binary, the benchmark's port), and a broker they
@@ -782,6 +825,17 @@ format = "plain"
 high_watermark = {high_watermark}
 high_watermark_bytes = {high_watermark_bytes}
 
+[limits]
+# Caps per vhost; a declare or bind past one fails with 406 PRECONDITION_FAILED.
+# A negative value means no limit, 0 allows none.
+max_queues = {max_queues}
+# Not counting the pre-declared default and amq.* exchanges.
+max_exchanges = {max_exchanges}
+max_bindings = {max_bindings}
+# Most topic-trie nodes visited to route one message; a message needing more is refused
+# with 406 (real binding sets need tens to hundreds).
+topic_match_budget = {topic_match_budget}
+
 # Users. With none listed, guest/guest is created and may only log in from localhost.
 # [[users]]
 # name = "admin"
@@ -816,6 +870,10 @@ high_watermark_bytes = {high_watermark_bytes}
             console = d.log.console,
             high_watermark = d.memory.high_watermark,
             high_watermark_bytes = d.memory.high_watermark_bytes,
+            max_queues = d.limits.max_queues,
+            max_exchanges = d.limits.max_exchanges,
+            max_bindings = d.limits.max_bindings,
+            topic_match_budget = d.limits.topic_match_budget,
         )
     }
 }

@@ -139,6 +139,7 @@ impl ServerState {
                 broker
             }
         };
+        broker.set_limits(config.limits.limits());
         let memory_limit = config.memory.limit(total_memory().unwrap_or(u64::MAX));
         let disk_limit = DiskLimit {
             limit: config.storage.disk_free_limit,

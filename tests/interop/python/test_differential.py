@@ -1326,6 +1326,154 @@ def server_named_formats(ctx):
 
 
 # ---------------------------------------------------------------------------
+# Broker model: alternate exchanges per exchange, limits on requeue, exclusive queues,
+# sender-selected distribution, the default exchange
+# ---------------------------------------------------------------------------
+@scenario
+def ae_per_exchange(ctx):
+    """A fanout E bound to a direct I whose alternate exchange A feeds QA: a mandatory publish
+    to E that I does not match reaches QA and is not returned."""
+    c = ctx.conn()
+    ch = ctx.ch(c)
+    e, i, a = ctx.x("aeE"), ctx.x("aeI"), ctx.x("aeA")
+    ch.exchange_declare(e, "fanout")
+    ch.exchange_declare(a, "fanout")
+    ch.exchange_declare(i, "direct", arguments={"alternate-exchange": a})
+    ch.exchange_bind(i, e, "")
+    qa, qi = ctx.q("aeQA"), ctx.q("aeQI")
+    for q in (qa, qi):
+        ch.queue_declare(q)
+    ch.queue_bind(qa, a)
+    ch.queue_bind(qi, i, "hit")
+    ev = []
+    mch = ctx.ch(c)
+    mch._impl.add_on_return_callback(lambda chn, m, p, body: ev.append(["return", m.reply_code, body]))
+    confirm_on(c, mch, lambda f: ev.append([type(f.method).__name__, f.method.delivery_tag, f.method.multiple]))
+    mch._impl.basic_publish(e, "miss", b"miss", mandatory=True)
+    mch._impl.basic_publish(e, "hit", b"hit", mandatory=True)
+    pump_until(c, lambda: len(summarize_confirms(ev, {})["acked"]) >= 2)
+    pump_for(c, 0.2)
+    return {"confirms": summarize_confirms(ev, {b"miss": 1, b"hit": 2}),
+            "qa": bodies(ch, qa), "qi": bodies(ch, qi)}
+
+
+@scenario
+def requeue_respects_max_length(ctx):
+    """x-max-length 2: publish a, b; get a unacked; publish c; requeue a (nack, recover,
+    channel close) — drop-head keeps [b, c] and dead-letters a (maxlen); reject-publish keeps
+    all three."""
+    c = ctx.conn()
+    ch = ctx.ch(c)
+    r = {}
+    for mode, how in [("drop-head", "nack"), ("drop-head", "recover"), ("drop-head", "close"),
+                      ("reject-publish", "nack"), ("reject-publish-dlx", "nack")]:
+        dlq = ctx.q("rq.dlq.%s.%s" % (mode, how))
+        q = ctx.q("rq.%s.%s" % (mode, how))
+        ch.queue_declare(dlq)
+        ch.queue_declare(q, arguments={"x-max-length": 2, "x-overflow": mode,
+                                       "x-dead-letter-exchange": "",
+                                       "x-dead-letter-routing-key": dlq})
+        other = ctx.ch(c)
+        ch.basic_publish("", q, b"a")
+        ch.basic_publish("", q, b"b")
+        settle()
+        m, _, _ = other.basic_get(q, auto_ack=False)
+        ch.basic_publish("", q, b"c")
+        settle()
+        if how == "nack":
+            other.basic_nack(m.delivery_tag, requeue=True)
+        elif how == "recover":
+            other.basic_recover(requeue=True)
+        else:
+            other.close()
+        settle()
+        left = [[g["body"], g["redelivered"]] for g in drain(ch, q)]
+        dead = [[g["body"], dict(g["props"]["headers"])["x-first-death-reason"]] for g in drain(ch, dlq)]
+        r["%s/%s" % (mode, how)] = {"left": left, "dead": dead}
+    return r
+
+
+@scenario
+def exclusive_durable_queue(ctx):
+    """exclusive and durable: RabbitMQ makes the queue transient, so a redeclare with
+    durable=false is equivalent."""
+    c = ctx.conn()
+    ch = ctx.ch(c)
+    q = ctx.q("exdur")
+    r = {"declare": attempt(lambda: ch.queue_declare(q, exclusive=True, durable=True).method.message_count)}
+    r["redeclare_transient"] = attempt(lambda: ch.queue_declare(q, exclusive=True, durable=False).method.message_count)
+    r["redeclare_durable"] = attempt(lambda: ch.queue_declare(q, exclusive=True, durable=True).method.message_count)
+    ch.basic_publish("", q, b"m")
+    settle()
+    r["passive"] = attempt(lambda: [ch.queue_declare(q, passive=True).method.message_count,
+                                    ch.queue_declare(q, passive=True).method.consumer_count])
+    r["not_exclusive"] = attempt(lambda: ctx.ch(c).queue_declare(q, durable=False))
+    return r
+
+
+@scenario
+def default_exchange_passive(ctx):
+    c = ctx.conn()
+    return {"passive": attempt(lambda: ctx.ch(c).exchange_declare("", passive=True) and "ok"),
+            "active": attempt(lambda: ctx.ch(c).exchange_declare("", "direct") and "ok")}
+
+
+@scenario
+def sender_selected(ctx):
+    """CC and BCC headers add routing keys (direct, topic, default exchange; fanout and headers
+    ignore keys); BCC is removed before delivery; a header that is not an array is refused;
+    x-death routing-keys hold the routing key and CC; dead letters route with BCC keys too."""
+    c = ctx.conn()
+    ch = ctx.ch(c)
+    qs = {k: ctx.q("ss." + k) for k in ["k1", "k2", "k3"]}
+    for q in qs.values():
+        ch.queue_declare(q)
+    xs = {kind: ctx.x("ss." + kind) for kind in ["direct", "topic", "fanout"]}
+    for kind, x in xs.items():
+        ch.exchange_declare(x, kind)
+        for k, q in qs.items():
+            ch.queue_bind(q, x, k if kind != "topic" else k + ".#")
+    r = {}
+    h = {"CC": ["k2"], "BCC": ["k3"]}
+    for kind, x in xs.items():
+        ch.basic_publish(x, "k1", b"m", pika.BasicProperties(headers=h))
+        settle()
+        r[kind] = {k: [[g["routing_key"], g["props"].get("headers")] for g in drain(ch, q)] for k, q in qs.items()}
+    ch.basic_publish("", qs["k1"], b"m", pika.BasicProperties(headers={"CC": [qs["k2"]], "BCC": [qs["k3"]]}))
+    settle()
+    r["default"] = {k: len(drain(ch, q)) for k, q in qs.items()}
+    ch.basic_publish(xs["direct"], "k1", b"m", pika.BasicProperties(headers={"CC": ["k1", 5, "k2"]}))
+    settle()
+    r["mixed_array"] = {k: len(drain(ch, q)) for k, q in qs.items()}
+    for name, hdr in [("cc_string", {"CC": "k2"}), ("cc_int", {"CC": 5}), ("bcc_table", {"BCC": {"a": 1}})]:
+        def bad(hdr=hdr):
+            bch = ctx.ch(c)
+            bch.basic_publish(xs["direct"], "k1", b"m", pika.BasicProperties(headers=hdr))
+            return sync(bch)
+        r[name] = attempt(bad)
+    dlx = ctx.x("ss.dlx")
+    ch.exchange_declare(dlx, "direct")
+    dead = ctx.q("ss.dead")
+    ch.queue_declare(dead)
+    ch.queue_bind(dead, dlx, "bcc2")
+    src = ctx.q("ss.src")
+    ch.queue_declare(src, arguments={"x-dead-letter-exchange": dlx})
+    ch.queue_bind(src, xs["direct"], "k1")
+    ch.basic_publish(xs["direct"], "k1", b"dl",
+                     pika.BasicProperties(headers={"CC": ["cc1", "cc2"], "BCC": ["bcc1", "bcc2"]}))
+    settle()
+    for q in qs.values():
+        drain(ch, q)
+    m, _, _ = ch.basic_get(src, auto_ack=False)
+    ch.basic_reject(m.delivery_tag, requeue=False)
+    settle()
+    got = drain(ch, dead)
+    r["dead_lettered"] = [[g["routing_key"], dict(dict(g["props"]["headers"])["x-death"][1][0][1])["routing-keys"],
+                           sorted(k for k, _ in g["props"]["headers"])] for g in got]
+    return r
+
+
+# ---------------------------------------------------------------------------
 # Expected values (RabbitMQ)
 # ---------------------------------------------------------------------------
 EXPECTED = {'acks': {'ack_autoacked': {'channel_close': [406,
@@ -2421,6 +2569,103 @@ EXPECTED_RABBITMQ_3 = {'dead_letter_x_death': {'expired_dlrk': [{'body': 'b:ttl'
                                                                   40,
                                                                   10]}}}
 
+
+# Broker-model scenarios, recorded against RabbitMQ 3.10.8. RabbitMQ 4.x also writes the
+# x-last-death-* headers on a dead letter (EXPECTED_RABBITMQ_3 keeps the 3.x form).
+EXPECTED.update({'ae_per_exchange': {'confirms': {'acked': [1, 2],
+                                  'nacked': [],
+                                  'returns': [],
+                                  'returns_before_confirms': True},
+                     'qa': ['b:miss'],
+                     'qi': ['b:hit']},
+ 'default_exchange_passive': {'active': {'channel_close': [403,
+                                                           'ACCESS_REFUSED - operation not '
+                                                           'permitted on the default exchange',
+                                                           40,
+                                                           10]},
+                              'passive': {'channel_close': [403,
+                                                            'ACCESS_REFUSED - operation not '
+                                                            'permitted on the default exchange',
+                                                            40,
+                                                            10]}},
+ 'exclusive_durable_queue': {'declare': {'ok': 0},
+                             'not_exclusive': {'channel_close': [405,
+                                                                 'RESOURCE_LOCKED - cannot '
+                                                                 'obtain exclusive access to '
+                                                                 'locked queue '
+                                                                 "'diff.exdur.RUN' in vhost "
+                                                                 "'/'. It could be originally "
+                                                                 'declared on another '
+                                                                 'connection or the exclusive '
+                                                                 'property value does not '
+                                                                 'match that of the original '
+                                                                 'declaration.',
+                                                                 50,
+                                                                 10]},
+                             'passive': {'ok': [1, 0]},
+                             'redeclare_durable': {'ok': 0},
+                             'redeclare_transient': {'ok': 0}},
+ 'requeue_respects_max_length': {'drop-head/close': {'dead': [['b:a', ['S', 'maxlen']]],
+                                                     'left': [['b:b', False], ['b:c', False]]},
+                                 'drop-head/nack': {'dead': [['b:a', ['S', 'maxlen']]],
+                                                    'left': [['b:b', False], ['b:c', False]]},
+                                 'drop-head/recover': {'dead': [['b:a', ['S', 'maxlen']]],
+                                                       'left': [['b:b', False],
+                                                                ['b:c', False]]},
+                                 'reject-publish-dlx/nack': {'dead': [],
+                                                             'left': [['b:a', True],
+                                                                      ['b:b', False],
+                                                                      ['b:c', False]]},
+                                 'reject-publish/nack': {'dead': [],
+                                                         'left': [['b:a', True],
+                                                                  ['b:b', False],
+                                                                  ['b:c', False]]}},
+ 'sender_selected': {'bcc_table': {'ok': {'channel_close': [406,
+                                                            'PRECONDITION_FAILED - invalid '
+                                                            'message: '
+                                                            '{unacceptable_type_in_header,"BCC",table}',
+                                                            60,
+                                                            40]}},
+                     'cc_int': {'ok': {'channel_close': [406,
+                                                         'PRECONDITION_FAILED - invalid '
+                                                         'message: '
+                                                         '{unacceptable_type_in_header,"CC",signedint}',
+                                                         60,
+                                                         40]}},
+                     'cc_string': {'ok': {'channel_close': [406,
+                                                            'PRECONDITION_FAILED - invalid '
+                                                            'message: '
+                                                            '{unacceptable_type_in_header,"CC",longstr}',
+                                                            60,
+                                                            40]}},
+                     'dead_lettered': [['k1',
+                                        ['A', [['S', 'k1'], ['S', 'cc1'], ['S', 'cc2']]],
+                                        ['CC',
+                                         'x-death',
+                                         'x-first-death-exchange',
+                                         'x-first-death-queue',
+                                         'x-first-death-reason',
+                                         'x-last-death-exchange',
+                                         'x-last-death-queue',
+                                         'x-last-death-reason']]],
+                     'default': {'k1': 1, 'k2': 1, 'k3': 1},
+                     'direct': {'k1': [['k1', [['CC', ['A', [['S', 'k2']]]]]]],
+                                'k2': [['k1', [['CC', ['A', [['S', 'k2']]]]]]],
+                                'k3': [['k1', [['CC', ['A', [['S', 'k2']]]]]]]},
+                     'fanout': {'k1': [['k1', [['CC', ['A', [['S', 'k2']]]]]]],
+                                'k2': [['k1', [['CC', ['A', [['S', 'k2']]]]]]],
+                                'k3': [['k1', [['CC', ['A', [['S', 'k2']]]]]]]},
+                     'mixed_array': {'k1': 1, 'k2': 1, 'k3': 0},
+                     'topic': {'k1': [['k1', [['CC', ['A', [['S', 'k2']]]]]]],
+                               'k2': [['k1', [['CC', ['A', [['S', 'k2']]]]]]],
+                               'k3': [['k1', [['CC', ['A', [['S', 'k2']]]]]]]}}})
+EXPECTED_RABBITMQ_3.update({'sender_selected': {'dead_lettered': [['k1',
+                                        ['A', [['S', 'k1'], ['S', 'cc1'], ['S', 'cc2']]],
+                                        ['CC',
+                                         'x-death',
+                                         'x-first-death-exchange',
+                                         'x-first-death-queue',
+                                         'x-first-death-reason']]]}})
 
 def server_major():
     c = connect()

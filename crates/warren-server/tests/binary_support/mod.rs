@@ -157,6 +157,18 @@ impl Server {
         self.child.try_wait().expect("try_wait").is_none()
     }
 
+    /// Stops the broker with SIGTERM (a clean shutdown: the store's last writes are fsynced)
+    /// and waits for it to exit.
+    pub fn terminate(mut self) {
+        let status = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("kill -TERM");
+        assert!(status.success(), "kill -TERM failed");
+        self.child.wait().expect("reaped");
+    }
+
     pub fn rss_kib(&self) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
         status
