@@ -622,7 +622,7 @@ pub fn corpus(target: &str) -> Vec<(String, Vec<u8>)> {
                 .collect()
         }
         "frame_reader" => {
-            // Whole client streams (all frames after the protocol header), then single frames.
+            // Whole client streams (all frames after the protocol header).
             let mut files: Vec<Vec<u8>> = sessions()
                 .into_iter()
                 .map(|(_, s)| {
@@ -634,7 +634,12 @@ pub fn corpus(target: &str) -> Vec<(String, Vec<u8>)> {
                     b
                 })
                 .collect();
-            files.extend(seed_frames());
+            // Server frames, which no client stream holds.
+            for m in server_methods() {
+                let mut b = BytesMut::new();
+                encode_method_frame(1, &m, &mut b);
+                files.push(b.to_vec());
+            }
             files
         }
         "method_decode" => seed_frames()
