@@ -1351,3 +1351,67 @@ fn check_frame(
         Frame::Heartbeat { .. } => {}
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn deliver(tag: u64) -> Frame {
+        Frame::Method {
+            channel: 1,
+            method: BasicDeliver {
+                delivery_tag: tag,
+                ..Default::default()
+            }
+            .into(),
+        }
+    }
+
+    fn header(size: u64) -> Frame {
+        Frame::Header {
+            channel: 1,
+            class_id: CLASS_BASIC,
+            body_size: size,
+            properties: BasicProperties::default(),
+        }
+    }
+
+    fn body(n: usize) -> Frame {
+        Frame::Body {
+            channel: 1,
+            payload: Bytes::from(vec![0; n]),
+        }
+    }
+
+    /// Feeds frames to the reader's checks; true when they accept the sequence.
+    fn accepts(frames: Vec<Frame>) -> bool {
+        std::panic::catch_unwind(|| {
+            let (mut report, mut expect, mut tags) = Default::default();
+            for f in &frames {
+                check_frame(f, &mut report, &mut expect, &mut tags);
+            }
+        })
+        .is_ok()
+    }
+
+    #[test]
+    fn server_output_checks() {
+        assert!(accepts(vec![
+            deliver(1),
+            header(3),
+            body(2),
+            body(1),
+            deliver(2),
+            header(0)
+        ]));
+        // A method inside content.
+        assert!(!accepts(vec![deliver(1), header(3), body(2), deliver(2)]));
+        // More body than announced.
+        assert!(!accepts(vec![deliver(1), header(3), body(4)]));
+        // A body without a header, a header without a method.
+        assert!(!accepts(vec![deliver(1), body(1)]));
+        assert!(!accepts(vec![header(1)]));
+        // Delivery tags must count up by one.
+        assert!(!accepts(vec![deliver(1), header(0), deliver(3), header(0)]));
+    }
+}
