@@ -28,6 +28,7 @@ SOAK_SECONDS=${SOAK_SECONDS:-1800}
 PROFILE=${PROFILE:-release}
 PORT=${PORT:-5675}
 SOAK_ARGS=${SOAK_ARGS:-}
+LOG_LEVEL=${LOG_LEVEL:-warn}
 RSS_SLACK_MB=${RSS_SLACK_MB:-64}
 DATA_ROOT=${DATA_ROOT:-/tmp}
 DATA=$(mktemp -d "$DATA_ROOT/warren-soak.XXXXXX")
@@ -55,7 +56,7 @@ say "building ($PROFILE)"
 WARREN="$ROOT/target/$PROFILE/warren"
 SOAK="$ROOT/target/$PROFILE/warren-soak"
 
-"$WARREN" --amqp-listen "127.0.0.1:$PORT" --data-dir "$DATA/data" --log-level warn >"$LOG" 2>&1 &
+"$WARREN" --amqp-listen "127.0.0.1:$PORT" --data-dir "$DATA/data" --log-level "$LOG_LEVEL" >"$LOG" 2>&1 &
 PID=$!
 for _ in $(seq 300); do
     (echo >"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break
@@ -163,7 +164,7 @@ print(f"[soak] lost {g('lost')}, duplicates {g('duplicates')}, redelivered after
       f"flag violations {g('flag_violations')}, refused-but-delivered {g('nacked_delivered')}, "
       f"confirm timeouts {g('confirm_timeouts')}")
 print(f"[soak] broker RSS baseline/peak/end {rss[0]}/{rss[1]}/{rss[2]} MB; fds baseline/peak/end {'/'.join(fds)}")
-for e in s.get("examples", []) + s.get("errors", []):
+for e in s.get("examples", []) + s.get("closed_by_broker", []) + s.get("errors", []):
     print(f"[soak]   {e}")
 EOF
 say "logs and samples in $LOGS"

@@ -23,14 +23,16 @@
 mod ledger;
 mod proxy;
 
-use amqprs::callbacks::ChannelCallback;
+use amqprs::callbacks::{ChannelCallback, ConnectionCallback};
 use amqprs::channel::{
     BasicAckArguments, BasicConsumeArguments, BasicGetArguments, BasicNackArguments,
     BasicPublishArguments, BasicQosArguments, BasicRejectArguments, Channel,
     ConfirmSelectArguments, QueueDeclareArguments, QueueDeleteArguments,
 };
 use amqprs::connection::{Connection, OpenConnectionArguments};
-use amqprs::{Ack, BasicProperties, Cancel, CloseChannel, FieldTable, FieldValue, Nack, Return};
+use amqprs::{
+    Ack, BasicProperties, Cancel, Close, CloseChannel, FieldTable, FieldValue, Nack, Return,
+};
 use async_trait::async_trait;
 use clap::Parser;
 use ledger::{DeliveryRef, Ledger, MsgId, Settle};
@@ -159,6 +161,8 @@ struct Shared {
     /// Consumers stop.
     stop_all: AtomicBool,
     errors: Mutex<Vec<String>>,
+    /// connection.close frames from the broker.
+    server_closes: Arc<Mutex<Vec<String>>>,
     /// Churned queues that must disappear by themselves (exclusive, auto-delete, x-expires).
     churned: Mutex<Vec<String>>,
 }
@@ -216,6 +220,12 @@ async fn connect(sh: &Shared, proxy: Option<&Proxy>, name: &str) -> Option<(Conn
     for _ in 0..50 {
         let attempt = async {
             let conn = Connection::open(&conn_args(sh, port, name)).await.ok()?;
+            conn.register_callback(ConnErrors {
+                name: name.to_string(),
+                errors: sh.server_closes.clone(),
+            })
+            .await
+            .ok()?;
             let ch = conn.open_channel(None).await.ok()?;
             Some((conn, ch))
         };
@@ -237,7 +247,33 @@ async fn finish(sh: &Shared, conn: Connection, proxy: &Proxy, rng: &mut Rng) -> 
     end(sh, conn, proxy, cut).await
 }
 
+/// Ends a consumer's connection like [`finish`]. Unless it is cut, a basic.qos round trip on
+/// `ch` first proves that the broker processed every ack sent before it (a channel's methods
+/// are handled in order), so the acks count as settled even if connection.close then fails.
+/// Returns true when the acks are known to have been processed.
+async fn finish_settled(
+    sh: &Shared,
+    conn: Connection,
+    ch: &Channel,
+    proxy: &Proxy,
+    rng: &mut Rng,
+) -> bool {
+    let cut = !sh.calm.load(Ordering::Relaxed) && rng.percent(sh.args.drop_percent);
+    let synced = !cut
+        && tokio::time::timeout(
+            Duration::from_secs(10),
+            ch.basic_qos(BasicQosArguments::new(0, 1, false)),
+        )
+        .await
+        .is_ok_and(|r| r.is_ok());
+    end(sh, conn, proxy, cut).await || synced
+}
+
 /// Ends a connection: cut at the TCP level, or connection.close. True for a clean close.
+///
+/// amqprs can report a close as failed ("internal communication error: channel closed") when
+/// the broker's close-ok and the end of the socket arrive before it registered its wait for
+/// the close-ok; such closes are counted in `failed_closes`.
 async fn end(sh: &Shared, conn: Connection, proxy: &Proxy, cut: bool) -> bool {
     if cut {
         proxy.cut();
@@ -245,16 +281,44 @@ async fn end(sh: &Shared, conn: Connection, proxy: &Proxy, cut: bool) -> bool {
         sh.counters.disconnects.fetch_add(1, Ordering::Relaxed);
         return false;
     }
-    let clean = matches!(
-        tokio::time::timeout(Duration::from_secs(10), conn.close()).await,
-        Ok(Ok(()))
-    );
+    let name = conn.connection_name().to_string();
+    let clean = match tokio::time::timeout(Duration::from_secs(10), conn.close()).await {
+        Ok(Ok(())) => true,
+        Ok(Err(_)) => false,
+        Err(_) => {
+            sh.error(format!("{name}: connection.close timed out"));
+            false
+        }
+    };
     if clean {
         sh.counters.clean_closes.fetch_add(1, Ordering::Relaxed);
     } else {
         sh.counters.failed_closes.fetch_add(1, Ordering::Relaxed);
     }
     clean
+}
+
+/// Records connection.close sent by the broker (the soak never provokes one).
+struct ConnErrors {
+    name: String,
+    errors: Arc<Mutex<Vec<String>>>,
+}
+
+#[async_trait]
+impl ConnectionCallback for ConnErrors {
+    async fn close(&mut self, _c: &Connection, close: Close) -> Result<(), amqprs::error::Error> {
+        let mut e = self.errors.lock().unwrap();
+        if e.len() < 30 {
+            e.push(format!(
+                "{}: connection closed by the broker: {close}",
+                self.name
+            ));
+        }
+        Ok(())
+    }
+    async fn blocked(&mut self, _c: &Connection, _reason: String) {}
+    async fn unblocked(&mut self, _c: &Connection) {}
+    async fn secret_updated(&mut self, _c: &Connection) {}
 }
 
 struct ChanErrors {
@@ -476,7 +540,8 @@ async fn consumer(sh: Arc<Shared>, role: Role, id: usize) {
             Instant::now() + Duration::from_millis(rng.range(200, sh.args.max_life_ms.max(201)));
         // Deliveries acked in the next multiple ack.
         let mut pending: BTreeMap<u64, Option<DeliveryRef>> = BTreeMap::new();
-        let mut batch = rng.range(1, 10) as usize;
+        let max_batch = u64::from(prefetch).clamp(1, 10);
+        let mut batch = rng.range(1, max_batch + 1) as usize;
         loop {
             let calm = sh.calm.load(Ordering::Relaxed);
             if sh.stop_all.load(Ordering::Relaxed) || (!calm && Instant::now() >= deadline) {
@@ -488,6 +553,20 @@ async fn consumer(sh: Arc<Shared>, role: Role, id: usize) {
                 Err(_) => {
                     if !conn.is_open() {
                         break;
+                    }
+                    // Idle: ack what is held back, or a batch larger than what the broker
+                    // may have in flight would never fill.
+                    if let Some((&last, _)) = pending.last_key_value() {
+                        if ch
+                            .basic_ack(BasicAckArguments::new(last, true))
+                            .await
+                            .is_err()
+                        {
+                            break;
+                        }
+                        for (_, d) in std::mem::take(&mut pending) {
+                            settle(&sh, d, Settle::Ack);
+                        }
                     }
                     continue;
                 }
@@ -544,7 +623,7 @@ async fn consumer(sh: Arc<Shared>, role: Role, id: usize) {
                     for (_, d) in std::mem::take(&mut pending) {
                         settle(&sh, d, Settle::Ack);
                     }
-                    batch = rng.range(1, 10) as usize;
+                    batch = rng.range(1, max_batch + 1) as usize;
                 }
             }
         }
@@ -559,7 +638,7 @@ async fn consumer(sh: Arc<Shared>, role: Role, id: usize) {
                 }
             }
         }
-        let clean = finish(&sh, conn, &proxy, &mut rng).await;
+        let clean = finish_settled(&sh, conn, &ch, &proxy, &mut rng).await;
         sh.ledger.lock().unwrap().end_conn(conn_id, clean);
     }
 }
@@ -627,7 +706,7 @@ async fn getter(sh: Arc<Shared>, id: usize) {
                 settle(&sh, dref, Settle::Ack);
             }
         }
-        let clean = finish(&sh, conn, &proxy, &mut rng).await;
+        let clean = finish_settled(&sh, conn, &ch, &proxy, &mut rng).await;
         sh.ledger.lock().unwrap().end_conn(conn_id, clean);
     }
 }
@@ -765,6 +844,7 @@ struct Summary<'a> {
     counters: &'a Counters,
     queues_left_nonempty: Vec<(String, u32)>,
     churned_queues_left: Vec<String>,
+    closed_by_broker: Vec<String>,
     errors: Vec<String>,
 }
 
@@ -790,6 +870,7 @@ async fn main() {
         calm: AtomicBool::new(false),
         stop_all: AtomicBool::new(false),
         errors: Mutex::new(Vec::new()),
+        server_closes: Arc::new(Mutex::new(Vec::new())),
         churned: Mutex::new(Vec::new()),
     });
     eprintln!(
@@ -850,17 +931,29 @@ async fn main() {
     }
     sh.calm.store(true, Ordering::Relaxed);
     let drain_start = Instant::now();
+    let mut drain_report = Instant::now();
     // Drained: every queue empty twice in a row, a second apart (TTL'd messages move to the
     // dead-letter queue meanwhile).
     let mut empty_rounds = 0;
     while empty_rounds < 2 && drain_start.elapsed() < Duration::from_secs(sh.args.drain) {
         tokio::time::sleep(Duration::from_secs(1)).await;
         let mut total = 0u64;
+        let mut nonempty = Vec::new();
         for role in &roles {
-            total += u64::from(
-                depth(&admin_ch, &sh.queue_name(*role))
-                    .await
-                    .unwrap_or(u32::MAX),
+            let n = depth(&admin_ch, &sh.queue_name(*role))
+                .await
+                .unwrap_or(u32::MAX);
+            total += u64::from(n);
+            if n > 0 {
+                nonempty.push(format!("{role:?} {n}"));
+            }
+        }
+        if !nonempty.is_empty() && drain_report.elapsed() >= Duration::from_secs(10) {
+            drain_report = Instant::now();
+            eprintln!(
+                "[soak] draining for {} s; ready: {}",
+                drain_start.elapsed().as_secs(),
+                nonempty.join(", ")
             );
         }
         empty_rounds = if total == 0 { empty_rounds + 1 } else { 0 };
@@ -927,7 +1020,9 @@ async fn main() {
         l.end_conn(sweep_conn, clean);
     }
     let verdict = sh.ledger.lock().unwrap().verdict();
+    let closed_by_broker = sh.server_closes.lock().unwrap().clone();
     let ok = verdict.ok()
+        && closed_by_broker.is_empty()
         && left.is_empty()
         && churned_left.is_empty()
         && sh.counters.confirm_timeouts.load(Ordering::Relaxed) == 0;
@@ -939,6 +1034,7 @@ async fn main() {
         counters: &sh.counters,
         queues_left_nonempty: left,
         churned_queues_left: churned_left,
+        closed_by_broker,
         errors: sh.errors.lock().unwrap().clone(),
     };
     println!(
