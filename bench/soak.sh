@@ -53,8 +53,9 @@ case "$PROFILE" in
 esac
 say "building ($PROFILE)"
 (cd "$ROOT" && cargo build -q "${BUILD_FLAGS[@]}" -p warren-server --bin warren -p warren-perf --bin warren-soak)
-WARREN="$ROOT/target/$PROFILE/warren"
-SOAK="$ROOT/target/$PROFILE/warren-soak"
+TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+WARREN="$TARGET_DIR/$PROFILE/warren"
+SOAK="$TARGET_DIR/$PROFILE/warren-soak"
 
 "$WARREN" --amqp-listen "127.0.0.1:$PORT" --data-dir "$DATA/data" --log-level "$LOG_LEVEL" >"$LOG" 2>&1 &
 PID=$!
