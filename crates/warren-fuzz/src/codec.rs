@@ -81,11 +81,15 @@ fn check_reencode(frame: &Frame, limits: &Limits) {
     let mut buf = BytesMut::new();
     match frame {
         Frame::Method { channel, method } => encode_method_frame(*channel, method, &mut buf),
+        // The encoder always writes weight 0; a header with another weight cannot re-encode
+        // to itself (the server refuses it with 505).
+        Frame::Header { weight, .. } if *weight != 0 => return,
         Frame::Header {
             channel,
             class_id,
             body_size,
             properties,
+            ..
         } => encode_header_frame(*channel, *class_id, *body_size, properties, &mut buf),
         // An empty body is sent as no body frame at all.
         Frame::Body { payload, .. } if payload.is_empty() => return,

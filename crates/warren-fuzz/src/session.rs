@@ -520,7 +520,7 @@ pub fn props(sel: u8) -> BasicProperties {
                 kind: Some("t".into()),
                 user_id: None,
                 app_id: Some("fuzz".into()),
-                cluster_id: Some(String::new()),
+                cluster_id: Some(Default::default()),
             }
         }
     }
@@ -1101,10 +1101,12 @@ async fn connect(
 ) -> Client {
     let (client, server) = tokio::io::duplex(64 * 1024);
     let peer: SocketAddr = "127.0.0.1:40000".parse().expect("literal address");
+    let local: SocketAddr = "127.0.0.1:5672".parse().expect("literal address");
     let server = tokio::spawn(warren_server::connection::serve(
         state.clone(),
         server,
         peer,
+        local,
         shutdown.clone(),
     ));
     let (rd, mut wr) = tokio::io::split(client);
@@ -1371,6 +1373,7 @@ mod tests {
         Frame::Header {
             channel: 1,
             class_id: CLASS_BASIC,
+            weight: 0,
             body_size: size,
             properties: BasicProperties::default(),
         }
