@@ -317,16 +317,34 @@ impl Queue {
     /// When a message enqueued now expires: the smaller of the queue's `x-message-ttl` and
     /// the message's `expiration`.
     fn deadline(&self, m: &Message) -> Option<u64> {
+        self.deadline_from(m, self.clock.now_ms())
+    }
+
+    /// When a message enqueued at `enqueued_ms` expires.
+    fn deadline_from(&self, m: &Message, enqueued_ms: u64) -> Option<u64> {
+        Some(enqueued_ms.saturating_add(self.ttl(m)?))
+    }
+
+    /// A message's TTL in this queue, ms: the smaller of `x-message-ttl` and `expiration`.
+    fn ttl(&self, m: &Message) -> Option<u64> {
         let own = m
             .properties
             .expiration
             .as_deref()
             .and_then(|e| crate::args::parse_expiration(e).ok());
-        let ttl = match (self.args.message_ttl, own) {
+        match (self.args.message_ttl, own) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
-        }?;
-        Some(self.clock.now_ms().saturating_add(ttl))
+        }
+    }
+
+    /// When `qm` was enqueued, ms since the epoch, as far as its deadline tells (now when it
+    /// has none: then the time does not matter).
+    fn enqueued_at(&self, qm: &QueuedMessage) -> u64 {
+        match (qm.expires_at, self.ttl(&qm.message)) {
+            (Some(at), Some(ttl)) => at.saturating_sub(ttl),
+            _ => self.clock.now_ms(),
+        }
     }
 
     /// A message leaves the queue without being delivered (expired, over the length limit,
@@ -627,6 +645,7 @@ impl Queue {
                     &m.routing_key,
                     &m.properties,
                     &m.body,
+                    self.enqueued_at(qm),
                 ) {
                     Ok(loc) => (loc, true),
                     Err(e) => {

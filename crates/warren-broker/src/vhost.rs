@@ -516,6 +516,7 @@ impl VHost {
                         &msg.routing_key,
                         &msg.properties,
                         &msg.body,
+                        self.clock.now_ms(),
                         &durable,
                         waiter,
                     )

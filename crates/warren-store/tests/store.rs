@@ -39,7 +39,7 @@ fn persistent() -> BasicProperties {
 fn publish(store: &Store, body: &str, queues: &[&str]) -> (u64, Location) {
     let id = store.next_id();
     let loc = store
-        .append_publish(id, "", "k", &persistent(), body.as_bytes(), queues, None)
+        .append_publish(id, "", "k", &persistent(), body.as_bytes(), 1, queues, None)
         .unwrap();
     (id, loc)
 }
@@ -102,6 +102,7 @@ fn completions_follow_the_fsync() {
                 "k",
                 &persistent(),
                 b"x",
+                1,
                 &["q"],
                 Some((done.clone(), t)),
             )
