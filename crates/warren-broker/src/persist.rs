@@ -29,11 +29,16 @@ pub struct StorageOptions {
     pub queue_window: usize,
     /// Ready body bytes a queue keeps in memory before paging to disk.
     pub queue_window_bytes: usize,
+    /// Unacknowledged deliveries a channel keeps in memory; beyond this it keeps their
+    /// store locations only (bodies are read back on requeue or dead-lettering).
+    pub unacked_window: usize,
+    /// The same bound in body bytes.
+    pub unacked_window_bytes: usize,
 }
 
 impl StorageOptions {
     /// Defaults for `data_dir`: 64 MiB segments, 16 MiB fsync batches, no fsync delay, a
-    /// window of 2048 messages or 8 MiB per queue.
+    /// window of 2048 messages or 8 MiB per queue and of unacknowledged messages per channel.
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
         StorageOptions {
             data_dir: data_dir.into(),
@@ -42,6 +47,8 @@ impl StorageOptions {
             fsync_delay_us: 0,
             queue_window: 2048,
             queue_window_bytes: 8 * 1024 * 1024,
+            unacked_window: 2048,
+            unacked_window_bytes: 8 * 1024 * 1024,
         }
     }
 

@@ -114,6 +114,7 @@ impl Broker {
                     location: e.location,
                     redelivered: e.redelivered,
                     transient: false,
+                    priority: e.priority,
                 })),
                 None => {
                     for e in entries {
@@ -557,6 +558,8 @@ impl VHost {
             window: p.options.queue_window,
             window_bytes: p.options.queue_window_bytes,
             spill_path: p.spill_path(),
+            unacked_window: p.options.unacked_window,
+            unacked_window_bytes: p.options.unacked_window_bytes,
         })
     }
 
