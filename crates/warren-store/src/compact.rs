@@ -31,10 +31,10 @@
 //! copy settle the copy. After step 4 only the copy exists. Nothing acknowledged returns, and
 //! nothing is duplicated, at any step (`tests/compaction.rs` crashes at each of them).
 
-use crate::record::{self, Record, HEADER_LEN};
+use crate::record::{self, AckTarget, Record, HEADER_LEN};
 use crate::{append_locked, decode_at, segment_path, Completion, Inner, Moved, StoreError, Watch};
 use parking_lot::{Condvar, Mutex};
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fs::File;
 use std::io::{BufReader, Read};
 use std::os::unix::fs::FileExt;
@@ -259,7 +259,7 @@ fn compact(inner: &Arc<Inner>, t: u32) -> Result<bool, StoreError> {
             .filter(|(seg, _)| *seg == t)
             .map(|(_, off)| *off)
             .collect();
-        let older: HashSet<u32> = st.live.range(..t).map(|(&seg, _)| seg).collect();
+        let older: BTreeSet<u32> = st.live.range(..t).map(|(&seg, _)| seg).collect();
         (
             st.segment,
             st.position,
@@ -278,8 +278,8 @@ fn compact(inner: &Arc<Inner>, t: u32) -> Result<bool, StoreError> {
     let mut cands: Vec<Candidate> = Vec::new();
     let mut by_offset: HashMap<u64, usize> = HashMap::new();
     let mut by_id: HashMap<u64, usize> = HashMap::new();
-    // ACK records of t that settle something in an older segment that still exists:
-    // (offset, len, target segment).
+    // ACK records of t that settle a message with a copy in an older segment that still
+    // exists: (offset, len, segment of the oldest copy).
     let mut acks: Vec<(u64, u32, u32)> = Vec::new();
     let settle = |cands: &mut Vec<Candidate>,
                   by_offset: &HashMap<u64, usize>,
@@ -287,9 +287,9 @@ fn compact(inner: &Arc<Inner>, t: u32) -> Result<bool, StoreError> {
                   at: u64,
                   id: u64,
                   queue: &str,
-                  target: Option<(u32, u64)>| {
+                  target: Option<AckTarget>| {
         let i = match target {
-            Some((seg, off)) if seg == t => by_offset.get(&off),
+            Some(a) if a.segment == t => by_offset.get(&a.offset),
             Some(_) => None,
             // A first-format ACK names only the message: it settles the record with that id
             // if the record came before it.
@@ -330,8 +330,8 @@ fn compact(inner: &Arc<Inner>, t: u32) -> Result<bool, StoreError> {
             });
         }
         Record::Ack { id, queue, target } => {
-            if let Some((seg, _)) = target.filter(|(seg, _)| older.contains(seg)) {
-                acks.push((offset, len, seg));
+            if let Some(a) = target.filter(|a| older.range(a.origin..).next().is_some()) {
+                acks.push((offset, len, a.origin));
             }
             settle(&mut cands, &by_offset, &by_id, offset, id, &queue, target);
         }
@@ -452,6 +452,8 @@ fn compact(inner: &Arc<Inner>, t: u32) -> Result<bool, StoreError> {
                 s.pairs -= n as i64;
                 s.live_bytes -= n as i64 * i64::from(c.len);
             }
+            // Should this compaction stop before t is deleted, a later one must skip it.
+            st.superseded.insert((t, c.offset));
             let key = forwarded.get(&c.offset).copied().unwrap_or((t, c.offset));
             st.moved.insert(
                 key,
@@ -477,15 +479,15 @@ fn compact(inner: &Arc<Inner>, t: u32) -> Result<bool, StoreError> {
         if st.shutdown {
             return Ok(false);
         }
-        for (seg, raw) in raws {
-            if !st.live.contains_key(&seg) {
+        for (origin, raw) in raws {
+            if st.live.range(origin..t).next().is_none() {
                 continue;
             }
             let at = append_locked(&mut st, inner.cfg.segment_size, 0, |buf| {
                 buf.extend_from_slice(&raw)
             });
             if let Some(s) = st.live.get_mut(&at.segment) {
-                s.ack_floor = s.ack_floor.min(seg);
+                s.ack_floor = s.ack_floor.min(origin);
             }
         }
         let marks: Vec<(String, u64)> = st

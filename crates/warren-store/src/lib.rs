@@ -209,9 +209,9 @@ struct State {
     /// Per queue: the highest id a `DELIVERED` record holds, and that record's segment (which
     /// is copied forward before the segment is deleted).
     marks: HashMap<String, (u64, u32)>,
-    /// Records moved by compaction, by the location queues know them by.
+    /// Records moved by compaction, by the location queues know them by (their oldest copy).
     moved: HashMap<(u32, u64), Moved>,
-    /// Records recovery found replaced by a newer copy (segment, offset).
+    /// Records replaced by a newer copy (segment, offset) whose segment still exists.
     superseded: HashSet<(u32, u64)>,
     /// The compaction in progress.
     watch: Option<Watch>,
@@ -320,6 +320,8 @@ struct Inner {
     /// Set (and `wake_compactor` notified) when a segment may have become deletable.
     compactor_poked: Mutex<bool>,
     wake_compactor: Condvar,
+    /// Set by [`Store::crash`]: the writer writes nothing more.
+    crashed: AtomicBool,
 }
 
 /// The message store. Cheap to clone; the writer and compactor threads run until
@@ -363,7 +365,7 @@ impl Store {
                 shutdown: false,
                 delivered: HashMap::new(),
                 marks: rec.marks,
-                moved: HashMap::new(),
+                moved: rec.moved,
                 superseded: rec.superseded,
                 watch: None,
                 first_segment: segment,
@@ -376,6 +378,7 @@ impl Store {
             failed: AtomicBool::new(false),
             compactor_poked: Mutex::new(false),
             wake_compactor: Condvar::new(),
+            crashed: AtomicBool::new(false),
         });
         let w = inner.clone();
         let handle = std::thread::Builder::new()
@@ -505,12 +508,14 @@ impl Store {
         while st.pending_bytes >= inner.cfg.max_batch_bytes && st.failed.is_none() && !st.shutdown {
             inner.wake_appenders.wait(&mut st);
         }
+        // `loc` is the oldest copy of the record (queues know records by where they were
+        // first written, or where recovery found their oldest copy); `target` the newest.
         let target = st.resolve(loc);
         let at = append_locked(&mut st, inner.cfg.segment_size, 0, |buf| {
-            record::encode_ack(buf, id, target, queue)
+            record::encode_ack(buf, id, target, loc.segment, queue)
         });
         if let Some(s) = st.live.get_mut(&at.segment) {
-            s.ack_floor = s.ack_floor.min(target.segment);
+            s.ack_floor = s.ack_floor.min(loc.segment);
         }
         let emptied = st.settle_pair(loc, target, queue);
         drop(st);
@@ -610,6 +615,25 @@ impl Store {
             let _ = h.join();
         }
         if let Some(h) = self.writer.lock().take() {
+            let _ = h.join();
+        }
+    }
+
+    /// Stops the store as a crash would, for crash tests: the writer writes nothing more
+    /// (what is pending is lost, waiters are completed as failed), then both threads stop.
+    /// The files are left as they were at that moment.
+    #[doc(hidden)]
+    pub fn crash(&self) {
+        self.inner.crashed.store(true, Ordering::SeqCst);
+        self.inner.state.lock().shutdown = true;
+        self.inner.wake_writer.notify_all();
+        if let Some(h) = self.writer.lock().take() {
+            let _ = h.join();
+        }
+        let waiters = std::mem::take(&mut self.inner.state.lock().waiters);
+        complete(&waiters, false);
+        self.inner.reclaim();
+        if let Some(h) = self.compactor.lock().take() {
             let _ = h.join();
         }
     }
@@ -776,6 +800,10 @@ fn writer_loop(inner: Arc<Inner>) {
                 (batch, waiters, shutdown)
             }
         };
+        if inner.crashed.load(Ordering::SeqCst) {
+            complete(&waiters, false);
+            return;
+        }
         if batch.is_empty() && waiters.is_empty() && shutdown {
             return;
         }

@@ -14,10 +14,11 @@
 //!   content-header property encoding), u32 + body`. `TRANSIENT_AT` records hold paged-out
 //!   transient messages and are ignored by recovery. The enqueue time keeps a message's TTL
 //!   counting from when it was first enqueued, however often it is paged or recovered.
-//! - `ACK_AT`: `u64 id, u32 segment, u64 offset, u16 + UTF-8 queue` — the message left that
-//!   queue (acked, dropped, purged); segment and offset are where the record it settles is,
-//!   so that compaction can tell which `ACK_AT` records still settle something. An empty queue
-//!   name releases a `TRANSIENT_AT` page.
+//! - `ACK_AT`: `u64 id, u32 segment, u64 offset, u32 origin, u16 + UTF-8 queue` — the
+//!   message left that queue (acked, dropped, purged). Segment and offset are where the record
+//!   it settles is; origin is the segment of the oldest copy of it compaction may have left
+//!   (the same segment unless the message was moved). The record is needed while a segment
+//!   from origin on survives. An empty queue name releases a `TRANSIENT_AT` page.
 //! - `DELIVERED`: `u64 id, u16 + UTF-8 queue` — every message of the queue with an id up to
 //!   this one was delivered at least once, so they are recovered with `redelivered = true`.
 //!
@@ -104,8 +105,8 @@ pub enum Record {
         id: u64,
         /// Queue name (empty: a transient page released).
         queue: String,
-        /// Segment and offset of the record it settles (`None` for the first format's `ACK`).
-        target: Option<(u32, u64)>,
+        /// Where the record it settles is (`None` for the first format's `ACK`).
+        target: Option<AckTarget>,
     },
     /// `DELIVERED`.
     Delivered {
@@ -114,6 +115,17 @@ pub enum Record {
         /// Queue name.
         queue: String,
     },
+}
+
+/// Where the record an `ACK_AT` settles is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AckTarget {
+    /// Segment of the record.
+    pub segment: u32,
+    /// Its offset.
+    pub offset: u64,
+    /// Segment of the oldest copy of the message that may still exist.
+    pub origin: u32,
 }
 
 /// Why a record could not be decoded.
@@ -185,12 +197,14 @@ pub fn encode_queue_event(buf: &mut BytesMut, kind: u8, id: u64, queue: &str) {
     });
 }
 
-/// Appends an `ACK_AT` record: message `id`, whose record is at `target`, left `queue`.
-pub fn encode_ack(buf: &mut BytesMut, id: u64, target: Location, queue: &str) {
+/// Appends an `ACK_AT` record: message `id`, whose record is at `target` (and whose oldest
+/// copy is in segment `origin`), left `queue`.
+pub fn encode_ack(buf: &mut BytesMut, id: u64, target: Location, origin: u32, queue: &str) {
     frame(buf, kind::ACK_AT, |b| {
         b.put_u64(id);
         b.put_u32(target.segment);
         b.put_u64(target.offset);
+        b.put_u32(origin);
         put_name(b, queue);
     });
 }
@@ -242,11 +256,16 @@ pub fn decode(body: &[u8], crc: u32) -> Result<Record, RecordError> {
             let id = d.read_u64().map_err(bad)?;
             let segment = d.read_u32().map_err(bad)?;
             let offset = d.read_u64().map_err(bad)?;
+            let origin = d.read_u32().map_err(bad)?;
             let queue = read_name(&mut d)?;
             Record::Ack {
                 id,
                 queue,
-                target: Some((segment, offset)),
+                target: Some(AckTarget {
+                    segment,
+                    offset,
+                    origin,
+                }),
             }
         }
         kind::ACK | kind::DELIVERED => {
@@ -348,14 +367,18 @@ mod tests {
             offset: 1 << 33,
             len: 99,
         };
-        encode_ack(&mut buf, 5, target, "v\u{1f}q");
+        encode_ack(&mut buf, 5, target, 3, "v\u{1f}q");
         let (_, crc, body) = split(&buf);
         assert_eq!(
             decode(body, crc).unwrap(),
             Record::Ack {
                 id: 5,
                 queue: "v\u{1f}q".into(),
-                target: Some((12, 1 << 33)),
+                target: Some(AckTarget {
+                    segment: 12,
+                    offset: 1 << 33,
+                    origin: 3,
+                }),
             }
         );
     }

@@ -10,13 +10,16 @@
 //!
 //! Compaction copies live messages forward: a `PUBLISH` record with an id seen before is a
 //! newer copy and replaces the older one, with the queues it lists (the ones that had not
-//! settled the message when the copy was written; later `ACK` records settle the copy).
+//! settled the message when the copy was written; later `ACK` records settle the copy). An
+//! older copy left behind by a crash is reported as superseded, and the message is handed out
+//! by the location of its oldest copy (resolved to the newest), so that the `ACK` records
+//! settling it stay needed as long as any copy survives.
 //!
 //! Work and memory grow linearly with what is on disk: one pass, one map entry per live
 //! message.
 
 use crate::record::{self, Record, HEADER_LEN};
-use crate::{segment_path, Location, Seg};
+use crate::{segment_path, Location, Moved, Seg};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::OpenOptions;
 use std::io::{BufReader, Read};
@@ -32,7 +35,8 @@ const MAX_RECORD: u32 = 1 << 30;
 pub struct RecoveredEntry {
     /// Message id (queue order).
     pub id: u64,
-    /// Where its `PUBLISH` record is.
+    /// Where its `PUBLISH` record is: the oldest copy still on disk, which the store
+    /// resolves to the newest.
     pub location: Location,
     /// It had been delivered from this queue before the restart.
     pub redelivered: bool,
@@ -69,10 +73,15 @@ pub(crate) struct RecoveryResult {
     pub marks: HashMap<String, (u64, u32)>,
     /// Records replaced by a newer copy (segment, offset).
     pub superseded: HashSet<(u32, u64)>,
+    /// Messages with older copies still on disk: oldest copy → newest.
+    pub moved: HashMap<(u32, u64), Moved>,
 }
 
 struct Live {
+    /// The newest copy.
     location: Location,
+    /// The oldest copy.
+    first: Location,
     /// Queue indexes still holding the message.
     queues: Vec<u32>,
     priority: u8,
@@ -166,12 +175,16 @@ pub(crate) fn recover(dir: &Path) -> std::io::Result<RecoveryResult> {
                         message.id,
                         Live {
                             location,
+                            first: location,
                             queues,
                             priority,
                         },
                     );
                     if let Some(old) = old {
                         superseded.insert((old.location.segment, old.location.offset));
+                        if let Some(m) = msgs.get_mut(&message.id) {
+                            m.first = old.first;
+                        }
                     }
                 }
                 Record::Ack { id, queue, target } => {
@@ -187,9 +200,9 @@ pub(crate) fn recover(dir: &Path) -> std::io::Result<RecoveryResult> {
                     if m.queues.len() == before {
                         continue;
                     }
-                    // This ACK settles a message in segment `settles`: deleting it while that
-                    // record survives would bring the message back.
-                    let settles = m.location.segment;
+                    // This ACK settles a message whose oldest copy is in segment `settles`:
+                    // deleting it while a copy survives would bring the message back.
+                    let settles = m.first.segment.min(target.map_or(u32::MAX, |t| t.origin));
                     if m.queues.is_empty() {
                         msgs.remove(&id);
                     }
@@ -225,7 +238,17 @@ pub(crate) fn recover(dir: &Path) -> std::io::Result<RecoveryResult> {
     }
 
     let mut queues: HashMap<String, Vec<RecoveredEntry>> = HashMap::new();
+    let mut moved = HashMap::new();
     for (id, m) in &msgs {
+        if m.first != m.location {
+            moved.insert(
+                (m.first.segment, m.first.offset),
+                Moved {
+                    to: m.location,
+                    pairs: m.queues.len() as u32,
+                },
+            );
+        }
         if let Some(s) = segs.get_mut(&m.location.segment) {
             let n = m.queues.len() as i64;
             s.pairs += n;
@@ -239,7 +262,7 @@ pub(crate) fn recover(dir: &Path) -> std::io::Result<RecoveryResult> {
                 .or_default()
                 .push(RecoveredEntry {
                     id: *id,
-                    location: m.location,
+                    location: m.first,
                     redelivered: delivered,
                     priority: m.priority,
                 });
@@ -266,6 +289,7 @@ pub(crate) fn recover(dir: &Path) -> std::io::Result<RecoveryResult> {
         last_segment: segments.last().copied().unwrap_or(0),
         marks,
         superseded,
+        moved,
     })
 }
 

@@ -595,3 +595,127 @@ fn first_format_log_recovers_compacts_and_drains() {
     store.close();
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// Publishers, consumers and the compactor all busy, and a crash at a random moment: every
+/// message published and not acknowledged comes back, none whose acknowledgement was synced
+/// does, and nothing twice.
+#[test]
+fn a_crash_under_load_loses_no_unacked_message_and_revives_no_synced_ack() {
+    use std::collections::HashSet;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    for round in 0..6u64 {
+        let dir = tempdir(&format!("load-{round}"));
+        let (store, _) = Store::open(cfg(&dir, 16 * 1024)).unwrap();
+        // Published and synced; acked (by the time of a completed sync); never acked.
+        let published: Arc<Mutex<Vec<(u64, Location)>>> = Arc::default();
+        let synced_acks: Arc<Mutex<HashSet<u64>>> = Arc::default();
+        let all_acks: Arc<Mutex<HashSet<u64>>> = Arc::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let producer = {
+            let (store, published, stop) = (store.clone(), published.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut i = 0u64;
+                while !stop.load(Ordering::SeqCst) {
+                    let batch: Vec<(u64, Location)> = (0..20)
+                        .map(|_| {
+                            i += 1;
+                            let body = format!("{i:08}{}", ".".repeat((i % 7 * 100) as usize));
+                            publish(&store, body.as_bytes(), &["q"])
+                        })
+                        .collect();
+                    let d = Arc::new(Done(Mutex::new(None)));
+                    store.sync((d.clone(), 0));
+                    while d.0.lock().is_none() && !stop.load(Ordering::SeqCst) {
+                        std::thread::yield_now();
+                    }
+                    if *d.0.lock() == Some(true) {
+                        published.lock().extend(batch);
+                    }
+                }
+            })
+        };
+        let consumer = {
+            let (store, published, synced_acks, all_acks, stop) = (
+                store.clone(),
+                published.clone(),
+                synced_acks.clone(),
+                all_acks.clone(),
+                stop.clone(),
+            );
+            std::thread::spawn(move || {
+                let mut next = 1; // published[0] is never acked
+                while !stop.load(Ordering::SeqCst) {
+                    let todo: Vec<(u64, Location)> = {
+                        let p = published.lock();
+                        // Leave the newest 30 unacked for a while.
+                        p.iter()
+                            .skip(next)
+                            .take(p.len().saturating_sub(next + 30))
+                            .copied()
+                            .collect()
+                    };
+                    next += todo.len();
+                    let mut batch = Vec::new();
+                    for (id, loc) in todo {
+                        // Every 11th is held unacked for good.
+                        if id % 11 == 0 {
+                            continue;
+                        }
+                        store.ack("q", id, loc);
+                        all_acks.lock().insert(id);
+                        batch.push(id);
+                    }
+                    let d = Arc::new(Done(Mutex::new(None)));
+                    store.sync((d.clone(), 0));
+                    while d.0.lock().is_none() && !stop.load(Ordering::SeqCst) {
+                        std::thread::yield_now();
+                    }
+                    if *d.0.lock() == Some(true) {
+                        synced_acks.lock().extend(batch);
+                    }
+                }
+            })
+        };
+        std::thread::sleep(Duration::from_millis(300 + 150 * round));
+        store.crash();
+        stop.store(true, Ordering::SeqCst);
+        producer.join().unwrap();
+        consumer.join().unwrap();
+        let (store, rec) = Store::open(cfg(&dir, 16 * 1024)).unwrap();
+        let got: Vec<u64> = rec
+            .queues
+            .get("q")
+            .map_or(Vec::new(), |v| v.iter().map(|e| e.id).collect());
+        assert!(
+            got.windows(2).all(|w| w[0] < w[1]),
+            "duplicated or out of order"
+        );
+        let got: HashSet<u64> = got.into_iter().collect();
+        let published = published.lock();
+        let all_acks = all_acks.lock();
+        let synced_acks = synced_acks.lock();
+        for (id, _) in published.iter() {
+            if !all_acks.contains(id) {
+                assert!(got.contains(id), "round {round}: unacked {id} lost");
+                let e = rec.queues["q"].iter().find(|e| e.id == *id).unwrap();
+                assert_eq!(store.read(e.location).unwrap().id, *id);
+            }
+            if synced_acks.contains(id) {
+                assert!(
+                    !got.contains(id),
+                    "round {round}: {id} came back after its ack was synced"
+                );
+            }
+        }
+        eprintln!(
+            "round {round}: {} published, {} acked ({} synced), {} recovered, {} segment files",
+            published.len(),
+            all_acks.len(),
+            synced_acks.len(),
+            got.len(),
+            segment_files(&dir).len()
+        );
+        store.close();
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}
