@@ -97,6 +97,16 @@ pub struct StorageConfig {
     pub queue_window: usize,
     /// Ready message bytes a queue keeps in memory; beyond this they are paged to disk.
     pub queue_window_bytes: usize,
+    /// Unacknowledged deliveries a channel keeps in memory; beyond this it keeps only where
+    /// the store holds them (bodies are read back on requeue or dead-lettering).
+    pub unacked_window: usize,
+    /// The same bound in message body bytes.
+    pub unacked_window_bytes: usize,
+    /// A message-store segment is compacted (live messages copied forward, then the file
+    /// deleted) once they take less than this fraction of it; 0 turns compaction off.
+    pub compaction_ratio: f64,
+    /// ... and none of its messages has been settled for this long, ms.
+    pub compaction_quiet_ms: u64,
 }
 
 /// `[log]`.
@@ -147,6 +157,10 @@ impl Default for StorageConfig {
             fsync_delay_us: 0,
             queue_window: 2048,
             queue_window_bytes: 8 * 1024 * 1024,
+            unacked_window: 2048,
+            unacked_window_bytes: 8 * 1024 * 1024,
+            compaction_ratio: 0.5,
+            compaction_quiet_ms: 2000,
         }
     }
 }
@@ -161,6 +175,10 @@ impl StorageConfig {
             fsync_delay_us: self.fsync_delay_us,
             queue_window: self.queue_window.max(1),
             queue_window_bytes: self.queue_window_bytes.max(1),
+            unacked_window: self.unacked_window,
+            unacked_window_bytes: self.unacked_window_bytes,
+            compaction_ratio: self.compaction_ratio,
+            compaction_quiet_ms: self.compaction_quiet_ms,
             ..warren_broker::StorageOptions::new(dir)
         })
     }
@@ -268,6 +286,9 @@ impl Config {
         if self.storage.queue_window == 0 || self.storage.queue_window_bytes == 0 {
             return bad("storage.queue_window and queue_window_bytes must be at least 1".into());
         }
+        if !(0.0..=1.0).contains(&self.storage.compaction_ratio) {
+            return bad("storage.compaction_ratio must be in [0, 1]".into());
+        }
         Ok(())
     }
 
@@ -310,6 +331,15 @@ fsync_delay_us = {fsync_delay_us}
 # Ready messages (and bytes) a queue keeps in memory before paging to disk.
 queue_window = {queue_window}
 queue_window_bytes = {queue_window_bytes}
+# Unacknowledged deliveries (and their bytes) a channel keeps in memory; beyond this only
+# their place in the message store is kept.
+unacked_window = {unacked_window}
+unacked_window_bytes = {unacked_window_bytes}
+# A segment file whose live messages take less than this fraction of it, and none of which
+# was settled for compaction_quiet_ms, is compacted: they are copied forward and the file
+# deleted (0 = never).
+compaction_ratio = {compaction_ratio:?}
+compaction_quiet_ms = {compaction_quiet_ms}
 
 [log]
 # error, warn, info, debug, trace, or a tracing filter such as "warren_server=debug".
@@ -341,6 +371,10 @@ high_watermark_bytes = {high_watermark_bytes}
             fsync_delay_us = d.storage.fsync_delay_us,
             queue_window = d.storage.queue_window,
             queue_window_bytes = d.storage.queue_window_bytes,
+            unacked_window = d.storage.unacked_window,
+            unacked_window_bytes = d.storage.unacked_window_bytes,
+            compaction_ratio = d.storage.compaction_ratio,
+            compaction_quiet_ms = d.storage.compaction_quiet_ms,
             level = d.log.level,
             high_watermark = d.memory.high_watermark,
             high_watermark_bytes = d.memory.high_watermark_bytes,
