@@ -769,6 +769,9 @@ impl Queue {
                 self.load_spilled(st, b, e, false);
                 loaded += 1;
             }
+            if loaded > 0 && st.paged.capacity() > 4 * st.paged.len() + 256 {
+                st.paged.shrink_to(2 * st.paged.len());
+            }
             // A priority spilled above the priority of the head is delivered first.
             let head_level = st
                 .ready

@@ -4,13 +4,15 @@
 //! Layout: [`server`] accepts connections and owns the shared state; [`connection`] runs one
 //! client connection (handshake, frame loop, heartbeats, close); [`channel`] implements the
 //! channel-level methods on top of the `warren-broker` model; [`outbox`] batches outgoing
-//! frames into few socket writes; [`config`] loads settings.
+//! frames into few socket writes; [`config`] loads settings; `unacked` holds a channel's
+//! unacknowledged deliveries beyond its in-memory bound by their store location.
 
 pub mod channel;
 pub mod config;
 pub mod connection;
 pub mod outbox;
 pub mod server;
+mod unacked;
 
 pub use config::Config;
 pub use server::{Broker, BrokerBuilder, RunningBroker, ServerState};
