@@ -759,18 +759,23 @@ impl Queue {
         let max = st.priority;
         loop {
             // Requeued messages paged out, ahead of the head of the queue.
-            let head = st.ready.front().map(|f| order_key(f, max));
-            let mut loaded = 0;
-            while let Some(e) = st.paged.front() {
-                if loaded == 64 || head.is_some_and(|h| entry_key(e, max) > h) {
-                    break;
+            if !st.paged.is_empty() {
+                let head = st.ready.front().map(|f| order_key(f, max));
+                let mut loaded = 0;
+                while let Some(e) = st.paged.front() {
+                    if loaded == 64 || head.is_some_and(|h| entry_key(e, max) > h) {
+                        break;
+                    }
+                    let e = st.paged.pop_front().expect("front checked");
+                    self.load_spilled(st, b, e, false);
+                    loaded += 1;
                 }
-                let e = st.paged.pop_front().expect("front checked");
-                self.load_spilled(st, b, e, false);
-                loaded += 1;
+                if st.paged.capacity() > 4 * st.paged.len() + 256 {
+                    st.paged.shrink_to(2 * st.paged.len());
+                }
             }
-            if loaded > 0 && st.paged.capacity() > 4 * st.paged.len() + 256 {
-                st.paged.shrink_to(2 * st.paged.len());
+            if max.is_none() {
+                break;
             }
             // A priority spilled above the priority of the head is delivered first.
             let head_level = st
@@ -779,7 +784,7 @@ impl Queue {
                 .map(|f| st.level(f.message.properties.priority.unwrap_or(0)));
             let top = (0..st.spills.len()).rev().find(|&l| st.spilled_at(l) > 0);
             match (top, head_level) {
-                (Some(t), h) if st.priority.is_some() && h.is_none_or(|h| t > h) => {
+                (Some(t), h) if h.is_none_or(|h| t > h) => {
                     if !self.refill_from(st, b, t, 64) {
                         return;
                     }

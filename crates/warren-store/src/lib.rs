@@ -22,8 +22,10 @@
 //! a torn tail, skips corrupt records and reports what it dropped.
 //!
 //! I/O errors (e.g. ENOSPC) put the store into a failed state: appends are refused with
-//! [`StoreError::Unavailable`] so publishers can be told, the unwritten batch is kept and
-//! retried every second, and once a retry succeeds the store serves again. Nothing already
+//! [`StoreError::Unavailable`] so publishers can be told (settlements excepted: their `ACK`
+//! records wait in memory, so that the log never says a settled message is live), the
+//! unwritten batch is kept and retried every second, and once a retry succeeds the store
+//! serves again. Compaction pauses meanwhile; deleting settled segments does not. Nothing already
 //! confirmed is touched by a failed write: the file is cut back to its last good length first.
 
 mod compact;
