@@ -11,6 +11,7 @@
 
 pub mod args;
 pub mod auth;
+pub mod blocks;
 pub mod clock;
 pub mod error;
 pub mod exchange;

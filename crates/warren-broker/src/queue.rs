@@ -10,6 +10,7 @@
 //! position, flagged redelivered.
 
 use crate::args::{Overflow, QueueArgs};
+use crate::blocks::Blocks;
 use crate::clock::{Clock, SystemClock};
 use crate::error::{resource, BrokerError, Result};
 use crate::message::{Message, QueuedMessage};
@@ -227,7 +228,7 @@ struct State {
     spills: Vec<Option<SpillFile>>,
     /// Requeued messages whose bodies are in the store, in queue order: each is read back
     /// when it reaches the head of the queue.
-    paged: VecDeque<SpillEntry>,
+    paged: Blocks<SpillEntry>,
     /// Messages ordered by priority first (`x-max-priority`, capped at this).
     priority: Option<u8>,
     /// Dead letters collected under the lock, published after it is released.
@@ -770,9 +771,6 @@ impl Queue {
                     self.load_spilled(st, b, e, false);
                     loaded += 1;
                 }
-                if st.paged.capacity() > 4 * st.paged.len() + 256 {
-                    st.paged.shrink_to(2 * st.paged.len());
-                }
             }
             if max.is_none() {
                 break;
@@ -929,7 +927,7 @@ impl Queue {
             let mut e = s.entry;
             if s.requeue {
                 e.redelivered = true;
-                insert_entry_ordered(&mut st.paged, e, max);
+                st.paged.insert_sorted(e, |x| entry_key(x, max));
             } else if s.rejected && self.args.dead_letter_exchange.is_some() {
                 if let Some(qm) = self.read_back(b, e) {
                     self.discard(&mut st, qm, DeathReason::Rejected);
@@ -972,7 +970,7 @@ impl Queue {
         let Some(b) = &self.backing else {
             return n;
         };
-        let mut entries: Vec<SpillEntry> = st.paged.drain(..).collect();
+        let mut entries: Vec<SpillEntry> = st.paged.drain().collect();
         for spill in st.spills.iter_mut().flatten() {
             entries.extend(spill.clear().unwrap_or_default());
         }
@@ -1214,17 +1212,6 @@ fn entry_key(e: &SpillEntry, max: Option<u8>) -> (u8, u64) {
     match max {
         Some(max) => (max - e.priority.min(max), e.seq),
         None => (0, e.seq),
-    }
-}
-
-/// Inserts a paged-out entry at its position in `list` (kept in [`entry_key`] order).
-fn insert_entry_ordered(list: &mut VecDeque<SpillEntry>, e: SpillEntry, max: Option<u8>) {
-    let key = entry_key(&e, max);
-    if list.back().is_none_or(|b| entry_key(b, max) < key) {
-        list.push_back(e);
-    } else {
-        let pos = list.partition_point(|x| entry_key(x, max) < key);
-        list.insert(pos, e);
     }
 }
 

@@ -8,12 +8,13 @@
 //! queue is there already; another is written as a transient page) and is read back only if
 //! the message is requeued or dead-lettered.
 //!
-//! Entries are kept in delivery-tag order (tags increase with each delivery). A settled entry
-//! becomes a tombstone until the front is cleared or tombstones outnumber live entries, so
-//! one long-unacknowledged delivery at the front costs no more than itself.
+//! Entries are kept in delivery-tag order (tags increase with each delivery), in fixed-size
+//! blocks (so that memory follows the count, without a doubling buffer's leftovers). A
+//! settled entry becomes a tombstone until the front is cleared or tombstones outnumber live
+//! entries, so one long-unacknowledged delivery at the front costs no more than itself.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
+use warren_broker::blocks::Blocks;
 use warren_broker::queue::PagedSettlement;
 use warren_broker::Queue;
 use warren_store::spill::SpillEntry;
@@ -51,7 +52,7 @@ pub(crate) struct Taken {
 /// The deliveries of one channel held by store location, in delivery-tag order.
 #[derive(Default)]
 pub(crate) struct PagedUnacked {
-    entries: VecDeque<Entry>,
+    entries: Blocks<Entry>,
     live: usize,
     /// Routes by index; a slot is emptied when no entry uses it any more.
     routes: Vec<Option<Route>>,
@@ -65,14 +66,9 @@ impl PagedUnacked {
 
     /// True when delivery `tag` is held here.
     pub fn contains(&self, tag: u64) -> bool {
-        self.find(tag).is_some()
-    }
-
-    fn find(&self, tag: u64) -> Option<usize> {
         self.entries
-            .binary_search_by_key(&tag, |e| e.tag)
-            .ok()
-            .filter(|&i| self.entries[i].flags & LIVE != 0)
+            .find(&tag, |e| e.tag)
+            .is_some_and(|e| e.flags & LIVE != 0)
     }
 
     /// Holds delivery `tag` (greater than every tag held) of `queue` to `consumer_tag`.
@@ -125,10 +121,8 @@ impl PagedUnacked {
         self.live += 1;
     }
 
-    fn take(&mut self, i: usize, requeue: bool, rejected: bool) -> Taken {
-        let e = &mut self.entries[i];
-        e.flags &= !LIVE;
-        let e = *e;
+    /// Settles entry `e` (already marked dead in `entries`).
+    fn take(&mut self, e: Entry, requeue: bool, rejected: bool) -> Taken {
         self.live -= 1;
         let slot = &mut self.routes[e.route as usize];
         let route = slot.as_mut().expect("a live entry's route is set");
@@ -164,15 +158,17 @@ impl PagedUnacked {
         if self.entries.len() > 2 * self.live + 64 {
             self.entries.retain(|e| e.flags & LIVE != 0);
         }
-        if self.entries.capacity() > 4 * self.entries.len() + 256 {
-            self.entries.shrink_to(2 * self.entries.len());
-        }
     }
 
     /// Takes delivery `tag` out to be settled.
     pub fn remove(&mut self, tag: u64, requeue: bool, rejected: bool) -> Option<Taken> {
-        let i = self.find(tag)?;
-        let t = self.take(i, requeue, rejected);
+        let e = self
+            .entries
+            .find_mut(&tag, |e| e.tag)
+            .filter(|e| e.flags & LIVE != 0)?;
+        e.flags &= !LIVE;
+        let e = *e;
+        let t = self.take(e, requeue, rejected);
         self.tidy();
         Some(t)
     }
@@ -181,16 +177,20 @@ impl PagedUnacked {
     /// and settle chunk after chunk (with no lock held while settling), so that settling a
     /// million of them never holds a million at once.
     pub fn take_upto(&mut self, tag: u64, requeue: bool, rejected: bool) -> Vec<Taken> {
-        let end = self.entries.partition_point(|e| e.tag <= tag);
-        let mut out = Vec::new();
-        for i in 0..end {
-            if out.len() == CHUNK {
+        let mut chunk = Vec::new();
+        for e in self.entries.iter_mut() {
+            if e.tag > tag || chunk.len() == CHUNK {
                 break;
             }
-            if self.entries[i].flags & LIVE != 0 {
-                out.push(self.take(i, requeue, rejected));
+            if e.flags & LIVE != 0 {
+                e.flags &= !LIVE;
+                chunk.push(*e);
             }
         }
+        let out = chunk
+            .into_iter()
+            .map(|e| self.take(e, requeue, rejected))
+            .collect();
         self.tidy();
         out
     }
@@ -289,6 +289,6 @@ mod tests {
             chunks += 1;
         }
         assert_eq!(chunks, 1000usize.div_ceil(CHUNK));
-        assert!(p.entries.capacity() <= 512, "{}", p.entries.capacity());
+        assert!(p.entries.is_empty());
     }
 }
