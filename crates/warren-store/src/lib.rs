@@ -219,6 +219,8 @@ struct State {
     watch: Option<Watch>,
     /// First segment written by this process: `TRANSIENT` records before it are dead.
     first_segment: u32,
+    /// A segment may become deletable once the writer's current batch is written.
+    reclaim_after_write: bool,
 }
 
 impl State {
@@ -284,6 +286,8 @@ fn append_locked(
     if st.position >= segment_size {
         st.segment += 1;
         st.position = 0;
+        // The old head may be deletable once written.
+        st.reclaim_after_write = true;
     }
     let segment = st.segment;
     if st.pending.last().map(|(s, _, _)| *s) != Some(segment) {
@@ -371,6 +375,7 @@ impl Store {
                 superseded: rec.superseded,
                 watch: None,
                 first_segment: segment,
+                reclaim_after_write: false,
             }),
             cfg,
             wake_writer: Condvar::new(),
@@ -520,8 +525,13 @@ impl Store {
             s.ack_floor = s.ack_floor.min(loc.segment);
         }
         let emptied = st.settle_pair(loc, target, queue);
+        // A transient page's release need not reach the disk soon (it matters to compaction
+        // only, which waits for the writer anyway): it goes with the next batch.
+        let wake = !queue.is_empty() || st.pending_bytes >= inner.cfg.max_batch_bytes / 2;
         drop(st);
-        inner.wake_writer.notify_one();
+        if wake {
+            inner.wake_writer.notify_one();
+        }
         if emptied {
             inner.reclaim();
         }
@@ -716,6 +726,11 @@ impl Inner {
                         doomed.push(seg);
                     }
                 }
+                // Settled but not all written yet: look again after the writer's batch.
+                st.reclaim_after_write |= st
+                    .live
+                    .iter()
+                    .any(|(&seg, s)| s.pairs == 0 && seg < st.segment && unwritten.contains(&seg));
                 // Deleting one may free another whose ACK records pointed into it.
                 if doomed.len() == before {
                     break;
@@ -817,9 +832,12 @@ fn writer_loop(inner: Arc<Inner>) {
                     info!("message store writes succeed again");
                     st.failed = None;
                 }
+                let reclaim = std::mem::take(&mut st.reclaim_after_write);
                 drop(st);
                 complete(&waiters, true);
-                inner.reclaim();
+                if reclaim {
+                    inner.reclaim();
+                }
             }
             Err(e) => {
                 if !inner.failed.swap(true, Ordering::Relaxed) {
