@@ -1186,6 +1186,9 @@ impl Queue {
         st.deleted = true;
         let n = self.drop_ready(&mut st);
         st.spills.clear();
+        if let Some(store) = self.store() {
+            store.forget_queue(&self.store_key);
+        }
         (n, std::mem::take(&mut st.consumers))
     }
 }

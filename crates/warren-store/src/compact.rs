@@ -130,13 +130,15 @@ pub(crate) fn compactor_loop(inner: Arc<Inner>) {
     }
 }
 
-/// Segments worth compacting now, oldest first.
+/// Segments worth compacting now, oldest first. With compaction off (ratio 0), only settled
+/// segments whose `DELIVERED` marks must be carried forward, which needs no reading.
 fn candidates(inner: &Inner) -> Vec<u32> {
     let cfg = &inner.cfg;
     let mut st = inner.state.lock();
-    if st.failed.is_some() || cfg.compact_ratio <= 0.0 {
+    if st.failed.is_some() {
         return Vec::new();
     }
+    let compacting = cfg.compact_ratio > 0.0;
     let now = Instant::now();
     for s in st.live.values_mut() {
         if s.pairs != s.seen_pairs {
@@ -158,12 +160,13 @@ fn candidates(inner: &Inner) -> Vec<u32> {
         }
         if s.pairs == 0 {
             // Settled, but holds ACK records or a DELIVERED mark that must be copied first.
-            if needs_acks || marked.contains(&seg) {
+            if (needs_acks && compacting) || (!needs_acks && marked.contains(&seg)) {
                 out.push(seg);
             }
             continue;
         }
-        if now.duration_since(s.quiet_since) >= cfg.compact_quiet
+        if compacting
+            && now.duration_since(s.quiet_since) >= cfg.compact_quiet
             && s.checked_pairs != Some(s.pairs)
             && (s.live_bytes as f64) < cfg.compact_ratio * s.bytes as f64
         {
@@ -239,8 +242,17 @@ fn compact(inner: &Arc<Inner>, t: u32) -> Result<bool, StoreError> {
     let barrier = Barrier::new();
     let (cut_seg, cut_pos, later, superseded, first_segment, older) = {
         let mut st = inner.state.lock();
-        if st.failed.is_some() || st.shutdown || !st.live.contains_key(&t) || t >= st.segment {
+        if st.failed.is_some() || st.shutdown || t >= st.segment {
             return Ok(false);
+        }
+        let Some(s) = st.live.get(&t) else {
+            return Ok(false);
+        };
+        if s.pairs == 0 && !st.needs_acks(t) {
+            // Nothing live and no ACK record needed: only DELIVERED marks to carry forward,
+            // no need to read the segment.
+            drop(st);
+            return finish(inner, t, Vec::new(), 0, 0);
         }
         st.watch = Some(Watch {
             segment: t,
@@ -473,6 +485,19 @@ fn compact(inner: &Arc<Inner>, t: u32) -> Result<bool, StoreError> {
     for &(offset, len, seg) in &acks {
         raws.push((seg, read_raw(offset, len)?));
     }
+    finish(inner, t, raws, moved_records, moved_bytes)
+}
+
+/// The end of compacting `t`: appends the `ACK` records still needed (`raws`: segment of the
+/// oldest copy of what each settles, and the record) and the `DELIVERED` marks held by `t`,
+/// waits for their fsync and deletes `t`.
+fn finish(
+    inner: &Arc<Inner>,
+    t: u32,
+    raws: Vec<(u32, Vec<u8>)>,
+    moved_records: u64,
+    moved_bytes: u64,
+) -> Result<bool, StoreError> {
     let synced = Barrier::new();
     {
         let mut st = inner.state.lock();
@@ -528,11 +553,18 @@ fn compact(inner: &Arc<Inner>, t: u32) -> Result<bool, StoreError> {
     }
     inner.delete_file(t);
     hook(inner, CompactionStep::Deleted(t));
-    info!(
-        segment = t,
-        records = moved_records,
-        bytes = moved_bytes,
-        "compacted segment"
-    );
+    if moved_records > 0 {
+        info!(
+            segment = t,
+            records = moved_records,
+            bytes = moved_bytes,
+            "compacted segment"
+        );
+    } else {
+        debug!(
+            segment = t,
+            "deleted segment after carrying its records forward"
+        );
+    }
     Ok(true)
 }

@@ -563,6 +563,15 @@ impl Store {
         self.settle("", 0, loc);
     }
 
+    /// Durable queue `queue` was deleted: its `DELIVERED` watermark no longer needs keeping
+    /// (its messages are settled as they leave, and recovery drops those of a queue that is
+    /// gone). Without this, the record holding it would be copied forward forever.
+    pub fn forget_queue(&self, queue: &str) {
+        let mut st = self.inner.state.lock();
+        st.marks.remove(queue);
+        st.delivered.remove(queue);
+    }
+
     /// Completes `waiter` after everything appended so far is fsynced (a barrier, for
     /// tx.commit).
     pub fn sync(&self, waiter: (Arc<dyn Completion>, u64)) {

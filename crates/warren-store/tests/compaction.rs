@@ -719,3 +719,37 @@ fn a_crash_under_load_loses_no_unacked_message_and_revives_no_synced_ack() {
         std::fs::remove_dir_all(dir).unwrap();
     }
 }
+
+/// With compaction off, settled segments still go, however many `DELIVERED` marks they
+/// hold (the marks are carried forward without reading the segment, and kept).
+#[test]
+fn settled_segments_go_with_compaction_off_and_marks_survive() {
+    let dir = tempdir("marks");
+    let config = || StoreConfig {
+        compact_ratio: 0.0,
+        ..cfg(&dir, 4096)
+    };
+    let (store, _) = Store::open(config()).unwrap();
+    // "kept" has a message delivered and never acked; "gone" is deleted.
+    let (kept, _) = publish(&store, b"kept", &["kept"]);
+    store.delivered("kept", kept);
+    let (g, gloc) = publish(&store, b"gone", &["gone"]);
+    store.delivered("gone", g);
+    store.ack("gone", g, gloc);
+    store.forget_queue("gone");
+    sync(&store);
+    for _ in 0..100 {
+        let (id, loc) = publish(&store, &[6u8; 300], &["c"]);
+        store.ack("c", id, loc);
+    }
+    // Every settled segment goes; the one holding "kept" stays (it is live).
+    wait_for(&store, "settled segments to go", || {
+        segment_files(&dir).len() <= 3
+    });
+    store.close();
+    let (store, rec) = Store::open(config()).unwrap();
+    let want: Contents = [(("kept".to_string(), kept), (digest(b"kept"), true))].into();
+    assert_eq!(contents(&store, &rec), want);
+    store.close();
+    std::fs::remove_dir_all(dir).unwrap();
+}
