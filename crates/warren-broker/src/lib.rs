@@ -18,6 +18,7 @@
 pub mod access;
 pub mod args;
 pub mod auth;
+pub mod blocks;
 pub mod clock;
 pub mod data_dir;
 pub mod definitions;

@@ -36,11 +36,21 @@ pub struct StorageOptions {
     pub queue_window: usize,
     /// Ready body bytes a queue keeps in memory before paging to disk.
     pub queue_window_bytes: usize,
+    /// Unacknowledged deliveries a channel keeps in memory; beyond this it keeps their
+    /// store locations only (bodies are read back on requeue or dead-lettering).
+    pub unacked_window: usize,
+    /// The same bound in body bytes.
+    pub unacked_window_bytes: usize,
+    /// A segment is compacted once its live records take less than this fraction of it.
+    pub compaction_ratio: f64,
+    /// ... and nothing in it has been settled for this long, ms.
+    pub compaction_quiet_ms: u64,
 }
 
 impl StorageOptions {
     /// Defaults for `data_dir`: 64 MiB segments, 16 MiB fsync batches, no fsync delay, a
-    /// window of 2048 messages or 8 MiB per queue.
+    /// window of 2048 messages or 8 MiB per queue and of unacknowledged messages per channel,
+    /// compaction of segments less than half live and quiet for 2 s.
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
         StorageOptions {
             data_dir: data_dir.into(),
@@ -49,6 +59,10 @@ impl StorageOptions {
             fsync_delay_us: 0,
             queue_window: 2048,
             queue_window_bytes: 8 * 1024 * 1024,
+            unacked_window: 2048,
+            unacked_window_bytes: 8 * 1024 * 1024,
+            compaction_ratio: 0.5,
+            compaction_quiet_ms: 2000,
         }
     }
 
@@ -57,6 +71,8 @@ impl StorageOptions {
             segment_size: self.segment_size,
             max_batch_bytes: self.fsync_batch_bytes,
             fsync_delay: std::time::Duration::from_micros(self.fsync_delay_us),
+            compact_ratio: self.compaction_ratio,
+            compact_quiet: std::time::Duration::from_millis(self.compaction_quiet_ms),
             ..StoreConfig::new(self.data_dir.join("messages"))
         }
     }

@@ -10,6 +10,7 @@
 //! position, flagged redelivered.
 
 use crate::args::{Overflow, QueueArgs};
+use crate::blocks::Blocks;
 use crate::clock::{Clock, SystemClock};
 use crate::error::{resource, BrokerError, Result};
 use crate::message::{Message, QueuedMessage};
@@ -151,6 +152,13 @@ pub struct DeadLetter {
 /// spill file of 32-byte entries pointing into the message store (persistent messages are
 /// there already; transient ones are paged there), and come back into memory in chunks as
 /// consumers drain the window. Memory per queue is therefore bounded however deep it grows.
+/// A priority queue has a spill file per priority, so that a message of a higher priority
+/// than the window holds comes back first. A message keeps its enqueue time in the store, so
+/// its TTL counts from then however often it is paged or recovered.
+///
+/// Delivered, unacknowledged messages beyond `unacked_window` per channel are kept by their
+/// channel as store locations too ([`Queue::page_out`]); requeued, they go back to the queue
+/// without their body, which is read when they reach its head again.
 pub struct Backing {
     /// The message store.
     pub store: Store,
@@ -158,8 +166,27 @@ pub struct Backing {
     pub window: usize,
     /// Most bytes of ready message bodies held in memory.
     pub window_bytes: usize,
-    /// Path of this queue's spill file (created on first use).
+    /// Path of this queue's spill file (created on first use); a priority queue's files add
+    /// the priority to it.
     pub spill_path: PathBuf,
+    /// Unacknowledged deliveries a channel keeps in memory, beyond which it keeps them as
+    /// store locations.
+    pub unacked_window: usize,
+    /// The same bound in bytes of message bodies.
+    pub unacked_window_bytes: usize,
+}
+
+/// A delivery settled by a channel that held it paged out (see [`Queue::page_out`]).
+#[derive(Debug)]
+pub struct PagedSettlement {
+    /// Consumer the message was delivered to (`None` for basic.get).
+    pub consumer_tag: Option<Arc<str>>,
+    /// Where the message is stored.
+    pub entry: SpillEntry,
+    /// Put it back in the queue (as [`Settlement::requeue`]).
+    pub requeue: bool,
+    /// The client rejected it (as [`Settlement::rejected`]).
+    pub rejected: bool,
 }
 
 /// A queue's declared properties and live state.
@@ -197,7 +224,11 @@ struct State {
     ready_bytes: usize,
     /// Body bytes of the spilled messages (as far as known: recovered ones count 0).
     spilled_bytes: usize,
-    spill: Option<SpillFile>,
+    /// Spill files by priority (one, at index 0, for a queue without priorities).
+    spills: Vec<Option<SpillFile>>,
+    /// Requeued messages whose bodies are in the store, in queue order: each is read back
+    /// when it reaches the head of the queue.
+    paged: Blocks<SpillEntry>,
     /// Messages ordered by priority first (`x-max-priority`, capped at this).
     priority: Option<u8>,
     /// Dead letters collected under the lock, published after it is released.
@@ -210,7 +241,21 @@ struct State {
 
 impl State {
     fn spilled(&self) -> usize {
-        self.spill.as_ref().map_or(0, |s| s.len() as usize)
+        self.spills.iter().flatten().map(|s| s.len() as usize).sum()
+    }
+    fn spilled_at(&self, level: usize) -> usize {
+        self.spills
+            .get(level)
+            .and_then(Option::as_ref)
+            .map_or(0, |s| s.len() as usize)
+    }
+    /// The priority whose spill file a message of priority `p` goes to.
+    fn level(&self, p: u8) -> usize {
+        usize::from(self.priority.map_or(0, |max| p.min(max)))
+    }
+    /// Ready messages, in memory or not.
+    fn ready_count(&self) -> usize {
+        self.ready.len() + self.spilled() + self.paged.len()
     }
     fn push_back(&mut self, qm: QueuedMessage) {
         if self.priority.is_some() {
@@ -317,16 +362,34 @@ impl Queue {
     /// When a message enqueued now expires: the smaller of the queue's `x-message-ttl` and
     /// the message's `expiration`.
     fn deadline(&self, m: &Message) -> Option<u64> {
+        self.deadline_from(m, self.clock.now_ms())
+    }
+
+    /// When a message enqueued at `enqueued_ms` expires.
+    fn deadline_from(&self, m: &Message, enqueued_ms: u64) -> Option<u64> {
+        Some(enqueued_ms.saturating_add(self.ttl(m)?))
+    }
+
+    /// A message's TTL in this queue, ms: the smaller of `x-message-ttl` and `expiration`.
+    fn ttl(&self, m: &Message) -> Option<u64> {
         let own = m
             .properties
             .expiration
             .as_ref()
             .and_then(|e| crate::args::parse_expiration(e.as_str()?).ok());
-        let ttl = match (self.args.message_ttl, own) {
+        match (self.args.message_ttl, own) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
-        }?;
-        Some(self.clock.now_ms().saturating_add(ttl))
+        }
+    }
+
+    /// When `qm` was enqueued, ms since the epoch, as far as its deadline tells (now when it
+    /// has none: then the time does not matter).
+    fn enqueued_at(&self, qm: &QueuedMessage) -> u64 {
+        match (qm.expires_at, self.ttl(&qm.message)) {
+            (Some(at), Some(ttl)) => at.saturating_sub(ttl),
+            _ => self.clock.now_ms(),
+        }
     }
 
     /// A message leaves the queue without being delivered (expired, over the length limit,
@@ -385,7 +448,7 @@ impl Queue {
     /// Ready messages and their body bytes, in memory and spilled.
     fn depth(st: &State) -> (u64, u64) {
         (
-            (st.ready.len() + st.spilled()) as u64,
+            st.ready_count() as u64,
             (st.ready_bytes + st.spilled_bytes) as u64,
         )
     }
@@ -485,7 +548,7 @@ impl Queue {
     pub fn counts(&self) -> QueueCounts {
         let st = self.state.lock();
         QueueCounts {
-            ready: (st.ready.len() + st.spilled()) as u32,
+            ready: st.ready_count() as u32,
             unacked: st.unacked,
             consumers: st.consumers.len() as u32,
         }
@@ -574,49 +637,62 @@ impl Queue {
     }
 
     /// Adds messages recovered from the store, in id order, as ready: the first window's worth
-    /// is read into memory, the rest goes to the spill file unread.
+    /// is read into memory, the rest goes to the spill file (of its priority) unread.
     pub fn recover(self: &Arc<Self>, entries: impl IntoIterator<Item = SpillEntry>) {
         let Some(b) = &self.backing else {
             return;
         };
         let mut st = self.state.lock();
         for e in entries {
-            if st.priority.is_some()
-                || (st.spilled() == 0
-                    && st.ready.len() < b.window
-                    && st.ready_bytes < b.window_bytes)
-            {
-                self.load_spilled(&mut st, b, e);
+            let level = st.level(e.priority);
+            if !Self::window_full(&st, b) && st.spilled_at(level) == 0 {
+                self.load_spilled(&mut st, b, e, true);
                 continue;
             }
-            if st.spill.is_none() {
-                match SpillFile::create(b.spill_path.clone()) {
-                    Ok(f) => st.spill = Some(f),
-                    Err(err) => {
-                        warn!(queue = %self.name, error = %err, "cannot create spill file");
-                        self.load_spilled(&mut st, b, e);
-                        continue;
-                    }
+            match self.spill_file(&mut st, b, level).map(|s| s.push(&[e])) {
+                Some(Ok(())) => {}
+                Some(Err(err)) => {
+                    warn!(queue = %self.name, error = %err, "cannot spill recovered message");
                 }
-            }
-            if let Some(Err(err)) = st.spill.as_mut().map(|s| s.push(&[e])) {
-                warn!(queue = %self.name, error = %err, "cannot spill recovered message");
+                None => self.load_spilled(&mut st, b, e, true),
             }
         }
     }
 
-    /// When the in-memory window is full (or messages are already spilled, to keep order),
-    /// writes `qm` to the spill file and returns true.
-    fn spill_if_full(&self, st: &mut State, qm: &QueuedMessage) -> bool {
-        let Some(b) = &self.backing else {
-            return false;
-        };
-        // Priority queues keep their messages in memory: the spill file is first-in first-out.
-        if st.priority.is_some()
-            || (st.ready.len() < b.window && st.ready_bytes < b.window_bytes && st.spilled() == 0)
-        {
-            return false;
+    fn window_full(st: &State, b: &Backing) -> bool {
+        st.ready.len() >= b.window || st.ready_bytes >= b.window_bytes
+    }
+
+    /// The spill file of priority `level`, created on first use.
+    fn spill_file<'a>(
+        &self,
+        st: &'a mut State,
+        b: &Backing,
+        level: usize,
+    ) -> Option<&'a mut SpillFile> {
+        if st.spills.len() <= level {
+            st.spills.resize_with(level + 1, || None);
         }
+        if st.spills[level].is_none() {
+            let path = match st.priority {
+                Some(_) => b.spill_path.with_extension(format!("{level}.spill")),
+                None => b.spill_path.clone(),
+            };
+            match SpillFile::create(path) {
+                Ok(f) => st.spills[level] = Some(f),
+                Err(e) => {
+                    warn!(queue = %self.name, error = %e, "cannot create spill file; keeping messages in memory");
+                    return None;
+                }
+            }
+        }
+        st.spills[level].as_mut()
+    }
+
+    /// Where `qm` is in the store, writing it there (as a transient page, released when it
+    /// leaves the queue) unless it is a persistent message of this durable queue. `None`
+    /// without a store or when the write fails.
+    fn page(&self, b: &Backing, qm: &QueuedMessage) -> Option<SpillEntry> {
         let (location, transient) = match qm.stored {
             Some(loc) => (loc, false),
             None => {
@@ -627,105 +703,243 @@ impl Queue {
                     &m.routing_key,
                     &m.properties,
                     &m.body,
+                    self.enqueued_at(qm),
                 ) {
                     Ok(loc) => (loc, true),
                     Err(e) => {
                         warn!(queue = %self.name, error = %e, "cannot page message out; keeping it in memory");
-                        return false;
+                        return None;
                     }
                 }
             }
         };
-        if st.spill.is_none() {
-            match SpillFile::create(b.spill_path.clone()) {
-                Ok(f) => st.spill = Some(f),
-                Err(e) => {
-                    warn!(queue = %self.name, error = %e, "cannot create spill file; keeping message in memory");
-                    if transient {
-                        b.store.release(location);
-                    }
-                    return false;
-                }
-            }
-        }
-        let entry = SpillEntry {
+        Some(SpillEntry {
             seq: qm.seq,
             id: qm.seq,
             location,
             redelivered: qm.redelivered,
             transient,
+            priority: qm.message.properties.priority.unwrap_or(0),
+        })
+    }
+
+    /// When the in-memory window is full (or messages of its priority are already spilled, to
+    /// keep order), writes `qm` to the spill file and returns true.
+    fn spill_if_full(&self, st: &mut State, qm: &QueuedMessage) -> bool {
+        let Some(b) = &self.backing else {
+            return false;
         };
-        match st.spill.as_mut().map(|s| s.push(&[entry])) {
+        let level = st.level(qm.message.properties.priority.unwrap_or(0));
+        if !Self::window_full(st, b) && st.spilled_at(level) == 0 {
+            return false;
+        }
+        let Some(entry) = self.page(b, qm) else {
+            return false;
+        };
+        match self.spill_file(st, b, level).map(|s| s.push(&[entry])) {
             Some(Ok(())) => {
                 st.spilled_bytes += qm.message.body.len();
                 true
             }
             _ => {
-                if transient {
-                    b.store.release(location);
+                if entry.transient {
+                    b.store.release(entry.location);
                 }
                 false
             }
         }
     }
 
-    /// Brings spilled messages back once the in-memory window is half empty.
+    /// Brings back what is paged out as it is needed: requeued messages that sort before
+    /// the head, the spill of a priority above the head's, and spilled messages once the
+    /// in-memory window is half empty.
     fn refill(&self, st: &mut State) {
         let Some(b) = &self.backing else {
             return;
         };
+        let max = st.priority;
+        loop {
+            // Requeued messages paged out, ahead of the head of the queue.
+            if !st.paged.is_empty() {
+                let head = st.ready.front().map(|f| order_key(f, max));
+                let mut loaded = 0;
+                while let Some(e) = st.paged.front() {
+                    if loaded == 64 || head.is_some_and(|h| entry_key(e, max) > h) {
+                        break;
+                    }
+                    let e = st.paged.pop_front().expect("front checked");
+                    self.load_spilled(st, b, e, false);
+                    loaded += 1;
+                }
+            }
+            if max.is_none() {
+                break;
+            }
+            // A priority spilled above the priority of the head is delivered first.
+            let head_level = st
+                .ready
+                .front()
+                .map(|f| st.level(f.message.properties.priority.unwrap_or(0)));
+            let top = (0..st.spills.len()).rev().find(|&l| st.spilled_at(l) > 0);
+            match (top, head_level) {
+                (Some(t), h) if h.is_none_or(|h| t > h) => {
+                    if !self.refill_from(st, b, t, 64) {
+                        return;
+                    }
+                }
+                _ => break,
+            }
+        }
         if st.ready.len() > b.window / 2 || st.ready_bytes > b.window_bytes / 2 || st.spilled() == 0
         {
             return;
         }
-        while st.ready.len() < b.window && st.ready_bytes < b.window_bytes && st.spilled() > 0 {
+        while !Self::window_full(st, b) && st.spilled() > 0 {
             let want = (b.window - st.ready.len()).clamp(1, 64);
-            let entries = match st.spill.as_mut().map(|s| s.pop(want)) {
-                Some(Ok(e)) => e,
-                Some(Err(e)) => {
-                    warn!(queue = %self.name, error = %e, "cannot read spill file");
-                    return;
-                }
-                None => return,
-            };
-            for e in entries {
-                self.load_spilled(st, b, e);
+            let top = (0..st.spills.len())
+                .rev()
+                .find(|&l| st.spilled_at(l) > 0)
+                .unwrap_or(0);
+            if !self.refill_from(st, b, top, want) {
+                return;
             }
         }
     }
 
-    fn load_spilled(&self, st: &mut State, b: &Backing, e: SpillEntry) {
+    /// Reads up to `want` entries of priority `level`'s spill back into memory; false when
+    /// the spill file cannot be read.
+    fn refill_from(&self, st: &mut State, b: &Backing, level: usize, want: usize) -> bool {
+        let entries = match st.spills.get_mut(level).and_then(Option::as_mut) {
+            Some(s) => match s.pop(want) {
+                Ok(e) => e,
+                Err(e) => {
+                    warn!(queue = %self.name, error = %e, "cannot read spill file");
+                    return false;
+                }
+            },
+            None => return false,
+        };
+        for mut e in entries {
+            e.priority = level as u8;
+            self.load_spilled(st, b, e, true);
+        }
+        true
+    }
+
+    /// Reads a paged-out message back; its TTL counts from its enqueue time. A transient
+    /// page is released.
+    fn read_back(&self, b: &Backing, e: SpillEntry) -> Option<QueuedMessage> {
         match b.store.read(e.location) {
             Ok(m) => {
                 if e.transient {
                     b.store.release(e.location);
                 }
-                st.spilled_bytes = st.spilled_bytes.saturating_sub(m.body.len());
+                let now = self.clock.now_ms();
+                let enqueued = m.enqueued_ms.unwrap_or(now);
                 let message = Arc::new(Message::new(
                     m.exchange,
                     m.routing_key,
                     m.properties,
                     m.body,
                 ));
-                // The spill file keeps no enqueue time: the TTL counts from now.
-                let expires_at = self.deadline(&message);
-                st.push_back(QueuedMessage {
+                let expires_at = self.deadline_from(&message, enqueued);
+                Some(QueuedMessage {
                     seq: e.seq,
                     message,
                     redelivered: e.redelivered,
                     stored: (!e.transient).then_some(e.location),
                     expires_at,
-                });
+                })
             }
             Err(err) => {
                 warn!(queue = %self.name, error = %err, "dropping unreadable stored message");
-                if e.transient {
-                    b.store.release(e.location);
-                } else {
-                    self.forget(e.seq, Some(e.location));
-                }
+                self.forget_entry(b, &e);
+                None
             }
         }
+    }
+
+    /// Reads `e` back into the ready list; `spilled` when it came from a spill file (whose
+    /// byte count it leaves).
+    fn load_spilled(&self, st: &mut State, b: &Backing, e: SpillEntry, spilled: bool) {
+        if let Some(qm) = self.read_back(b, e) {
+            if spilled {
+                st.spilled_bytes = st.spilled_bytes.saturating_sub(qm.message.body.len());
+            }
+            st.insert_ordered(qm);
+        }
+    }
+
+    /// A paged-out message leaves this queue for good.
+    fn forget_entry(&self, b: &Backing, e: &SpillEntry) {
+        if e.transient {
+            b.store.release(e.location);
+        } else {
+            self.forget(e.seq, Some(e.location));
+        }
+    }
+
+    /// The bound on unacknowledged deliveries a channel keeps in memory from this queue
+    /// (messages, body bytes): beyond it the channel holds them by [`Queue::page_out`].
+    /// `None` without a store.
+    pub fn unacked_window(&self) -> Option<(usize, usize)> {
+        self.backing
+            .as_ref()
+            .map(|b| (b.unacked_window, b.unacked_window_bytes))
+    }
+
+    /// Where the store keeps `qm`, delivered from this queue and not yet acknowledged, so
+    /// that its channel can drop the body: a persistent message of a durable queue is there
+    /// already, another one is written as a transient page. `None` without a store or when
+    /// the write fails (the channel keeps the message then). Settle it with
+    /// [`Queue::settle_paged`].
+    pub fn page_out(&self, qm: &QueuedMessage) -> Option<SpillEntry> {
+        self.page(self.backing.as_ref()?, qm)
+    }
+
+    /// Settles deliveries their channel held paged out, as [`Queue::settle`] does: acked ones
+    /// leave the store, rejected ones are read back to be dead-lettered, and requeued ones go
+    /// back to their place without their body, which is read when they reach the head.
+    pub fn settle_paged(self: &Arc<Self>, channel_key: u64, settlements: Vec<PagedSettlement>) {
+        let Some(b) = &self.backing else {
+            return;
+        };
+        let mut st = self.state.lock();
+        if st.deleted {
+            drop(st);
+            for s in settlements {
+                self.forget_entry(b, &s.entry);
+            }
+            return;
+        }
+        let max = st.priority;
+        for s in settlements {
+            st.unacked = st.unacked.saturating_sub(1);
+            if let Some(tag) = &s.consumer_tag {
+                if let Some(c) = st
+                    .consumers
+                    .iter_mut()
+                    .find(|c| c.target.channel_key() == channel_key && &c.tag == tag)
+                {
+                    c.in_flight = c.in_flight.saturating_sub(1);
+                }
+            }
+            let mut e = s.entry;
+            if s.requeue {
+                e.redelivered = true;
+                st.paged.insert_sorted(e, |x| entry_key(x, max));
+            } else if s.rejected && self.args.dead_letter_exchange.is_some() {
+                if let Some(qm) = self.read_back(b, e) {
+                    self.discard(&mut st, qm, DeathReason::Rejected);
+                }
+            } else {
+                self.forget_entry(b, &e);
+            }
+        }
+        self.dispatch_from(&mut st, None);
+        let dead = self.flush_dead(&mut st);
+        drop(st);
+        self.publish_dead(dead);
     }
 
     /// A stored message leaves this queue for good: record it in the store.
@@ -746,22 +960,23 @@ impl Queue {
         }
     }
 
-    /// Drops every ready message, in memory and spilled; returns how many.
+    /// Drops every ready message, in memory, requeued paged out and spilled; returns how many.
     fn drop_ready(&self, st: &mut State) -> u32 {
         let mut n = 0u32;
         for qm in st.take_ready() {
             self.settled(&qm);
             n += 1;
         }
-        if let Some(spill) = st.spill.as_mut() {
-            let entries = spill.clear().unwrap_or_default();
-            for e in entries {
-                n += 1;
-                match (&self.backing, e.transient) {
-                    (Some(b), true) => b.store.release(e.location),
-                    _ => self.forget(e.seq, Some(e.location)),
-                }
-            }
+        let Some(b) = &self.backing else {
+            return n;
+        };
+        let mut entries: Vec<SpillEntry> = st.paged.drain().collect();
+        for spill in st.spills.iter_mut().flatten() {
+            entries.extend(spill.clear().unwrap_or_default());
+        }
+        for e in entries {
+            n += 1;
+            self.forget_entry(b, &e);
         }
         n
     }
@@ -914,7 +1129,7 @@ impl Queue {
                 store.delivered(&self.store_key, msg.seq);
             }
         }
-        let remaining = (st.ready.len() + st.spilled()) as u32;
+        let remaining = st.ready_count() as u32;
         drop(st);
         self.publish_dead(dead);
         Some((msg, remaining))
@@ -995,7 +1210,10 @@ impl Queue {
         let mut st = self.state.lock();
         st.deleted = true;
         let n = self.drop_ready(&mut st);
-        st.spill = None;
+        st.spills.clear();
+        if let Some(store) = self.store() {
+            store.forget_queue(&self.store_key);
+        }
         (n, std::mem::take(&mut st.consumers))
     }
 }
@@ -1014,6 +1232,14 @@ fn order_key(m: &QueuedMessage, max: Option<u8>) -> (u8, u64) {
             m.seq,
         ),
         None => (0, m.seq),
+    }
+}
+
+/// [`order_key`] of a paged-out entry.
+fn entry_key(e: &SpillEntry, max: Option<u8>) -> (u8, u64) {
+    match max {
+        Some(max) => (max - e.priority.min(max), e.seq),
+        None => (0, e.seq),
     }
 }
 

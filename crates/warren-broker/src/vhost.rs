@@ -161,6 +161,7 @@ impl Broker {
                     location: e.location,
                     redelivered: e.redelivered,
                     transient: false,
+                    priority: e.priority,
                 })),
                 None => {
                     for e in entries {
@@ -763,6 +764,7 @@ impl VHost {
                         &msg.routing_key,
                         &msg.properties,
                         &msg.body,
+                        self.clock.now_ms(),
                         &[&key],
                         None,
                     )
@@ -775,6 +777,7 @@ impl VHost {
                 &msg.routing_key,
                 &msg.properties,
                 &msg.body,
+                self.clock.now_ms(),
             ) {
                 Ok(loc) => (Body::Paged(loc), false),
                 Err(e) => {
@@ -939,6 +942,7 @@ impl VHost {
                         &msg.routing_key,
                         &msg.properties,
                         &msg.body,
+                        self.clock.now_ms(),
                         &durable,
                         waiter,
                     )
@@ -979,6 +983,8 @@ impl VHost {
             window: p.options.queue_window,
             window_bytes: p.options.queue_window_bytes,
             spill_path: p.spill_path(),
+            unacked_window: p.options.unacked_window,
+            unacked_window_bytes: p.options.unacked_window_bytes,
         })
     }
 

@@ -5,8 +5,13 @@
 //! deliver (it implements [`DeliveryTarget`]): delivery tags, the unacked map, channel-wide
 //! prefetch and the consumer list live there behind a mutex. [`Channel`] is owned by the
 //! connection task: content assembly, confirm and transaction state.
+//!
+//! Unacknowledged deliveries beyond the queue's `unacked_window` (messages or body bytes)
+//! are held by their store location only (see the `unacked` module), so a consumer that never
+//! acknowledges does not hold every message it was sent in memory.
 
 use crate::outbox::Outbox;
+use crate::unacked::{self, PagedUnacked};
 use bytes::BufMut;
 use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
@@ -50,6 +55,10 @@ struct SharedState {
     flow: bool,
     next_tag: u64,
     unacked: BTreeMap<u64, Unacked>,
+    /// Body bytes of `unacked`.
+    unacked_bytes: usize,
+    /// Unacknowledged deliveries beyond the in-memory bound, by store location.
+    paged: PagedUnacked,
     global_prefetch: u16,
     consumers: HashMap<Arc<str>, ConsumerInfo>,
     /// Set while the connection task handles a method on this channel: basic.cancel
@@ -148,7 +157,9 @@ impl DeliveryTarget for ChannelShared {
         if !st.open || !st.flow || st.announcing.as_ref() == Some(consumer_tag) {
             return Err(msg);
         }
-        if !no_ack && st.global_prefetch != 0 && st.unacked.len() >= usize::from(st.global_prefetch)
+        if !no_ack
+            && st.global_prefetch != 0
+            && st.unacked.len() + st.paged.len() >= usize::from(st.global_prefetch)
         {
             return Err(msg);
         }
@@ -176,14 +187,7 @@ impl DeliveryTarget for ChannelShared {
         }
         st.next_tag = tag;
         if !no_ack {
-            st.unacked.insert(
-                tag,
-                Unacked {
-                    queue: queue.clone(),
-                    consumer_tag: Some(consumer_tag.clone()),
-                    message: msg,
-                },
-            );
+            hold(&mut st, tag, queue, Some(consumer_tag.clone()), msg);
         }
         Ok(())
     }
@@ -204,6 +208,34 @@ impl DeliveryTarget for ChannelShared {
             );
         }
     }
+}
+
+/// Keeps delivery `tag` until it is settled: in memory, or by its store location once the
+/// channel holds the queue's `unacked_window` in memory.
+fn hold(
+    st: &mut SharedState,
+    tag: u64,
+    queue: &Arc<Queue>,
+    consumer_tag: Option<Arc<str>>,
+    msg: QueuedMessage,
+) {
+    if let Some((count, bytes)) = queue.unacked_window() {
+        if st.unacked.len() >= count || st.unacked_bytes >= bytes {
+            if let Some(e) = queue.page_out(&msg) {
+                st.paged.push(tag, queue, consumer_tag, e);
+                return;
+            }
+        }
+    }
+    st.unacked_bytes += msg.message.body.len();
+    st.unacked.insert(
+        tag,
+        Unacked {
+            queue: queue.clone(),
+            consumer_tag,
+            message: msg,
+        },
+    );
 }
 
 /// A message being assembled from basic.publish, its content header and body frames.
@@ -447,6 +479,8 @@ impl Channel {
                     flow: true,
                     next_tag: 0,
                     unacked: BTreeMap::new(),
+                    unacked_bytes: 0,
+                    paged: PagedUnacked::default(),
                     global_prefetch: 0,
                     consumers: HashMap::new(),
                     replying: false,
@@ -1004,14 +1038,7 @@ impl Channel {
             write_content(buf, self.id(), &method, &msg.message, self.shared.frame_max)
         });
         if !m.no_ack {
-            st.unacked.insert(
-                tag,
-                Unacked {
-                    queue: q.clone(),
-                    consumer_tag: None,
-                    message: msg,
-                },
-            );
+            hold(&mut st, tag, &q, None, msg);
         }
         Ok(())
     }
@@ -1026,7 +1053,7 @@ impl Channel {
             };
             let st = self.shared.st.lock();
             let everything = multiple && tag == 0;
-            if !everything && !st.unacked.contains_key(&tag) {
+            if !everything && !st.unacked.contains_key(&tag) && !st.paged.contains(tag) {
                 return Err(unknown_tag(tag));
             }
             drop(st);
@@ -1046,10 +1073,10 @@ impl Channel {
                 requeue,
             } => (tag, multiple, requeue, true),
         };
-        let taken: Vec<Unacked> = {
+        let (taken, paged, upto): (Vec<Unacked>, _, _) = {
             let mut st = self.shared.st.lock();
-            if multiple {
-                if tag != 0 && !st.unacked.contains_key(&tag) {
+            let (taken, paged, upto) = if multiple {
+                if tag != 0 && !st.unacked.contains_key(&tag) && !st.paged.contains(tag) {
                     return Err(unknown_tag(tag));
                 }
                 let keep = if tag == 0 {
@@ -1057,17 +1084,28 @@ impl Channel {
                 } else {
                     st.unacked.split_off(&(tag + 1))
                 };
-                std::mem::replace(&mut st.unacked, keep)
-                    .into_values()
-                    .collect()
+                let upto = if tag == 0 { st.next_tag } else { tag };
+                (
+                    std::mem::replace(&mut st.unacked, keep)
+                        .into_values()
+                        .collect(),
+                    st.paged.take_upto(upto, requeue, rejected),
+                    Some(upto),
+                )
             } else {
                 match st.unacked.remove(&tag) {
-                    Some(u) => vec![u],
-                    None => return Err(unknown_tag(tag)),
+                    Some(u) => (vec![u], Vec::new(), None),
+                    None => match st.paged.remove(tag, requeue, rejected) {
+                        Some(p) => (Vec::new(), vec![p], None),
+                        None => return Err(unknown_tag(tag)),
+                    },
                 }
-            }
+            };
+            st.unacked_bytes -= body_bytes(&taken);
+            (taken, paged, upto)
         };
         settle(self.shared.key, taken, requeue, rejected);
+        self.settle_paged(paged, upto, requeue, rejected);
         // Freed channel-wide credit may let other queues deliver.
         let queues = {
             let st = self.shared.st.lock();
@@ -1085,11 +1123,45 @@ impl Channel {
         if !requeue {
             return Err(BrokerError::not_implemented("requeue=false"));
         }
-        let taken: Vec<Unacked> = std::mem::take(&mut self.shared.st.lock().unacked)
-            .into_values()
-            .collect();
+        let (taken, paged, upto) = {
+            let mut st = self.shared.st.lock();
+            st.unacked_bytes = 0;
+            let upto = st.next_tag;
+            (
+                std::mem::take(&mut st.unacked).into_values().collect(),
+                st.paged.take_upto(upto, true, false),
+                upto,
+            )
+        };
         settle(self.shared.key, taken, true, false);
+        self.settle_paged(paged, Some(upto), true, false);
         Ok(())
+    }
+
+    /// Settles deliveries held paged out: `first`, then (for `upto`) the rest with a tag up to
+    /// it, a chunk at a time with the channel's lock released in between (queues lock
+    /// before channels).
+    fn settle_paged(
+        &self,
+        first: Vec<unacked::Taken>,
+        upto: Option<u64>,
+        requeue: bool,
+        rejected: bool,
+    ) {
+        let mut chunk = first;
+        loop {
+            let more = chunk.len() == unacked::CHUNK;
+            unacked::settle(self.shared.key, chunk);
+            let Some(upto) = upto.filter(|_| more) else {
+                return;
+            };
+            chunk = self
+                .shared
+                .st
+                .lock()
+                .paged
+                .take_upto(upto, requeue, rejected);
+        }
     }
 
     /// Handles a content header frame.
@@ -1341,12 +1413,16 @@ impl Channel {
         if let Some(name) = self.reply_to.take() {
             ctx.vhost.remove_reply_consumer(&name);
         }
-        let (consumers, unacked) = {
+        let (consumers, unacked, paged, upto) = {
             let mut st = self.shared.st.lock();
             st.open = false;
+            st.unacked_bytes = 0;
+            let upto = st.next_tag;
             (
                 std::mem::take(&mut st.consumers),
                 std::mem::take(&mut st.unacked),
+                st.paged.take_upto(upto, true, false),
+                upto,
             )
         };
         for (tag, info) in consumers {
@@ -1360,6 +1436,7 @@ impl Channel {
             true,
             false,
         );
+        self.settle_paged(paged, Some(upto), true, false);
         self.take_content(ctx);
         self.tx = None;
     }
@@ -1386,6 +1463,10 @@ impl Channel {
 
 fn payload_len(c: &PendingContent) -> usize {
     c.single.as_ref().map_or(0, |b| b.len()) + c.body.len()
+}
+
+fn body_bytes(taken: &[Unacked]) -> usize {
+    taken.iter().map(|u| u.message.message.body.len()).sum()
 }
 
 fn unknown_tag(tag: u64) -> BrokerError {

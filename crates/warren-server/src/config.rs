@@ -173,6 +173,16 @@ pub struct StorageConfig {
     /// (e.g. 1.0 = as much free disk as there is RAM). When above 0 it replaces
     /// `disk_free_limit`.
     pub disk_free_limit_relative: f64,
+    /// Unacknowledged deliveries a channel keeps in memory; beyond this it keeps only where
+    /// the store holds them (bodies are read back on requeue or dead-lettering).
+    pub unacked_window: usize,
+    /// The same bound in message body bytes.
+    pub unacked_window_bytes: usize,
+    /// A message-store segment is compacted (live messages copied forward, then the file
+    /// deleted) once they take less than this fraction of it; 0 turns compaction off.
+    pub compaction_ratio: f64,
+    /// ... and none of its messages has been settled for this long, ms.
+    pub compaction_quiet_ms: u64,
 }
 
 /// The free disk space below which publishers are blocked.
@@ -394,6 +404,10 @@ impl Default for StorageConfig {
             queue_window_bytes: 8 * 1024 * 1024,
             disk_free_limit: DiskFreeLimit::default(),
             disk_free_limit_relative: 0.0,
+            unacked_window: 2048,
+            unacked_window_bytes: 8 * 1024 * 1024,
+            compaction_ratio: 0.5,
+            compaction_quiet_ms: 2000,
         }
     }
 }
@@ -408,6 +422,10 @@ impl StorageConfig {
             fsync_delay_us: self.fsync_delay_us,
             queue_window: self.queue_window.max(1),
             queue_window_bytes: self.queue_window_bytes.max(1),
+            unacked_window: self.unacked_window,
+            unacked_window_bytes: self.unacked_window_bytes,
+            compaction_ratio: self.compaction_ratio,
+            compaction_quiet_ms: self.compaction_quiet_ms,
             ..warren_broker::StorageOptions::new(dir)
         })
     }
@@ -747,6 +765,13 @@ impl Config {
             }
             names.push(&u.name);
         }
+        if !(0.0..=1.0).contains(&self.storage.compaction_ratio) {
+            return bad(
+                "storage.compaction_ratio",
+                &self.storage.compaction_ratio,
+                "must be between 0 (no compaction) and 1",
+            );
+        }
         Ok(())
     }
 
@@ -807,6 +832,15 @@ disk_free_limit = "{disk_free_limit}"
 # The limit as a multiple of the machine's memory (RabbitMQ's disk_free_limit.relative);
 # 0 = unset, above 0 it replaces disk_free_limit.
 disk_free_limit_relative = {disk_free_limit_relative:?}
+# Unacknowledged deliveries (and their bytes) a channel keeps in memory; beyond this only
+# their place in the message store is kept.
+unacked_window = {unacked_window}
+unacked_window_bytes = {unacked_window_bytes}
+# A segment file whose live messages take less than this fraction of it, and none of which
+# was settled for compaction_quiet_ms, is compacted: they are copied forward and the file
+# deleted (0 = never).
+compaction_ratio = {compaction_ratio:?}
+compaction_quiet_ms = {compaction_quiet_ms}
 
 [log]
 # error, warn, info, debug, trace, or a tracing filter such as "warren_server=debug,info".
@@ -865,6 +899,10 @@ topic_match_budget = {topic_match_budget}
             queue_window_bytes = d.storage.queue_window_bytes,
             disk_free_limit = d.storage.disk_free_limit,
             disk_free_limit_relative = d.storage.disk_free_limit_relative,
+            unacked_window = d.storage.unacked_window,
+            unacked_window_bytes = d.storage.unacked_window_bytes,
+            compaction_ratio = d.storage.compaction_ratio,
+            compaction_quiet_ms = d.storage.compaction_quiet_ms,
             level = d.log.level,
             file = d.log.file,
             console = d.log.console,

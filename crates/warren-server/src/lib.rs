@@ -6,7 +6,8 @@
 //! channel-level methods on top of the `warren-broker` model; [`outbox`] batches outgoing
 //! frames into few socket writes; [`config`] loads settings; [`listen`] binds listen
 //! addresses; [`logging`] sets up the `warren` binary's log; [`tls`] accepts TLS connections
-//! (AMQPS, HTTPS) and reloads certificates.
+//! (AMQPS, HTTPS) and reloads certificates; `unacked` holds a channel's unacknowledged
+//! deliveries beyond its in-memory bound by their store location.
 
 pub mod channel;
 pub mod config;
@@ -16,6 +17,7 @@ pub mod logging;
 pub mod outbox;
 pub mod server;
 pub mod tls;
+mod unacked;
 
 pub use config::Config;
 pub use server::{Broker, BrokerBuilder, RunningBroker, ServerState};

@@ -503,8 +503,16 @@ async fn damaged_segments_are_reported_and_the_rest_is_served() {
     // A flipped byte in the middle of the first segment, a missing second segment, and a torn
     // last record.
     let mut first = std::fs::read(&segs[0]).unwrap();
-    let mid = first.len() / 2;
-    first[mid] ^= 0x5a;
+    // The middle record's payload (records are `u32 length, u32 crc, payload`).
+    let mut starts = Vec::new();
+    let mut at = 0;
+    while at + 8 <= first.len() {
+        starts.push(at);
+        at += 8 + u32::from_be_bytes(first[at..at + 4].try_into().unwrap()) as usize;
+    }
+    let record = starts[starts.len() / 2];
+    let len = u32::from_be_bytes(first[record..record + 4].try_into().unwrap()) as usize;
+    first[record + 8 + len / 2] ^= 0x5a;
     std::fs::write(&segs[0], first).unwrap();
     std::fs::remove_file(&segs[1]).unwrap();
     let last = segs.last().unwrap();

@@ -9,17 +9,23 @@
 //! (group commit).
 //!
 //! A message routed to several durable queues is written once, with the list of queues. Each
-//! queue's settlement of it (ack, reject, purge, delete) is an `ACK` record. Per segment the
-//! store counts (message, queue) pairs still live; segments are deleted oldest first once their
-//! count is zero, so an `ACK` record is never deleted while the message it settles survives in
-//! an older segment.
+//! queue's settlement of it (ack, reject, purge, delete) is an `ACK` record naming where the
+//! settled record is; a paged-out transient message's release is one too. Per segment the
+//! store counts (message, queue) pairs still live and the oldest segment its `ACK` records
+//! settle something in. A segment whose pairs are all settled is deleted once no older segment
+//! its `ACK` records point into survives; a segment that is mostly settled is compacted: its
+//! live records (and the `ACK` records still needed) are copied to the head of the log, then
+//! it is deleted (see the `compact` module). One message left unacknowledged therefore pins a
+//! copy of itself, not the log behind it.
 //!
 //! Recovery ([`Store::open`]) scans every segment in order, checks each record's CRC, truncates
 //! a torn tail, skips corrupt records and reports what it dropped.
 //!
 //! I/O errors (e.g. ENOSPC) put the store into a failed state: appends are refused with
-//! [`StoreError::Unavailable`] so publishers can be told, the unwritten batch is kept and
-//! retried every second, and once a retry succeeds the store serves again. Nothing already
+//! [`StoreError::Unavailable`] so publishers can be told (settlements excepted: their `ACK`
+//! records wait in memory, so that the log never says a settled message is live), the
+//! unwritten batch is kept and retried every second, and once a retry succeeds the store
+//! serves again. Compaction pauses meanwhile; deleting settled segments does not. Nothing already
 //! confirmed is touched by a failed write: the file is cut back to its last good length first.
 //!
 //! The waiters of the batch that failed are completed with `ok = false` at once (publishers
@@ -33,6 +39,7 @@
 //! batch is lost, which the nack already told. Barriers ([`Store::sync`], tx.commit) are not
 //! failed: they complete once everything before them is written, after the retry.
 
+mod compact;
 pub mod record;
 mod recovery;
 pub mod spill;
@@ -40,7 +47,7 @@ pub mod spill;
 use bytes::{Bytes, BytesMut};
 use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::FileExt;
@@ -51,6 +58,7 @@ use std::time::{Duration, Instant};
 use tracing::{error, info, warn};
 use warren_amqp::properties::BasicProperties;
 
+pub use compact::CompactionStep;
 pub use record::StoredMessage;
 pub use recovery::{RecoveredEntry, RecoveryReport};
 
@@ -77,16 +85,38 @@ pub struct StoreConfig {
     /// How long the writer waits for more appends before writing a batch that is still small
     /// (0 = write as soon as anything is pending; the batch still grows during each fsync).
     pub fsync_delay: Duration,
+    /// A segment is compacted once its live records take less than this fraction of it
+    /// (0.0 never compacts).
+    pub compact_ratio: f64,
+    /// ... and none of its messages has been settled for this long: a segment whose messages
+    /// are still being consumed is left to drain by itself.
+    pub compact_quiet: Duration,
+    /// Called at each step of a compaction (crash tests copy the directory there).
+    pub compaction_hook: Option<CompactionHook>,
+}
+
+/// A callback run at each [`CompactionStep`], on the compactor thread.
+#[derive(Clone)]
+pub struct CompactionHook(pub Arc<dyn Fn(CompactionStep) + Send + Sync>);
+
+impl std::fmt::Debug for CompactionHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CompactionHook")
+    }
 }
 
 impl StoreConfig {
-    /// Defaults for `dir`: 64 MiB segments, 16 MiB batches, no delay.
+    /// Defaults for `dir`: 64 MiB segments, 16 MiB batches, no delay, compaction of segments
+    /// less than half live and quiet for 2 s.
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         StoreConfig {
             dir: dir.into(),
             segment_size: 64 * 1024 * 1024,
             max_batch_bytes: 16 * 1024 * 1024,
             fsync_delay: Duration::ZERO,
+            compact_ratio: 0.5,
+            compact_quiet: Duration::from_secs(2),
+            compaction_hook: None,
         }
     }
 }
@@ -125,6 +155,55 @@ type Waiter = (Arc<dyn Completion>, u64);
 /// Chunks taken by the writer: (segment, start offset, bytes).
 type Batch = VecDeque<(u32, u64, Bytes)>;
 
+/// What the store keeps in memory about one segment file.
+#[derive(Debug, Clone)]
+struct Seg {
+    /// Live (message, queue) pairs whose record is in this segment.
+    pairs: i64,
+    /// Bytes of those records, counted once per live pair.
+    live_bytes: i64,
+    /// Bytes in the file.
+    bytes: u64,
+    /// Oldest segment an `ACK` record of this one settles something in (`u32::MAX`: none).
+    ack_floor: u32,
+    /// Holds first-format `ACK` records (no target) that settle something in an older
+    /// segment: they cannot be told apart, so the segment waits until those are gone.
+    legacy: bool,
+    /// `pairs` when the compactor last looked, and since when it has been so.
+    seen_pairs: i64,
+    quiet_since: Instant,
+    /// `pairs` when a compaction scan found too much still live to be worth copying.
+    checked_pairs: Option<i64>,
+}
+
+impl Seg {
+    fn new(bytes: u64) -> Self {
+        Seg {
+            pairs: 0,
+            live_bytes: 0,
+            bytes,
+            ack_floor: u32::MAX,
+            legacy: false,
+            seen_pairs: 0,
+            quiet_since: Instant::now(),
+            checked_pairs: None,
+        }
+    }
+}
+
+/// A record compaction moved: where it is now and how many of its pairs are still live.
+#[derive(Debug, Clone, Copy)]
+struct Moved {
+    to: Location,
+    pairs: u32,
+}
+
+/// The segment being compacted and the pairs settled in it since its scan began, by offset.
+struct Watch {
+    segment: u32,
+    settled: HashMap<u64, Vec<String>>,
+}
+
 struct State {
     segment: u32,
     position: u64,
@@ -137,14 +216,77 @@ struct State {
     waiters: Vec<Waiter>,
     /// Completed once everything appended before them is written (kept across retries).
     barriers: Vec<Waiter>,
-    /// Live (message, queue) pairs per segment.
-    live: BTreeMap<u32, i64>,
+    /// Every segment file, with its live pairs and what its `ACK` records settle.
+    live: BTreeMap<u32, Seg>,
     failed: Option<String>,
     shutdown: bool,
-    /// A segment may have become deletable: the writer should look even with nothing to write.
-    reclaim: bool,
     /// Highest delivered id per queue since the writer's last batch.
     delivered: HashMap<String, u64>,
+    /// Per queue: the highest id a `DELIVERED` record holds, and that record's segment (which
+    /// is copied forward before the segment is deleted).
+    marks: HashMap<String, (u64, u32)>,
+    /// Records moved by compaction, by the location queues know them by (their oldest copy).
+    moved: HashMap<(u32, u64), Moved>,
+    /// Records replaced by a newer copy (segment, offset) whose segment still exists.
+    superseded: HashSet<(u32, u64)>,
+    /// The compaction in progress.
+    watch: Option<Watch>,
+    /// First segment written by this process: `TRANSIENT` records before it are dead.
+    first_segment: u32,
+    /// A segment may become deletable once the writer's current batch is written.
+    reclaim_after_write: bool,
+}
+
+impl State {
+    /// Where the record known as `loc` is now.
+    fn resolve(&self, loc: Location) -> Location {
+        self.moved
+            .get(&(loc.segment, loc.offset))
+            .map_or(loc, |m| m.to)
+    }
+
+    /// One pair of the record known as `loc` (now at `target`) is settled by `queue`; true when
+    /// that left a segment other than the head with no live pair.
+    fn settle_pair(&mut self, loc: Location, target: Location, queue: &str) -> bool {
+        if let Some(m) = self.moved.get_mut(&(loc.segment, loc.offset)) {
+            m.pairs = m.pairs.saturating_sub(1);
+            if m.pairs == 0 {
+                self.moved.remove(&(loc.segment, loc.offset));
+            }
+        }
+        if let Some(w) = self.watch.as_mut().filter(|w| w.segment == target.segment) {
+            w.settled
+                .entry(target.offset)
+                .or_default()
+                .push(queue.to_string());
+        }
+        let head = self.segment;
+        match self.live.get_mut(&target.segment) {
+            Some(s) => {
+                s.pairs -= 1;
+                s.live_bytes -= i64::from(target.len);
+                debug_assert!(s.pairs >= 0, "segment {} over-settled", target.segment);
+                s.pairs == 0 && target.segment != head
+            }
+            None => false,
+        }
+    }
+
+    /// True when an `ACK` record of segment `seg` settles something in an older segment that
+    /// still exists, so that deleting `seg` would bring a message back.
+    fn needs_acks(&self, seg: u32) -> bool {
+        let floor = self.live.get(&seg).map_or(u32::MAX, |s| s.ack_floor);
+        floor < seg && self.live.range(floor..seg).next().is_some()
+    }
+
+    /// Segments with records not yet known to be in their file.
+    fn unwritten(&self) -> HashSet<u32> {
+        self.pending
+            .iter()
+            .map(|(s, _, _)| *s)
+            .chain(self.writing.iter().map(|(s, _, _)| *s))
+            .collect()
+    }
 }
 
 /// Appends one record to the pending batch (the caller holds the state lock) and returns its
@@ -158,6 +300,8 @@ fn append_locked(
     if st.position >= segment_size {
         st.segment += 1;
         st.position = 0;
+        // The old head may be deletable once written.
+        st.reclaim_after_write = true;
     }
     let segment = st.segment;
     if st.pending.last().map(|(s, _, _)| *s) != Some(segment) {
@@ -177,8 +321,11 @@ fn append_locked(
     st.position += len as u64;
     st.pending_bytes += len;
     // Every segment is tracked, including ones holding only ACK records, so that it can be
-    // deleted once it and all older ones are settled.
-    *st.live.entry(segment).or_insert(0) += pairs;
+    // deleted once settled.
+    let seg = st.live.entry(segment).or_insert_with(|| Seg::new(0));
+    seg.pairs += pairs;
+    seg.live_bytes += pairs * len as i64;
+    seg.bytes += len as u64;
     loc
 }
 
@@ -190,14 +337,20 @@ struct Inner {
     readers: Mutex<HashMap<u32, Arc<File>>>,
     next_id: AtomicU64,
     failed: AtomicBool,
+    /// Set (and `wake_compactor` notified) when a segment may have become deletable.
+    compactor_poked: Mutex<bool>,
+    wake_compactor: Condvar,
+    /// Set by [`Store::crash`]: the writer writes nothing more.
+    crashed: AtomicBool,
 }
 
-/// The message store. Cheap to clone; the writer thread runs until [`Store::close`], which
-/// writes and syncs whatever is pending first.
+/// The message store. Cheap to clone; the writer and compactor threads run until
+/// [`Store::close`], which writes and syncs whatever is pending first.
 #[derive(Clone)]
 pub struct Store {
     inner: Arc<Inner>,
     writer: Arc<Mutex<Option<std::thread::JoinHandle<()>>>>,
+    compactor: Arc<Mutex<Option<std::thread::JoinHandle<()>>>>,
 }
 
 /// What recovery found: each durable queue's messages in publish order.
@@ -228,11 +381,16 @@ impl Store {
                 writing: Vec::new(),
                 waiters: Vec::new(),
                 barriers: Vec::new(),
-                live: rec.live,
+                live: rec.segs,
                 failed: None,
                 shutdown: false,
-                reclaim: false,
                 delivered: HashMap::new(),
+                marks: rec.marks,
+                moved: rec.moved,
+                superseded: rec.superseded,
+                watch: None,
+                first_segment: segment,
+                reclaim_after_write: false,
             }),
             cfg,
             wake_writer: Condvar::new(),
@@ -240,17 +398,25 @@ impl Store {
             readers: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(rec.next_id),
             failed: AtomicBool::new(false),
+            compactor_poked: Mutex::new(false),
+            wake_compactor: Condvar::new(),
+            crashed: AtomicBool::new(false),
         });
         let w = inner.clone();
         let handle = std::thread::Builder::new()
             .name("warren-store-writer".into())
             .spawn(move || writer_loop(w))?;
+        let c = inner.clone();
+        let compactor = std::thread::Builder::new()
+            .name("warren-store-compactor".into())
+            .spawn(move || compact::compactor_loop(c))?;
         let store = Store {
             inner,
             writer: Arc::new(Mutex::new(Some(handle))),
+            compactor: Arc::new(Mutex::new(Some(compactor))),
         };
         // Segments that recovery found fully settled can go now.
-        store.inner.delete_dead_segments();
+        store.inner.reclaim();
         Ok((
             store,
             Recovered {
@@ -293,8 +459,10 @@ impl Store {
         Ok(loc)
     }
 
-    /// Appends a persistent message routed to the durable `queues`. `waiter` is completed after
-    /// the fsync that covers the record. Errors: [`StoreError::Unavailable`] while writes fail.
+    /// Appends a persistent message routed to the durable `queues`, enqueued at
+    /// `enqueued_ms` (ms since the Unix epoch; its TTL counts from then after a restart).
+    /// `waiter` is completed after the fsync that covers the record. Errors:
+    /// [`StoreError::Unavailable`] while writes fail.
     #[allow(clippy::too_many_arguments)]
     pub fn append_publish(
         &self,
@@ -303,6 +471,7 @@ impl Store {
         routing_key: &str,
         properties: &BasicProperties,
         body: &[u8],
+        enqueued_ms: u64,
         queues: &[&str],
         waiter: Option<(Arc<dyn Completion>, u64)>,
     ) -> Result<Location, StoreError> {
@@ -314,14 +483,15 @@ impl Store {
                 routing_key,
                 properties,
                 body,
+                enqueued_ms,
                 queues,
                 false,
             )
         })
     }
 
-    /// Pages a transient message out to disk; it is never recovered. Release it with
-    /// [`Store::release`] when it leaves its queue.
+    /// Pages a transient message, enqueued at `enqueued_ms`, out to disk; it is never
+    /// recovered. Release it with [`Store::release`] when it leaves its queue.
     pub fn append_transient(
         &self,
         id: u64,
@@ -329,22 +499,57 @@ impl Store {
         routing_key: &str,
         properties: &BasicProperties,
         body: &[u8],
+        enqueued_ms: u64,
     ) -> Result<Location, StoreError> {
         self.append(1, None, |buf| {
-            record::encode_publish(buf, id, exchange, routing_key, properties, body, &[], true)
+            record::encode_publish(
+                buf,
+                id,
+                exchange,
+                routing_key,
+                properties,
+                body,
+                enqueued_ms,
+                &[],
+                true,
+            )
         })
     }
 
     /// Records that message `id` (stored at `loc`) left durable queue `queue`.
     pub fn ack(&self, queue: &str, id: u64, loc: Location) {
-        let r = self.append(0, None, |buf| {
-            record::encode_queue_event(buf, record::kind::ACK, id, queue)
-        });
-        if r.is_err() {
-            // The ack record is lost; the message may come back after a crash (at-least-once),
-            // but its space is released now.
+        self.settle(queue, id, loc);
+    }
+
+    /// Writes the `ACK` record for one pair and releases it. The record is written even while
+    /// the store is failing (the writer keeps it until a write succeeds): the log must never
+    /// hold a pair as live that memory has settled, or compaction would copy it back.
+    fn settle(&self, queue: &str, id: u64, loc: Location) {
+        let inner = &self.inner;
+        let mut st = inner.state.lock();
+        while st.pending_bytes >= inner.cfg.max_batch_bytes && st.failed.is_none() && !st.shutdown {
+            inner.wake_appenders.wait(&mut st);
         }
-        self.release(loc);
+        // `loc` is the oldest copy of the record (queues know records by where they were
+        // first written, or where recovery found their oldest copy); `target` the newest.
+        let target = st.resolve(loc);
+        let at = append_locked(&mut st, inner.cfg.segment_size, 0, |buf| {
+            record::encode_ack(buf, id, target, loc.segment, queue)
+        });
+        if let Some(s) = st.live.get_mut(&at.segment) {
+            s.ack_floor = s.ack_floor.min(loc.segment);
+        }
+        let emptied = st.settle_pair(loc, target, queue);
+        // A transient page's release need not reach the disk soon (it matters to compaction
+        // only, which waits for the writer anyway): it goes with the next batch.
+        let wake = !queue.is_empty() || st.pending_bytes >= inner.cfg.max_batch_bytes / 2;
+        drop(st);
+        if wake {
+            inner.wake_writer.notify_one();
+        }
+        if emptied {
+            inner.reclaim();
+        }
     }
 
     /// Records that message `id` was delivered from `queue` (recovered as redelivered).
@@ -368,19 +573,18 @@ impl Store {
         }
     }
 
-    /// Releases one (message, queue) pair stored at `loc` without writing a record (transient
-    /// pages, or pairs whose `ACK` was already written).
+    /// Releases a transient page stored at `loc` (see [`Store::append_transient`]).
     pub fn release(&self, loc: Location) {
+        self.settle("", 0, loc);
+    }
+
+    /// Durable queue `queue` was deleted: its `DELIVERED` watermark no longer needs keeping
+    /// (its messages are settled as they leave, and recovery drops those of a queue that is
+    /// gone). Without this, the record holding it would be copied forward forever.
+    pub fn forget_queue(&self, queue: &str) {
         let mut st = self.inner.state.lock();
-        let oldest = st.live.keys().next().copied();
-        if let Some(n) = st.live.get_mut(&loc.segment) {
-            *n -= 1;
-            if *n == 0 && oldest == Some(loc.segment) && loc.segment != st.segment {
-                st.reclaim = true;
-                drop(st);
-                self.inner.wake_writer.notify_one();
-            }
-        }
+        st.marks.remove(queue);
+        st.delivered.remove(queue);
     }
 
     /// Completes `waiter` after everything appended so far is fsynced (a barrier, for
@@ -393,11 +597,25 @@ impl Store {
         self.inner.wake_writer.notify_one();
     }
 
-    /// Reads back the message stored at `loc`.
+    /// Reads back the message stored at `loc` (wherever compaction has moved it since).
     pub fn read(&self, loc: Location) -> Result<StoredMessage, StoreError> {
+        let mut tries = 0;
+        loop {
+            match self.read_once(loc) {
+                // Compaction deleted the file between resolving and opening it: resolve again.
+                Err(StoreError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound && tries < 3 => {
+                    tries += 1;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    fn read_once(&self, loc: Location) -> Result<StoredMessage, StoreError> {
         // Not yet written to the file?
-        {
+        let loc = {
             let st = self.inner.state.lock();
+            let loc = st.resolve(loc);
             let hit = st
                 .pending
                 .iter()
@@ -416,18 +634,50 @@ impl Store {
                 let off = (loc.offset - start) as usize;
                 return decode_at(&b[off..off + loc.len as usize], loc);
             }
-        }
+            loc
+        };
         let file = self.inner.reader(loc.segment)?;
         let mut raw = vec![0u8; loc.len as usize];
         file.read_exact_at(&mut raw, loc.offset)?;
         decode_at(&raw, loc)
     }
 
-    /// Stops the writer after it has written and synced everything pending.
+    /// Stops the compactor, then the writer after it has written and synced everything
+    /// pending.
     pub fn close(&self) {
         self.inner.state.lock().shutdown = true;
         self.inner.wake_writer.notify_all();
+        self.inner.reclaim();
+        if let Some(h) = self.compactor.lock().take() {
+            let _ = h.join();
+        }
         if let Some(h) = self.writer.lock().take() {
+            let _ = h.join();
+        }
+    }
+
+    /// Stops the store as a crash would, for crash tests: the writer writes nothing more
+    /// (what is pending is lost, waiters are completed as failed), then both threads stop.
+    /// The files are left as they were at that moment.
+    #[doc(hidden)]
+    pub fn crash(&self) {
+        self.inner.crashed.store(true, Ordering::SeqCst);
+        self.inner.state.lock().shutdown = true;
+        self.inner.wake_writer.notify_all();
+        if let Some(h) = self.writer.lock().take() {
+            let _ = h.join();
+        }
+        let (waiters, barriers) = {
+            let mut st = self.inner.state.lock();
+            (
+                std::mem::take(&mut st.waiters),
+                std::mem::take(&mut st.barriers),
+            )
+        };
+        complete(&waiters, false);
+        complete(&barriers, false);
+        self.inner.reclaim();
+        if let Some(h) = self.compactor.lock().take() {
             let _ = h.join();
         }
     }
@@ -472,34 +722,68 @@ impl Inner {
         Ok(f)
     }
 
-    /// Deletes settled segments, oldest first, stopping at the first one still live (or the
-    /// one being written).
-    fn delete_dead_segments(&self) {
+    /// Asks the compactor to delete the segments that can go.
+    fn reclaim(&self) {
+        *self.compactor_poked.lock() = true;
+        self.wake_compactor.notify_one();
+    }
+
+    /// Deletes every segment whose pairs are all settled and whose `ACK` records settle
+    /// nothing that still exists (other than the head, one with unwritten records, one
+    /// holding a queue's latest `DELIVERED` record, or one being compacted).
+    fn delete_settled(&self) {
         let mut doomed = Vec::new();
         {
             let mut st = self.state.lock();
-            let current = st.segment;
-            let unwritten: Vec<u32> = st
-                .pending
-                .iter()
-                .map(|(s, _, _)| *s)
-                .chain(st.writing.iter().map(|(s, _, _)| *s))
-                .collect();
-            while let Some((&seg, &n)) = st.live.iter().next() {
-                if n > 0 || seg >= current || unwritten.contains(&seg) {
+            let unwritten = st.unwritten();
+            let marked: HashSet<u32> = st.marks.values().map(|m| m.1).collect();
+            let busy = st.watch.as_ref().map(|w| w.segment);
+            loop {
+                let settled: Vec<u32> = st
+                    .live
+                    .iter()
+                    .filter(|(&seg, s)| {
+                        s.pairs == 0
+                            && seg < st.segment
+                            && !unwritten.contains(&seg)
+                            && !marked.contains(&seg)
+                            && busy != Some(seg)
+                    })
+                    .map(|(&seg, _)| seg)
+                    .collect();
+                let before = doomed.len();
+                for seg in settled {
+                    if !st.needs_acks(seg) {
+                        st.live.remove(&seg);
+                        doomed.push(seg);
+                    }
+                }
+                // Settled but not all written yet: look again after the writer's batch.
+                st.reclaim_after_write |= st
+                    .live
+                    .iter()
+                    .any(|(&seg, s)| s.pairs == 0 && seg < st.segment && unwritten.contains(&seg));
+                // Deleting one may free another whose ACK records pointed into it.
+                if doomed.len() == before {
                     break;
                 }
-                st.live.remove(&seg);
-                doomed.push(seg);
+            }
+            if !doomed.is_empty() {
+                let gone: HashSet<u32> = doomed.iter().copied().collect();
+                st.superseded.retain(|(seg, _)| !gone.contains(seg));
             }
         }
         for seg in doomed {
-            self.readers.lock().remove(&seg);
-            match std::fs::remove_file(segment_path(&self.cfg.dir, seg)) {
-                Ok(()) => tracing::debug!(segment = seg, "deleted settled segment"),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => warn!(segment = seg, error = %e, "cannot delete segment"),
-            }
+            self.delete_file(seg);
+        }
+    }
+
+    fn delete_file(&self, seg: u32) {
+        self.readers.lock().remove(&seg);
+        match std::fs::remove_file(segment_path(&self.cfg.dir, seg)) {
+            Ok(()) => tracing::debug!(segment = seg, "deleted settled segment"),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => warn!(segment = seg, error = %e, "cannot delete segment"),
         }
     }
 }
@@ -522,7 +806,7 @@ fn writer_loop(inner: Arc<Inner>) {
             Some((b, barriers)) => {
                 std::thread::sleep(Duration::from_secs(1));
                 // Settled segments can go even while writes fail: that may be what frees space.
-                inner.delete_dead_segments();
+                inner.reclaim();
                 (b, Vec::new(), barriers, inner.state.lock().shutdown)
             }
             None => {
@@ -532,17 +816,19 @@ fn writer_loop(inner: Arc<Inner>) {
                     && st.barriers.is_empty()
                     && st.delivered.is_empty()
                     && !st.shutdown
-                    && !st.reclaim
                 {
                     inner.wake_writer.wait(&mut st);
                 }
-                st.reclaim = false;
                 if st.failed.is_none() {
                     let marks = std::mem::take(&mut st.delivered);
                     for (queue, id) in marks {
-                        append_locked(&mut st, inner.cfg.segment_size, 0, |buf| {
+                        let at = append_locked(&mut st, inner.cfg.segment_size, 0, |buf| {
                             record::encode_queue_event(buf, record::kind::DELIVERED, id, &queue)
                         });
+                        let mark = st.marks.entry(queue).or_insert((id, at.segment));
+                        if id >= mark.0 {
+                            *mark = (id, at.segment);
+                        }
                     }
                 }
                 if !inner.cfg.fsync_delay.is_zero()
@@ -566,6 +852,11 @@ fn writer_loop(inner: Arc<Inner>) {
                 (batch, waiters, barriers, shutdown)
             }
         };
+        if inner.crashed.load(Ordering::SeqCst) {
+            complete(&waiters, false);
+            complete(&barriers, false);
+            return;
+        }
         if batch.is_empty() && waiters.is_empty() && barriers.is_empty() && shutdown {
             return;
         }
@@ -577,10 +868,13 @@ fn writer_loop(inner: Arc<Inner>) {
                     info!("message store writes succeed again");
                     st.failed = None;
                 }
+                let reclaim = std::mem::take(&mut st.reclaim_after_write);
                 drop(st);
                 complete(&waiters, true);
                 complete(&barriers, true);
-                inner.delete_dead_segments();
+                if reclaim {
+                    inner.reclaim();
+                }
             }
             Err(e) => {
                 if !inner.failed.swap(true, Ordering::Relaxed) {

@@ -9,14 +9,24 @@
 //! all big-endian. The CRC covers the type byte and the payload, so a torn write or a flipped
 //! bit anywhere in a record is detected on recovery. Payloads:
 //!
-//! - `PUBLISH` / `TRANSIENT`: `u64 id, u16 n, n × shortstr queue, shortstr exchange,
-//!   shortstr routing key, u32 + properties (AMQP content-header property encoding),
-//!   u32 + body`. `TRANSIENT` records hold paged-out transient messages and are ignored by
-//!   recovery.
-//! - `ACK`: `u64 id, u16 + UTF-8 queue` — the message left that queue (acked, dropped, purged).
+//! - `PUBLISH_AT` / `TRANSIENT_AT`: `u64 id, u64 enqueued (ms since the epoch), u16 n,
+//!   n × (u16 + UTF-8 queue), shortstr exchange, shortstr routing key, u32 + properties (AMQP
+//!   content-header property encoding), u32 + body`. `TRANSIENT_AT` records hold paged-out
+//!   transient messages and are ignored by recovery. The enqueue time keeps a message's TTL
+//!   counting from when it was first enqueued, however often it is paged or recovered.
+//! - `ACK_AT`: `u64 id, u32 segment, u64 offset, u32 origin, u16 + UTF-8 queue` — the
+//!   message left that queue (acked, dropped, purged). Segment and offset are where the record
+//!   it settles is; origin is the segment of the oldest copy of it compaction may have left
+//!   (the same segment unless the message was moved). The record is needed while a segment
+//!   from origin on survives. An empty queue name releases a `TRANSIENT_AT` page.
 //! - `DELIVERED`: `u64 id, u16 + UTF-8 queue` — every message of the queue with an id up to
 //!   this one was delivered at least once, so they are recovered with `redelivered = true`.
+//!
+//! The first format's `PUBLISH` / `TRANSIENT` (as above without the enqueue time) and `ACK`
+//! (`u64 id, u16 + UTF-8 queue`) are still read; they are no longer written. The second
+//! format's kinds are the first's with bit 0x10 set.
 
+use crate::Location;
 use bytes::{BufMut, Bytes, BytesMut};
 use warren_amqp::properties::BasicProperties;
 use warren_amqp::table::{put_shortstr, Decoder};
@@ -50,6 +60,12 @@ pub mod kind {
     pub const DELIVERED: u8 = 3;
     /// A paged-out transient message (not recovered).
     pub const TRANSIENT: u8 = 4;
+    /// `PUBLISH` with the message's enqueue time.
+    pub const PUBLISH_AT: u8 = 0x10 | PUBLISH;
+    /// `ACK` with the location of the record it settles.
+    pub const ACK_AT: u8 = 0x10 | ACK;
+    /// `TRANSIENT` with the message's enqueue time.
+    pub const TRANSIENT_AT: u8 = 0x10 | TRANSIENT;
 }
 
 /// A message as the store keeps it.
@@ -65,6 +81,9 @@ pub struct StoredMessage {
     pub properties: BasicProperties,
     /// Body.
     pub body: Bytes,
+    /// When the message was enqueued, ms since the Unix epoch (`None` for records of the
+    /// first format, which did not keep it, and copies of them, which hold 0).
+    pub enqueued_ms: Option<u64>,
 }
 
 /// A decoded record (decoded one at a time, so the size difference between variants is moot).
@@ -80,12 +99,14 @@ pub enum Record {
         /// True for a `TRANSIENT` record.
         transient: bool,
     },
-    /// `ACK`.
+    /// `ACK` or `ACK_AT`.
     Ack {
         /// Message id.
         id: u64,
-        /// Queue name.
+        /// Queue name (empty: a transient page released).
         queue: String,
+        /// Where the record it settles is (`None` for the first format's `ACK`).
+        target: Option<AckTarget>,
     },
     /// `DELIVERED`.
     Delivered {
@@ -94,6 +115,17 @@ pub enum Record {
         /// Queue name.
         queue: String,
     },
+}
+
+/// Where the record an `ACK_AT` settles is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AckTarget {
+    /// Segment of the record.
+    pub segment: u32,
+    /// Its offset.
+    pub offset: u64,
+    /// Segment of the oldest copy of the message that may still exist.
+    pub origin: u32,
 }
 
 /// Why a record could not be decoded.
@@ -119,7 +151,8 @@ fn frame(buf: &mut BytesMut, kind: u8, payload: impl FnOnce(&mut BytesMut)) {
     buf[start + 4..start + 8].copy_from_slice(&crc.to_be_bytes());
 }
 
-/// Appends a `PUBLISH` (or `TRANSIENT`) record to `buf`.
+/// Appends a `PUBLISH_AT` (or `TRANSIENT_AT`) record to `buf`; `enqueued_ms` is the enqueue
+/// time in ms since the Unix epoch.
 #[allow(clippy::too_many_arguments)]
 pub fn encode_publish(
     buf: &mut BytesMut,
@@ -128,16 +161,18 @@ pub fn encode_publish(
     routing_key: &str,
     properties: &BasicProperties,
     body: &[u8],
+    enqueued_ms: u64,
     queues: &[&str],
     transient: bool,
 ) {
     let k = if transient {
-        kind::TRANSIENT
+        kind::TRANSIENT_AT
     } else {
-        kind::PUBLISH
+        kind::PUBLISH_AT
     };
     frame(buf, k, |b| {
         b.put_u64(id);
+        b.put_u64(enqueued_ms);
         b.put_u16(queues.len() as u16);
         for q in queues {
             put_name(b, q);
@@ -154,10 +189,22 @@ pub fn encode_publish(
     });
 }
 
-/// Appends an `ACK` or `DELIVERED` record.
+/// Appends a `DELIVERED` record (or, for tests of old data, a first-format `ACK`).
 pub fn encode_queue_event(buf: &mut BytesMut, kind: u8, id: u64, queue: &str) {
     frame(buf, kind, |b| {
         b.put_u64(id);
+        put_name(b, queue);
+    });
+}
+
+/// Appends an `ACK_AT` record: message `id`, whose record is at `target` (and whose oldest
+/// copy is in segment `origin`), left `queue`.
+pub fn encode_ack(buf: &mut BytesMut, id: u64, target: Location, origin: u32, queue: &str) {
+    frame(buf, kind::ACK_AT, |b| {
+        b.put_u64(id);
+        b.put_u32(target.segment);
+        b.put_u64(target.offset);
+        b.put_u32(origin);
         put_name(b, queue);
     });
 }
@@ -172,8 +219,14 @@ pub fn decode(body: &[u8], crc: u32) -> Result<Record, RecordError> {
     let mut d = Decoder::new(body);
     let kind = d.read_u8().map_err(bad)?;
     let rec = match kind {
-        kind::PUBLISH | kind::TRANSIENT => {
+        kind::PUBLISH | kind::TRANSIENT | kind::PUBLISH_AT | kind::TRANSIENT_AT => {
             let id = d.read_u64().map_err(bad)?;
+            // 0 is written for a copy of a first-format record, whose time is unknown.
+            let enqueued_ms = if kind & 0x10 != 0 {
+                Some(d.read_u64().map_err(bad)?).filter(|t| *t != 0)
+            } else {
+                None
+            };
             let n = d.read_u16().map_err(bad)?;
             let mut queues = Vec::with_capacity(usize::from(n));
             for _ in 0..n {
@@ -193,16 +246,37 @@ pub fn decode(body: &[u8], crc: u32) -> Result<Record, RecordError> {
                     routing_key,
                     properties,
                     body,
+                    enqueued_ms,
                 },
                 queues,
-                transient: kind == kind::TRANSIENT,
+                transient: kind & !0x10 == kind::TRANSIENT,
+            }
+        }
+        kind::ACK_AT => {
+            let id = d.read_u64().map_err(bad)?;
+            let segment = d.read_u32().map_err(bad)?;
+            let offset = d.read_u64().map_err(bad)?;
+            let origin = d.read_u32().map_err(bad)?;
+            let queue = read_name(&mut d)?;
+            Record::Ack {
+                id,
+                queue,
+                target: Some(AckTarget {
+                    segment,
+                    offset,
+                    origin,
+                }),
             }
         }
         kind::ACK | kind::DELIVERED => {
             let id = d.read_u64().map_err(bad)?;
             let queue = read_name(&mut d)?;
             if kind == kind::ACK {
-                Record::Ack { id, queue }
+                Record::Ack {
+                    id,
+                    queue,
+                    target: None,
+                }
             } else {
                 Record::Delivered { id, queue }
             }
@@ -237,7 +311,17 @@ mod tests {
             content_type: Some("text/plain".into()),
             ..Default::default()
         };
-        encode_publish(&mut buf, 7, "x", "k", &props, b"hello", &["a", "b"], false);
+        encode_publish(
+            &mut buf,
+            7,
+            "x",
+            "k",
+            &props,
+            b"hello",
+            1_700_000_000_123,
+            &["a", "b"],
+            false,
+        );
         let (len, crc, body) = split(&buf);
         assert_eq!(len as usize + HEADER_LEN, buf.len());
         match decode(body, crc).unwrap() {
@@ -247,6 +331,7 @@ mod tests {
                 transient,
             } => {
                 assert_eq!(message.id, 7);
+                assert_eq!(message.enqueued_ms, Some(1_700_000_000_123));
                 assert_eq!(message.body, Bytes::from_static(b"hello"));
                 assert_eq!(message.properties, props);
                 assert_eq!(queues, vec!["a", "b"]);
@@ -266,10 +351,78 @@ mod tests {
             decode(&body, crc).unwrap(),
             Record::Ack {
                 id: 9,
-                queue: "q".into()
+                queue: "q".into(),
+                target: None,
             }
         );
         body[3] ^= 0x40;
         assert_eq!(decode(&body, crc), Err(RecordError::BadChecksum));
+    }
+
+    #[test]
+    fn ack_names_its_target() {
+        let mut buf = BytesMut::new();
+        let target = Location {
+            segment: 12,
+            offset: 1 << 33,
+            len: 99,
+        };
+        encode_ack(&mut buf, 5, target, 3, "v\u{1f}q");
+        let (_, crc, body) = split(&buf);
+        assert_eq!(
+            decode(body, crc).unwrap(),
+            Record::Ack {
+                id: 5,
+                queue: "v\u{1f}q".into(),
+                target: Some(AckTarget {
+                    segment: 12,
+                    offset: 1 << 33,
+                    origin: 3,
+                }),
+            }
+        );
+    }
+
+    /// Records of the first format, byte for byte as commit fc8b53a wrote them, still decode.
+    #[test]
+    fn first_format_publish_decodes_without_enqueue_time() {
+        let mut buf = BytesMut::new();
+        frame(&mut buf, kind::PUBLISH, |b| {
+            b.put_u64(3);
+            b.put_u16(1);
+            put_name(b, "q");
+            put_shortstr(b, "ex");
+            put_shortstr(b, "rk");
+            let mut props = BytesMut::new();
+            BasicProperties {
+                delivery_mode: Some(2),
+                priority: Some(4),
+                ..Default::default()
+            }
+            .encode(&mut props);
+            b.put_u32(props.len() as u32);
+            b.put_slice(&props);
+            b.put_u32(2);
+            b.put_slice(b"hi");
+        });
+        let (_, crc, body) = split(&buf);
+        match decode(body, crc).unwrap() {
+            Record::Publish {
+                message,
+                queues,
+                transient,
+            } => {
+                assert_eq!(message.id, 3);
+                assert_eq!(message.enqueued_ms, None);
+                assert_eq!(message.properties.priority, Some(4));
+                assert_eq!(&message.body[..], b"hi");
+                assert_eq!(
+                    (message.exchange.as_str(), queues),
+                    ("ex", vec!["q".into()])
+                );
+                assert!(!transient);
+            }
+            r => panic!("{r:?}"),
+        }
     }
 }

@@ -8,12 +8,19 @@
 //!   any record could be) ends the scan of that segment: the rest is cut off and reported.
 //! - A gap in segment numbers (a missing file) is reported; everything else is served.
 //!
+//! Compaction copies live messages forward: a `PUBLISH` record with an id seen before is a
+//! newer copy and replaces the older one, with the queues it lists (the ones that had not
+//! settled the message when the copy was written; later `ACK` records settle the copy). An
+//! older copy left behind by a crash is reported as superseded, and the message is handed out
+//! by the location of its oldest copy (resolved to the newest), so that the `ACK` records
+//! settling it stay needed as long as any copy survives.
+//!
 //! Work and memory grow linearly with what is on disk: one pass, one map entry per live
 //! message.
 
 use crate::record::{self, Record, HEADER_LEN};
-use crate::{segment_path, Location};
-use std::collections::{BTreeMap, HashMap};
+use crate::{segment_path, Location, Moved, Seg};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::OpenOptions;
 use std::io::{BufReader, Read};
 use std::path::Path;
@@ -28,10 +35,13 @@ const MAX_RECORD: u32 = 1 << 30;
 pub struct RecoveredEntry {
     /// Message id (queue order).
     pub id: u64,
-    /// Where its `PUBLISH` record is.
+    /// Where its `PUBLISH` record is: the oldest copy still on disk, which the store
+    /// resolves to the newest.
     pub location: Location,
     /// It had been delivered from this queue before the restart.
     pub redelivered: bool,
+    /// Its `priority` property (0 when absent), for priority queues to page it by level.
+    pub priority: u8,
 }
 
 /// What recovery did.
@@ -56,15 +66,25 @@ pub struct RecoveryReport {
 pub(crate) struct RecoveryResult {
     pub queues: HashMap<String, Vec<RecoveredEntry>>,
     pub report: RecoveryReport,
-    pub live: BTreeMap<u32, i64>,
+    pub segs: BTreeMap<u32, Seg>,
     pub next_id: u64,
     pub last_segment: u32,
+    /// Per queue: the highest `DELIVERED` id and the segment of the record that says so.
+    pub marks: HashMap<String, (u64, u32)>,
+    /// Records replaced by a newer copy (segment, offset).
+    pub superseded: HashSet<(u32, u64)>,
+    /// Messages with older copies still on disk: oldest copy → newest.
+    pub moved: HashMap<(u32, u64), Moved>,
 }
 
 struct Live {
+    /// The newest copy.
     location: Location,
+    /// The oldest copy.
+    first: Location,
     /// Queue indexes still holding the message.
     queues: Vec<u32>,
+    priority: u8,
 }
 
 pub(crate) fn recover(dir: &Path) -> std::io::Result<RecoveryResult> {
@@ -93,10 +113,11 @@ pub(crate) fn recover(dir: &Path) -> std::io::Result<RecoveryResult> {
     let mut msgs: HashMap<u64, Live> = HashMap::new();
     let mut max_id = 0u64;
     let mut delivered_upto: HashMap<u32, u64> = HashMap::new();
-    let mut live: BTreeMap<u32, i64> = BTreeMap::new();
+    let mut segs: BTreeMap<u32, Seg> = BTreeMap::new();
+    let mut marks: HashMap<String, (u64, u32)> = HashMap::new();
+    let mut superseded: HashSet<(u32, u64)> = HashSet::new();
 
     for &seg in &segments {
-        live.insert(seg, 0);
         let path = segment_path(dir, seg);
         let file = OpenOptions::new().read(true).write(true).open(&path)?;
         let file_len = file.metadata()?.len();
@@ -142,34 +163,62 @@ pub(crate) fn recover(dir: &Path) -> std::io::Result<RecoveryResult> {
                     transient,
                 } => {
                     max_id = max_id.max(message.id);
-                    if transient || queues.is_empty() || msgs.contains_key(&message.id) {
+                    if transient || queues.is_empty() {
                         continue;
                     }
                     let queues = queues
                         .into_iter()
                         .map(|q| intern(&mut index, &mut names, q))
                         .collect();
-                    msgs.insert(message.id, Live { location, queues });
+                    let priority = message.properties.priority.unwrap_or(0);
+                    let old = msgs.insert(
+                        message.id,
+                        Live {
+                            location,
+                            first: location,
+                            queues,
+                            priority,
+                        },
+                    );
+                    if let Some(old) = old {
+                        superseded.insert((old.location.segment, old.location.offset));
+                        if let Some(m) = msgs.get_mut(&message.id) {
+                            m.first = old.first;
+                        }
+                    }
                 }
-                Record::Ack { id, queue } => {
+                Record::Ack { id, queue, target } => {
                     max_id = max_id.max(id);
                     let Some(&q) = index.get(&queue) else {
                         continue;
                     };
-                    if let Some(m) = msgs.get_mut(&id) {
-                        m.queues.retain(|i| *i != q);
-                        if m.queues.is_empty() {
-                            msgs.remove(&id);
-                        }
+                    let Some(m) = msgs.get_mut(&id) else {
+                        continue;
+                    };
+                    let before = m.queues.len();
+                    m.queues.retain(|i| *i != q);
+                    if m.queues.len() == before {
+                        continue;
                     }
+                    // This ACK settles a message whose oldest copy is in segment `settles`:
+                    // deleting it while a copy survives would bring the message back.
+                    let settles = m.first.segment.min(target.map_or(u32::MAX, |t| t.origin));
+                    if m.queues.is_empty() {
+                        msgs.remove(&id);
+                    }
+                    let s = segs.entry(seg).or_insert_with(|| Seg::new(0));
+                    s.ack_floor = s.ack_floor.min(settles);
+                    s.legacy |= target.is_none() && settles < seg;
                 }
                 Record::Delivered { id, queue } => {
                     // Everything of this queue up to `id` has been delivered.
-                    let Some(&q) = index.get(&queue) else {
-                        continue;
-                    };
+                    let q = intern(&mut index, &mut names, queue.clone());
                     let w = delivered_upto.entry(q).or_insert(0);
                     *w = (*w).max(id);
+                    let mark = marks.entry(queue).or_insert((id, seg));
+                    if id >= mark.0 {
+                        *mark = (id, seg);
+                    }
                 }
             }
         }
@@ -185,11 +234,26 @@ pub(crate) fn recover(dir: &Path) -> std::io::Result<RecoveryResult> {
             file.set_len(at)?;
             file.sync_all()?;
         }
+        segs.entry(seg).or_insert_with(|| Seg::new(0)).bytes = cut_at.unwrap_or(file_len);
     }
 
     let mut queues: HashMap<String, Vec<RecoveredEntry>> = HashMap::new();
+    let mut moved = HashMap::new();
     for (id, m) in &msgs {
-        *live.entry(m.location.segment).or_insert(0) += m.queues.len() as i64;
+        if m.first != m.location {
+            moved.insert(
+                (m.first.segment, m.first.offset),
+                Moved {
+                    to: m.location,
+                    pairs: m.queues.len() as u32,
+                },
+            );
+        }
+        if let Some(s) = segs.get_mut(&m.location.segment) {
+            let n = m.queues.len() as i64;
+            s.pairs += n;
+            s.live_bytes += n * i64::from(m.location.len);
+        }
         for q in &m.queues {
             let delivered = delivered_upto.get(q).is_some_and(|w| *id <= *w);
             report.messages += 1;
@@ -198,8 +262,9 @@ pub(crate) fn recover(dir: &Path) -> std::io::Result<RecoveryResult> {
                 .or_default()
                 .push(RecoveredEntry {
                     id: *id,
-                    location: m.location,
+                    location: m.first,
                     redelivered: delivered,
+                    priority: m.priority,
                 });
         }
     }
@@ -219,9 +284,12 @@ pub(crate) fn recover(dir: &Path) -> std::io::Result<RecoveryResult> {
     Ok(RecoveryResult {
         queues,
         report,
-        live,
+        segs,
         next_id: max_id + 1,
         last_segment: segments.last().copied().unwrap_or(0),
+        marks,
+        superseded,
+        moved,
     })
 }
 

@@ -5,6 +5,7 @@
 //! flag in the top bit of `len` for a redelivered message and one in the top bit of `segment`
 //! for a transient (paged) one. The file is scratch space: it is recreated on start (recovery
 //! rebuilds queues from the segments) and truncated whenever it has been read to the end.
+//! A priority queue keeps one file per priority, so the priority is not written.
 
 use crate::Location;
 use std::fs::{File, OpenOptions};
@@ -28,6 +29,9 @@ pub struct SpillEntry {
     pub redelivered: bool,
     /// A paged transient message (not recovered after restart).
     pub transient: bool,
+    /// The message's priority (0 when it has none), which orders it in a priority queue.
+    /// Not stored in the file: the caller sets it when taking entries from a priority's file.
+    pub priority: u8,
 }
 
 /// A FIFO of [`SpillEntry`] in one file.
@@ -137,6 +141,7 @@ impl SpillFile {
                     },
                     redelivered: len & REDELIVERED != 0,
                     transient: seg & TRANSIENT != 0,
+                    priority: 0,
                 }
             })
             .collect())
@@ -172,6 +177,7 @@ mod tests {
             },
             redelivered: i.is_multiple_of(2),
             transient: i.is_multiple_of(3),
+            priority: 0,
         };
         s.push(&(0..5).map(e).collect::<Vec<_>>()).unwrap();
         assert_eq!(s.len(), 5);

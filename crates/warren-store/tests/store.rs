@@ -39,7 +39,7 @@ fn persistent() -> BasicProperties {
 fn publish(store: &Store, body: &str, queues: &[&str]) -> (u64, Location) {
     let id = store.next_id();
     let loc = store
-        .append_publish(id, "", "k", &persistent(), body.as_bytes(), queues, None)
+        .append_publish(id, "", "k", &persistent(), body.as_bytes(), 1, queues, None)
         .unwrap();
     (id, loc)
 }
@@ -102,6 +102,7 @@ fn completions_follow_the_fsync() {
                 "k",
                 &persistent(),
                 b"x",
+                1,
                 &["q"],
                 Some((done.clone(), t)),
             )
@@ -254,6 +255,7 @@ fn failed_write_fails_its_waiters_at_once_and_retries_the_batch() {
             "k",
             &persistent(),
             b"caught",
+            1,
             &["q"],
             Some((sink.clone(), 7)),
         )
@@ -268,7 +270,7 @@ fn failed_write_fails_its_waiters_at_once_and_retries_the_batch() {
     // Appends are refused while the store is failed; a barrier waits for the retry.
     let id2 = store.next_id();
     assert!(store
-        .append_publish(id2, "", "k", &persistent(), b"refused", &["q"], None)
+        .append_publish(id2, "", "k", &persistent(), b"refused", 1, &["q"], None)
         .is_err());
     store.sync((sink.clone(), 8));
     std::thread::sleep(Duration::from_millis(100));
