@@ -773,6 +773,11 @@ pub async fn recovery_fill(args: &Args, uri: AmqpUri, errors: ErrorLog) -> Resul
 /// it stands in for the broker process, so a script measures its CPU the same way.
 pub fn relay(listen: &str) -> Result<(), String> {
     let l = std::net::TcpListener::bind(listen).map_err(|e| format!("bind {listen}: {e}"))?;
+    println!(
+        "relay listening on {}",
+        l.local_addr().map_err(|e| e.to_string())?
+    );
+    std::io::stdout().flush().ok();
     loop {
         let (a, _) = l.accept().map_err(|e| format!("accept: {e}"))?;
         let (b, _) = l.accept().map_err(|e| format!("accept: {e}"))?;
