@@ -363,10 +363,10 @@ async fn consumer(
                 .map_err(|e| format!("consumer: write: {e}"))?;
             acks.clear();
         }
-        if producing_done.load(Ordering::Relaxed) {
-            if consumed >= expected.load(Ordering::Relaxed) || last_progress.elapsed() > drain {
-                break;
-            }
+        if producing_done.load(Ordering::Relaxed)
+            && (consumed >= expected.load(Ordering::Relaxed) || last_progress.elapsed() > drain)
+        {
+            break;
         }
         match tokio::time::timeout(Duration::from_millis(200), s.read(sc.spare())).await {
             // The relay passes the publisher's end of stream on: all data is in.
