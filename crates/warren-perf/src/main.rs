@@ -1,7 +1,16 @@
 //! `warren-perf`: a load generator for AMQP 0-9-1 brokers in the spirit of
 //! RabbitMQ PerfTest. It measures throughput, end-to-end and confirm latency,
 //! and checks that every confirmed message is consumed exactly once.
+//!
+//! `--mode` selects the workload: `classic` (the default: producers and
+//! consumers on `amqprs`), or one of the scale and ceiling workloads on a raw
+//! client built on `warren-amqp` ([`scale`], [`ceiling`]). Every mode reports
+//! its own CPU (getrusage) and, with `--broker-pid`, the broker's.
 
+mod ceiling;
+mod cpu;
+mod rawclient;
+mod scale;
 mod uri;
 
 use std::collections::{BTreeMap, HashMap};
@@ -35,6 +44,35 @@ enum ExchangeKind {
     Direct,
     Fanout,
     Topic,
+}
+
+/// The workload to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+enum Mode {
+    /// Producers and consumers on amqprs (workloads a-h, m).
+    Classic,
+    /// (i) Connection churn: connect, channel, confirm.select, exclusive
+    /// queue, one confirmed publish, close; `--clients` in parallel.
+    Churn,
+    /// (j) Declare `--queues` durable queues bound to a topic exchange over
+    /// `--parallel` connections, then measure the broker at rest for `--rest` s.
+    ManyQueues,
+    /// Delete the queues of many-queues.
+    DeleteQueues,
+    /// (k) `--connections` connections, each consuming from its own queue and
+    /// publishing `--conn-rate` msg/s to it.
+    ManyConnections,
+    /// After a broker restart: time to connect, to the first basic.get
+    /// (`--get`), and until every queue reports its depth (`--messages`).
+    RestartCheck,
+    /// (l) Fill `--queues` durable queues with `--messages` persistent messages.
+    RecoveryFill,
+    /// Raw-frame ceiling run: pre-encoded frames, 1 publisher and 1 consumer
+    /// connection (`--relay`: against a copy-only relay).
+    Raw,
+    /// Copy-only TCP relay listening on `--listen` (the physical ceiling).
+    Relay,
 }
 
 #[derive(Debug, Clone, Parser)]
@@ -103,6 +141,51 @@ struct Args {
     /// Keep the queues (and exchange) at the end instead of deleting them.
     #[arg(long)]
     keep_queues: bool,
+    /// Workload to run (see the list of modes in docs/benchmarks.md).
+    #[arg(long, value_enum, default_value_t = Mode::Classic)]
+    mode: Mode,
+    /// Broker process id(s), comma separated, for broker CPU and RSS from
+    /// /proc (RabbitMQ: beam.smp and erl_child_setup).
+    #[arg(long, value_delimiter = ',')]
+    broker_pid: Vec<u32>,
+    /// churn: parallel clients.
+    #[arg(long, default_value_t = 8)]
+    clients: usize,
+    /// many-queues, delete-queues: connections used in parallel.
+    #[arg(long, default_value_t = 16)]
+    parallel: usize,
+    /// many-queues: seconds of rest over which the broker's idle CPU is measured.
+    #[arg(long, default_value_t = 10)]
+    rest: u64,
+    /// many-connections: number of connections.
+    #[arg(long, default_value_t = 10_000)]
+    connections: usize,
+    /// many-connections: messages per second each connection publishes.
+    #[arg(long, default_value_t = 1.0)]
+    conn_rate: f64,
+    /// many-connections: seconds between the start of publishing and the
+    /// measured window.
+    #[arg(long, default_value_t = 3)]
+    warmup: u64,
+    /// recovery-fill: messages to publish; restart-check: messages expected
+    /// over all queues.
+    #[arg(long, default_value_t = 0)]
+    messages: u64,
+    /// restart-check: give up after this many seconds.
+    #[arg(long, default_value_t = 600)]
+    timeout: u64,
+    /// restart-check: wait for a basic.get on the first queue to succeed.
+    #[arg(long)]
+    get: bool,
+    /// restart-check: check only the last queue of the pattern.
+    #[arg(long)]
+    only_last: bool,
+    /// raw: drive a copy-only relay (`--mode relay`) instead of a broker.
+    #[arg(long)]
+    relay: bool,
+    /// relay: address to listen on.
+    #[arg(long, default_value = "127.0.0.1:5690")]
+    listen: String,
 }
 
 fn base() -> Instant {
@@ -112,6 +195,18 @@ fn base() -> Instant {
 
 fn now_us() -> u64 {
     base().elapsed().as_micros() as u64
+}
+
+/// A tag for this run, from the clock and the process id.
+fn run_tag() -> u32 {
+    static TAG: OnceLock<u32> = OnceLock::new();
+    *TAG.get_or_init(|| {
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos() as u64;
+        (nanos ^ (nanos >> 32) ^ ((std::process::id() as u64) << 16)) as u32
+    })
 }
 
 fn new_hist() -> Histogram<u64> {
@@ -645,6 +740,7 @@ struct Report {
     latency_p50_us: u64,
     latency_p95_us: u64,
     latency_p99_us: u64,
+    latency_p999_us: u64,
     latency_max_us: u64,
     confirm_latency_p50_us: u64,
     confirm_latency_p99_us: u64,
@@ -656,6 +752,9 @@ struct Report {
     idle_connections_requested: usize,
     idle_connections_opened: usize,
     idle_connect_time_ms: u64,
+    /// Client and broker CPU while the producers were publishing (or while
+    /// the idle connections were held).
+    cpu: cpu::CpuReport,
     errors: Vec<String>,
 }
 
@@ -741,11 +840,7 @@ async fn run(args: Args) -> Result<Report, String> {
     let u = uri::parse(&args.uri)?;
     let mut conn_args = OpenConnectionArguments::new(&u.host, u.port, &u.user, &u.password);
     conn_args.virtual_host(&u.vhost);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_nanos() as u64;
-    let run_tag = (nanos ^ (nanos >> 32) ^ ((std::process::id() as u64) << 16)) as u32;
+    let run_tag = run_tag();
     let run_id = format!("{run_tag:08x}");
     let args = Arc::new(args);
     let ctx = Ctx {
@@ -772,7 +867,9 @@ async fn run(args: Args) -> Result<Report, String> {
     };
 
     if args.idle_connections > 0 {
+        let meter = cpu::CpuMeter::start(&args.broker_pid);
         idle_connections(ctx.clone(), &mut report).await;
+        report.cpu = meter.finish();
         report.errors = ctx.errors.lock().unwrap().clone();
         return Ok(report);
     }
@@ -855,6 +952,7 @@ async fn run(args: Args) -> Result<Report, String> {
 
     let stop = Arc::new(AtomicBool::new(false));
     let t0 = Instant::now();
+    let meter = cpu::CpuMeter::start(&args.broker_pid);
     let mut producers = Vec::new();
     for p in 0..args.producers {
         let qi = p % topo.queues.len();
@@ -870,6 +968,7 @@ async fn run(args: Args) -> Result<Report, String> {
     stop.store(true, Ordering::Relaxed);
     producing.store(false, Ordering::Relaxed);
     let produce_secs = t0.elapsed().as_secs_f64();
+    report.cpu = meter.finish();
 
     let mut presults = Vec::new();
     for p in producers {
@@ -1001,6 +1100,7 @@ async fn run(args: Args) -> Result<Report, String> {
         report.latency_p50_us = lat.value_at_quantile(0.50);
         report.latency_p95_us = lat.value_at_quantile(0.95);
         report.latency_p99_us = lat.value_at_quantile(0.99);
+        report.latency_p999_us = lat.value_at_quantile(0.999);
         report.latency_max_us = lat.max();
     }
     if !confirm_hist.is_empty() {
@@ -1031,8 +1131,12 @@ fn print_summary(r: &Report) {
             r.publish_rate_median, r.consume_rate_median, r.consume_rate_avg
         );
         println!(
-            "end-to-end latency µs: p50 {}  p95 {}  p99 {}  max {}",
-            r.latency_p50_us, r.latency_p95_us, r.latency_p99_us, r.latency_max_us
+            "end-to-end latency µs: p50 {}  p95 {}  p99 {}  p99.9 {}  max {}",
+            r.latency_p50_us,
+            r.latency_p95_us,
+            r.latency_p99_us,
+            r.latency_p999_us,
+            r.latency_max_us
         );
         if r.confirm > 0 {
             println!(
@@ -1053,13 +1157,73 @@ fn print_summary(r: &Report) {
             }
         );
     }
+    let c = &r.cpu;
+    print!(
+        "load generator CPU {:.2} s ({:.0}%)",
+        c.client_cpu_s, c.client_cpu_pct
+    );
+    if let (Some(b), Some(p)) = (c.broker_cpu_s, c.broker_cpu_pct) {
+        print!("; broker CPU {b:.2} s ({p:.0}%)");
+    }
+    println!(" over {:.1} s", c.window_s);
     for e in &r.errors {
         println!("error: {e}");
     }
 }
 
+/// Runs one of the non-classic modes; the JSON report gets the errors.
+async fn run_mode(args: Args) -> Result<serde_json::Value, String> {
+    let _ = base();
+    let u = uri::parse(&args.uri)?;
+    let errors: ErrorLog = Arc::new(Mutex::new(Vec::new()));
+    let mut v = match args.mode {
+        Mode::Churn => scale::churn(&args, u, errors.clone()).await?,
+        Mode::ManyQueues => scale::many_queues(&args, u, errors.clone()).await?,
+        Mode::DeleteQueues => scale::delete_queues(&args, u, errors.clone()).await?,
+        Mode::ManyConnections => scale::many_connections(&args, u, errors.clone()).await?,
+        Mode::RestartCheck => scale::restart_check(&args, u).await?,
+        Mode::RecoveryFill => ceiling::recovery_fill(&args, u, errors.clone()).await?,
+        Mode::Raw => ceiling::raw(&args, u, errors.clone()).await?,
+        Mode::Classic | Mode::Relay => unreachable!("handled in main"),
+    };
+    v["errors"] = serde_json::json!(errors.lock().unwrap().clone());
+    Ok(v)
+}
+
 fn main() {
     let args = Args::parse();
+    if args.mode == Mode::Relay {
+        if let Err(e) = ceiling::relay(&args.listen) {
+            eprintln!("warren-perf: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
+    if args.mode != Mode::Classic {
+        let json = args.json;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .expect("tokio runtime");
+        let result = rt.block_on(run_mode(args));
+        let (v, code) = match result {
+            Ok(v) => {
+                let failed = v["errors"].as_array().is_some_and(|e| !e.is_empty())
+                    || v["missing"].as_u64().is_some_and(|m| m > 0);
+                (v, i32::from(failed))
+            }
+            Err(e) => {
+                eprintln!("warren-perf: {e}");
+                (serde_json::json!({ "errors": [e] }), 1)
+            }
+        };
+        if !json {
+            println!("{}", serde_json::to_string_pretty(&v).expect("json"));
+        }
+        println!("{}", serde_json::to_string(&v).expect("json"));
+        rt.shutdown_timeout(Duration::from_secs(1));
+        std::process::exit(code);
+    }
     if args.size < HEADER_LEN {
         eprintln!("--size must be at least {HEADER_LEN} bytes");
         std::process::exit(64);
