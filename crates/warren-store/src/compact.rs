@@ -23,6 +23,12 @@
 //!    segment are appended again as they are, and a queue's latest `DELIVERED` record too.
 //! 4. Wait for the fsync covering the copies, then delete T.
 //!
+//! From step 3 on, the copied pairs count in the copies' segment, not in T, which may look
+//! settled; what keeps it is that it is marked as taken over up to the log's end after the
+//! copies (and after the `ACK` and `DELIVERED` records of step 3): no deletion pass removes
+//! it before the writer has made the log durable up to there. So a compaction that stops before step 4's fsync
+//! (a write fails, the store shuts down or crashes) leaves T on disk until the copies are.
+//!
 //! Crash safety: recovery lets a newer copy of a message replace an older one, with the
 //! queues it lists. A crash before step 4's fsync leaves T as it was (a torn or partial copy
 //! is truncated or replaced by nothing). After it, both may exist: the copy wins, and the
@@ -477,6 +483,9 @@ fn compact(inner: &Arc<Inner>, t: u32) -> Result<bool, StoreError> {
             moved_records += 1;
             moved_bytes += u64::from(to.len);
         }
+        // The copies took t's pairs: t must stay until they are durable, even if this
+        // compaction stops before its fsync (the store fails, or is shut down).
+        st.replaced_up_to_here(t);
         drop(st);
         inner.wake_writer.notify_one();
     }
@@ -527,6 +536,9 @@ fn finish(
             });
             st.marks.insert(queue, (id, at.segment));
         }
+        // No longer marked, and perhaps nothing live left: t must stay until all of this
+        // is durable, even if the fsync below never comes.
+        st.replaced_up_to_here(t);
         st.watch = None;
         st.waiters.push((synced.clone(), 0));
     }
@@ -541,6 +553,10 @@ fn finish(
     {
         let mut st = inner.state.lock();
         let pairs = st.live.get(&t).map_or(0, |s| s.pairs);
+        debug_assert!(
+            st.replacement_durable(t),
+            "copies of {t} synced, not durable"
+        );
         if pairs != 0 {
             warn!(
                 segment = t,

@@ -14,9 +14,13 @@
 //! store counts (message, queue) pairs still live and the oldest segment its `ACK` records
 //! settle something in. A segment whose pairs are all settled is deleted once no older segment
 //! its `ACK` records point into survives; a segment that is mostly settled is compacted: its
-//! live records (and the `ACK` records still needed) are copied to the head of the log, then
-//! it is deleted (see the `compact` module). One message left unacknowledged therefore pins a
-//! copy of itself, not the log behind it.
+//! live records (and the `ACK` records still needed) are copied to the head of the log, and it
+//! is deleted once the copies are fsynced (see the `compact` module). One message left
+//! unacknowledged therefore pins a copy of itself, not the log behind it. A segment whose
+//! records have been taken over by records further on (compaction's copies, a queue's newer
+//! `DELIVERED` record) counts as settled at once, but is never deleted before the log is
+//! durable up to the end of what took over: a compaction cut short by a failed write or a
+//! shutdown leaves its segment in place, and the copies or the segment survive a crash.
 //!
 //! Recovery ([`Store::open`]) scans every segment in order, checks each record's CRC, truncates
 //! a torn tail, skips corrupt records and reports what it dropped.
@@ -25,8 +29,9 @@
 //! [`StoreError::Unavailable`] so publishers can be told (settlements excepted: their `ACK`
 //! records wait in memory, so that the log never says a settled message is live), the
 //! unwritten batch is kept and retried every second, and once a retry succeeds the store
-//! serves again. Compaction pauses meanwhile; deleting settled segments does not. Nothing already
-//! confirmed is touched by a failed write: the file is cut back to its last good length first.
+//! serves again. Compaction pauses meanwhile; deleting settled segments does not (except those
+//! taken over by records still unwritten). Nothing already confirmed is touched by a failed
+//! write: the file is cut back to its last good length first.
 //!
 //! The waiters of the batch that failed are completed with `ok = false` at once (publishers
 //! get basic.nack without waiting for the disk to come back), but the batch itself is not
@@ -174,6 +179,11 @@ struct Seg {
     quiet_since: Instant,
     /// `pairs` when a compaction scan found too much still live to be worth copying.
     checked_pairs: Option<i64>,
+    /// End of the records that took over from this segment (compaction's copies of its
+    /// records, its `ACK` records and `DELIVERED` marks appended again, a newer `DELIVERED`
+    /// mark): until the log is durable up to there ([`State::durable`]), this file is the only
+    /// durable copy of what they hold, so it stays, whatever its live count says.
+    replaced_until: Option<LogPos>,
 }
 
 impl Seg {
@@ -187,9 +197,13 @@ impl Seg {
             seen_pairs: 0,
             quiet_since: Instant::now(),
             checked_pairs: None,
+            replaced_until: None,
         }
     }
 }
+
+/// A position in the log: (segment, byte offset). Positions order as the log does.
+type LogPos = (u32, u64);
 
 /// A record compaction moved: where it is now and how many of its pairs are still live.
 #[derive(Debug, Clone, Copy)]
@@ -235,6 +249,8 @@ struct State {
     first_segment: u32,
     /// A segment may become deletable once the writer's current batch is written.
     reclaim_after_write: bool,
+    /// Everything appended before this position is written and fsynced.
+    durable: LogPos,
 }
 
 impl State {
@@ -277,6 +293,23 @@ impl State {
     fn needs_acks(&self, seg: u32) -> bool {
         let floor = self.live.get(&seg).map_or(u32::MAX, |s| s.ack_floor);
         floor < seg && self.live.range(floor..seg).next().is_some()
+    }
+
+    /// Segment `seg` now has records elsewhere in the log that replace it, ending at the
+    /// current end of the log: it may go only once they are durable.
+    fn replaced_up_to_here(&mut self, seg: u32) {
+        let end = (self.segment, self.position);
+        if let Some(s) = self.live.get_mut(&seg) {
+            s.replaced_until = Some(s.replaced_until.map_or(end, |e| e.max(end)));
+        }
+    }
+
+    /// True when whatever replaced segment `seg`'s records is durable (or nothing did).
+    fn replacement_durable(&self, seg: u32) -> bool {
+        self.live
+            .get(&seg)
+            .and_then(|s| s.replaced_until)
+            .is_none_or(|end| end <= self.durable)
     }
 
     /// Segments with records not yet known to be in their file.
@@ -391,6 +424,7 @@ impl Store {
                 watch: None,
                 first_segment: segment,
                 reclaim_after_write: false,
+                durable: (segment, 0),
             }),
             cfg,
             wake_writer: Condvar::new(),
@@ -661,8 +695,11 @@ impl Store {
     /// The files are left as they were at that moment.
     #[doc(hidden)]
     pub fn crash(&self) {
-        self.inner.crashed.store(true, Ordering::SeqCst);
-        self.inner.state.lock().shutdown = true;
+        {
+            let mut st = self.inner.state.lock();
+            self.inner.crashed.store(true, Ordering::SeqCst);
+            st.shutdown = true;
+        }
         self.inner.wake_writer.notify_all();
         if let Some(h) = self.writer.lock().take() {
             let _ = h.join();
@@ -680,6 +717,12 @@ impl Store {
         if let Some(h) = self.compactor.lock().take() {
             let _ = h.join();
         }
+    }
+
+    /// True once [`Store::crash`] has begun: the writer writes nothing more.
+    #[doc(hidden)]
+    pub fn is_crashed(&self) -> bool {
+        self.inner.crashed.load(Ordering::SeqCst)
     }
 
     /// Number of segment files currently holding live data or pending deletion.
@@ -748,6 +791,7 @@ impl Inner {
                             && !unwritten.contains(&seg)
                             && !marked.contains(&seg)
                             && busy != Some(seg)
+                            && st.replacement_durable(seg)
                     })
                     .map(|(&seg, _)| seg)
                     .collect();
@@ -758,11 +802,13 @@ impl Inner {
                         doomed.push(seg);
                     }
                 }
-                // Settled but not all written yet: look again after the writer's batch.
-                st.reclaim_after_write |= st
-                    .live
-                    .iter()
-                    .any(|(&seg, s)| s.pairs == 0 && seg < st.segment && unwritten.contains(&seg));
+                // Settled but not all written yet, or replaced by records not yet written: look
+                // again after the writer's batch.
+                st.reclaim_after_write |= st.live.iter().any(|(&seg, s)| {
+                    s.pairs == 0
+                        && seg < st.segment
+                        && (unwritten.contains(&seg) || !st.replacement_durable(seg))
+                });
                 // Deleting one may free another whose ACK records pointed into it.
                 if doomed.len() == before {
                     break;
@@ -827,7 +873,12 @@ fn writer_loop(inner: Arc<Inner>) {
                         });
                         let mark = st.marks.entry(queue).or_insert((id, at.segment));
                         if id >= mark.0 {
+                            let old = mark.1;
                             *mark = (id, at.segment);
+                            if old != at.segment {
+                                // The old mark's segment stays until the new mark is durable.
+                                st.replaced_up_to_here(old);
+                            }
                         }
                     }
                 }
@@ -860,10 +911,16 @@ fn writer_loop(inner: Arc<Inner>) {
         if batch.is_empty() && waiters.is_empty() && barriers.is_empty() && shutdown {
             return;
         }
+        let end = batch
+            .back()
+            .map(|(seg, start, b)| (*seg, start + b.len() as u64));
         match write_batch(&inner.cfg.dir, &mut open, &mut batch) {
             Ok(()) => {
                 let mut st = inner.state.lock();
                 st.writing.clear();
+                if let Some(end) = end {
+                    st.durable = st.durable.max(end);
+                }
                 if inner.failed.swap(false, Ordering::Relaxed) {
                     info!("message store writes succeed again");
                     st.failed = None;

@@ -294,40 +294,239 @@ fn a_crash_at_any_compaction_step_loses_and_duplicates_nothing() {
             .into()
     );
     for (step, snap) in &taken {
-        let (s, rec) = Store::open(cfg(snap, 4096)).unwrap();
-        assert_eq!(contents(&s, &rec), want, "after a crash at {step:?}");
-        // Compaction goes on from there (records left behind by the crash are superseded)...
-        wait_for(&s, "compaction after the crash", || {
-            segment_files(snap).len() <= 5
-        });
-        s.close();
-        let (s, rec) = Store::open(cfg(snap, 4096)).unwrap();
-        assert_eq!(
-            contents(&s, &rec),
-            want,
-            "compacting after a crash at {step:?}"
-        );
-        // ... and once everything is settled, nothing comes back.
-        for (q, entries) in &rec.queues {
-            for e in entries {
-                s.ack(q, e.id, e.location);
-            }
-        }
-        sync(&s);
-        s.close();
-        let (s, rec) = Store::open(cfg(snap, 4096)).unwrap();
-        assert_eq!(
-            contents(&s, &rec),
-            Contents::new(),
-            "settled after a crash at {step:?}"
-        );
-        s.close();
+        recovers_after_a_crash(snap, &want, &format!("{step:?}"));
     }
     let (store, rec) = Store::open(cfg(&dir, 4096)).unwrap();
     assert_eq!(contents(&store, &rec), want);
     store.close();
     std::fs::remove_dir_all(dir).unwrap();
     std::fs::remove_dir_all(snaps).unwrap();
+}
+
+/// What a crash at `step` left in `dir` (a `messy_log` store of 4 KB segments) recovers to
+/// `want`, compacts on to `want`, and once everything is settled recovers to nothing.
+fn recovers_after_a_crash(dir: &Path, want: &Contents, step: &str) {
+    let (s, rec) = Store::open(cfg(dir, 4096)).unwrap();
+    assert_eq!(&contents(&s, &rec), want, "after a crash at {step}");
+    // Compaction goes on from there (records left behind by the crash are superseded)...
+    wait_for(&s, "compaction after the crash", || {
+        segment_files(dir).len() <= 5
+    });
+    s.close();
+    let (s, rec) = Store::open(cfg(dir, 4096)).unwrap();
+    assert_eq!(
+        &contents(&s, &rec),
+        want,
+        "compacting after a crash at {step}"
+    );
+    // ... and once everything is settled, nothing comes back.
+    for (q, entries) in &rec.queues {
+        for e in entries {
+            s.ack(q, e.id, e.location);
+        }
+    }
+    sync(&s);
+    s.close();
+    let (s, rec) = Store::open(cfg(dir, 4096)).unwrap();
+    assert_eq!(
+        contents(&s, &rec),
+        Contents::new(),
+        "settled after a crash at {step}"
+    );
+    s.close();
+}
+
+/// Holds the writer thread: completed as a barrier, it returns only once the store crashes,
+/// so that nothing appended after it is written before the crash.
+struct HoldWriter {
+    store: Arc<std::sync::OnceLock<Store>>,
+    entered: std::sync::atomic::AtomicBool,
+}
+
+impl Completion for HoldWriter {
+    fn complete(&self, _: &[u64], _: bool) {
+        self.entered
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let deadline = Instant::now() + WAIT;
+        while !self.store.get().is_some_and(Store::is_crashed) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+/// A crash at each step of a compaction while the compactor runs on after the writer has
+/// stopped, as it does when writes fail and the process then dies: whatever the compactor
+/// does after the last write (giving up, deleting settled segments) loses nothing live and
+/// brings back nothing settled. At `Copied` the writer is held from the scan on, so the
+/// crash always comes before the copies are written.
+#[test]
+fn a_crash_at_each_compaction_step_with_the_compactor_running_on() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    type Crasher = Option<std::thread::JoinHandle<()>>;
+    for at in ["Scanned", "Copied", "Synced", "Deleted"] {
+        let dir = tempdir(&format!("crash-{at}"));
+        let slot: Arc<std::sync::OnceLock<Store>> = Arc::default();
+        let armed = Arc::new(AtomicBool::new(false));
+        // The segment whose compaction crashes, and whether it has.
+        let target: Arc<Mutex<(Option<u32>, bool)>> = Arc::default();
+        let crasher: Arc<Mutex<Crasher>> = Arc::default();
+        let hook = {
+            let (slot, armed, target, crasher) =
+                (slot.clone(), armed.clone(), target.clone(), crasher.clone());
+            CompactionHook(Arc::new(move |step| {
+                // The first compaction waits until the log is built and durable.
+                let deadline = Instant::now() + WAIT;
+                while !armed.load(Ordering::SeqCst) && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                let (name, seg) = match step {
+                    CompactionStep::Scanned(s) => ("Scanned", s),
+                    CompactionStep::Copied(s) => ("Copied", s),
+                    CompactionStep::Synced(s) => ("Synced", s),
+                    CompactionStep::Deleted(s) => ("Deleted", s),
+                };
+                let mut target = target.lock();
+                // The first compaction that scans a segment is the one that crashes.
+                if target.0.is_none() && name == "Scanned" {
+                    target.0 = Some(seg);
+                }
+                if target.0 != Some(seg) || target.1 {
+                    return;
+                }
+                let store = slot.get().expect("set after open").clone();
+                if name == "Scanned" && at == "Copied" {
+                    let hold = Arc::new(HoldWriter {
+                        store: slot.clone(),
+                        entered: AtomicBool::new(false),
+                    });
+                    store.sync((hold.clone(), 0));
+                    let deadline = Instant::now() + WAIT;
+                    while !hold.entered.load(Ordering::SeqCst) {
+                        assert!(Instant::now() < deadline, "writer not held");
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                }
+                if name == at {
+                    target.1 = true;
+                    // crash() joins the compactor: it runs on another thread, and this one
+                    // carries on once the writer has stopped.
+                    let s = store.clone();
+                    *crasher.lock() = Some(std::thread::spawn(move || s.crash()));
+                    let deadline = Instant::now() + WAIT;
+                    while !store.is_crashed() {
+                        assert!(Instant::now() < deadline, "crash did not start");
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                }
+            }))
+        };
+        let config = StoreConfig {
+            compaction_hook: Some(hook),
+            ..cfg(&dir, 4096)
+        };
+        let (store, _) = Store::open(config).unwrap();
+        assert!(slot.set(store.clone()).is_ok());
+        let want = messy_log(&store);
+        sync(&store);
+        armed.store(true, Ordering::SeqCst);
+        let deadline = Instant::now() + WAIT;
+        let handle = loop {
+            if let Some(h) = crasher.lock().take() {
+                break h;
+            }
+            assert!(Instant::now() < deadline, "no compaction reached {at}");
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        handle.join().unwrap();
+        recovers_after_a_crash(&dir, &want, at);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}
+
+/// A compaction whose copies cannot be written (the disk is full, here: the segment file they
+/// go to cannot be created) stops, and the segment it was compacting stays until copies of
+/// its records are written: if the broker then dies, nothing live is lost; if the disk comes
+/// back, the retry writes the copies and the segment goes.
+#[test]
+fn a_compaction_whose_copies_fail_to_write_keeps_its_segment() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    for disk_comes_back in [false, true] {
+        let dir = tempdir(&format!("copies-fail-{disk_comes_back}"));
+        let slot: Arc<std::sync::OnceLock<Store>> = Arc::default();
+        let armed = Arc::new(AtomicBool::new(false));
+        // The segment being compacted, and the directory standing where its copies go.
+        let target: Arc<Mutex<Option<(u32, PathBuf)>>> = Arc::default();
+        let hook = {
+            let (slot, armed, target, dir) =
+                (slot.clone(), armed.clone(), target.clone(), dir.clone());
+            CompactionHook(Arc::new(move |step| {
+                let deadline = Instant::now() + WAIT;
+                while !armed.load(Ordering::SeqCst) && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                let CompactionStep::Scanned(t) = step else {
+                    return;
+                };
+                let mut target = target.lock();
+                if target.is_some() {
+                    return;
+                }
+                // A page as big as a segment fills the head: the copies start the next one,
+                // whose file cannot be created.
+                let store = slot.get().expect("set after open");
+                let page = store
+                    .append_transient(
+                        store.next_id(),
+                        "",
+                        "k",
+                        &BasicProperties::default(),
+                        &[0u8; 4096],
+                        0,
+                    )
+                    .unwrap();
+                sync(store);
+                let blocker = dir.join(format!("{:08}.seg", page.segment + 1));
+                std::fs::create_dir(&blocker).unwrap();
+                *target = Some((t, blocker));
+            }))
+        };
+        let config = StoreConfig {
+            compaction_hook: Some(hook),
+            ..cfg(&dir, 4096)
+        };
+        let (store, _) = Store::open(config).unwrap();
+        assert!(slot.set(store.clone()).is_ok());
+        let want = messy_log(&store);
+        sync(&store);
+        armed.store(true, Ordering::SeqCst);
+        let deadline = Instant::now() + WAIT;
+        while !store.is_failed() {
+            assert!(Instant::now() < deadline, "the copies' write did not fail");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let (t, blocker) = target.lock().clone().unwrap();
+        let t_file = dir.join(format!("{t:08}.seg"));
+        if disk_comes_back {
+            std::fs::remove_dir(&blocker).unwrap();
+            wait_for(&store, "the compacted segment to go", || !t_file.exists());
+            store.close();
+        } else {
+            // The broker dies while writes fail. (crash() stops the compactor after the
+            // compaction it is in has ended and been followed by a deletion pass.)
+            store.crash();
+            std::fs::remove_dir(&blocker).unwrap();
+        }
+        recovers_after_a_crash(
+            &dir,
+            &want,
+            if disk_comes_back {
+                "a failed write of copies, retried"
+            } else {
+                "a failed write of copies"
+            },
+        );
+        std::fs::remove_dir_all(dir).unwrap();
+    }
 }
 
 /// Settlements that arrive while a segment is being compacted (after its scan) are not
