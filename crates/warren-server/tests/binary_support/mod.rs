@@ -99,6 +99,13 @@ impl Server {
             .arg("--data-dir")
             .arg(data)
             .stderr(Stdio::inherit());
+        // The broker refuses unknown WARREN_* variables: the child gets only the ones the test
+        // gives it, not the test's own knobs (WARREN_TEST_*) or the caller's settings.
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("WARREN_") {
+                cmd.env_remove(&k);
+            }
+        }
         // The level comes from `extra` (a flag or a configuration file) when it says so.
         if !extra
             .iter()
