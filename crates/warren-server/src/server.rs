@@ -19,7 +19,6 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{info, warn};
-use warren_broker::{User, Users};
 
 /// State shared by every connection of a running broker.
 pub struct ServerState {
@@ -27,6 +26,11 @@ pub struct ServerState {
     pub broker: warren_broker::Broker,
     /// Configuration in force.
     pub config: Config,
+    /// Open connections and channels per vhost and user, for their limits.
+    pub sessions: Arc<warren_broker::Sessions>,
+    /// Users that may only log in from loopback addresses: `[auth] loopback_users` and the
+    /// `[[users]]` marked `loopback_only`.
+    pub loopback_users: Vec<String>,
     next_connection: AtomicU64,
     connections: AtomicUsize,
     /// Connections that declared the `connection.blocked` capability.
@@ -101,29 +105,17 @@ fn resident_memory() -> Option<u64> {
 pub const BLOCKED_REASON: &str = "low on disk";
 
 impl ServerState {
-    /// A fresh state for `config`: users from the config, or guest/guest (loopback only);
-    /// with a data directory, durable definitions and messages are recovered from it.
+    /// A fresh state for `config`: with a data directory, durable definitions and messages are
+    /// recovered from it; then users, vhosts and permissions are set up from the configuration
+    /// and the definitions file ([`crate::provision`]; guest/guest when neither names users).
     ///
-    /// Errors: the message store could not be opened.
+    /// Errors: the message store could not be opened; a user, vhost or permission entry or the
+    /// definitions file could not be applied.
     pub fn new(config: Config) -> std::io::Result<Self> {
-        let users = if config.users.is_empty() {
-            Users::with_default_guest()
-        } else {
-            let mut u = Users::new();
-            for c in &config.users {
-                u.add(User {
-                    name: c.name.clone(),
-                    password: c.password.clone(),
-                    tags: c.tags.clone(),
-                    loopback_only: c.loopback_only,
-                });
-            }
-            u
-        };
         let broker = match config.storage.options() {
-            None => warren_broker::Broker::new(users),
+            None => warren_broker::Broker::new(),
             Some(opts) => {
-                let (broker, report) = warren_broker::Broker::open(users, opts)
+                let (broker, report) = warren_broker::Broker::open(opts)
                     .map_err(|e| std::io::Error::other(e.to_string()))?;
                 info!(
                     messages = report.messages,
@@ -140,6 +132,18 @@ impl ServerState {
             }
         };
         broker.set_limits(config.limits.limits());
+        if let Err(e) = crate::provision::provision(&broker, &config) {
+            broker.close();
+            return Err(std::io::Error::other(e.to_string()));
+        }
+        let mut loopback_users = config.auth.loopback_users.clone();
+        loopback_users.extend(
+            config
+                .users
+                .iter()
+                .filter(|u| u.loopback_only)
+                .map(|u| u.name.clone()),
+        );
         let memory_limit = config.memory.limit(total_memory().unwrap_or(u64::MAX));
         let disk_limit = DiskLimit {
             limit: config.storage.disk_free_limit,
@@ -148,6 +152,8 @@ impl ServerState {
         Ok(ServerState {
             broker,
             config,
+            sessions: warren_broker::Sessions::new(),
+            loopback_users,
             next_connection: AtomicU64::new(1),
             connections: AtomicUsize::new(0),
             blocked_listeners: parking_lot::Mutex::new(Vec::new()),
