@@ -439,7 +439,7 @@ where
         },
         incomplete_content: Cell::new(0),
         user: session.user,
-        slot: session.slot,
+        slot: Some(session.slot),
         state: state.clone(),
         published: false,
     };
@@ -484,7 +484,9 @@ where
                 Err(e) => break 'outer End::Error(ConnError::decode(&e)),
             }
         }
-        conn.slot.set_channels(conn.channels.len() as u64);
+        if let Some(slot) = &mut conn.slot {
+            slot.set_channels(conn.channels.len() as u64);
+        }
         conn.flush_confirms();
         if conn.published && session.blocked_notify && !blocked_listener {
             state.listen_blocked(&outbox);
@@ -907,8 +909,9 @@ struct Conn {
     /// Content announced and not yet received over all channels, bytes.
     incomplete_content: Cell<u64>,
     user: String,
-    /// This connection's place in the vhost's and user's connection and channel counts.
-    slot: ConnectionSlot,
+    /// This connection's place in the vhost's and user's connection and channel counts;
+    /// given up at cleanup, so that a closing connection no longer counts.
+    slot: Option<ConnectionSlot>,
     state: Arc<ServerState>,
     /// The client published since the last check (the memory alarm pauses publishers).
     published: bool,
@@ -952,10 +955,10 @@ impl Conn {
                                 )));
                             }
                             // The user's max-channels over all their connections (530).
-                            let counted = self
-                                .slot
-                                .open_channel(&self.state.broker.access(), open as u64);
-                            if let Err(e) = counted {
+                            let counted = self.slot.as_mut().map(|slot| {
+                                slot.open_channel(&self.state.broker.access(), open as u64)
+                            });
+                            if let Some(Err(e)) = counted {
                                 // RabbitMQ names no method in this close.
                                 return Some(End::Error(ConnError::from_broker(e, 0, 0)));
                             }
@@ -1127,6 +1130,7 @@ impl Conn {
             ch.cleanup(&ctx);
         }
         self.vhost.remove_exclusive_queues(self.id);
+        self.slot = None;
     }
 }
 

@@ -369,6 +369,13 @@ impl BrokerBuilder {
                 return Err(std::io::Error::other(e));
             }
         };
+        let tls = match bind_tls(&state.config.tls).await {
+            Ok(t) => t,
+            Err(e) => {
+                state.broker.close();
+                return Err(e);
+            }
+        };
         let addrs: Vec<SocketAddr> = listeners
             .iter()
             .filter_map(|l| l.local_addr().ok())
@@ -377,14 +384,49 @@ impl BrokerBuilder {
         for a in &addrs {
             info!(addr = %a, "started TCP listener for AMQP 0-9-1");
         }
-        let task = tokio::spawn(accept_loop(listeners, state.clone(), rx));
+        let amqps_addr = match &tls {
+            Some((listener, _)) => {
+                let a = listener.local_addr()?;
+                info!(addr = %a, "started TLS (AMQPS) listener for AMQP 0-9-1");
+                Some(a)
+            }
+            None => None,
+        };
+        let tls_acceptor = tls.as_ref().map(|(_, h)| h.clone());
+        let task = tokio::spawn(accept_loop(listeners, tls, state.clone(), rx));
         Ok(RunningBroker {
             amqp_addrs: addrs,
+            amqps_addr,
+            tls_acceptor,
             state,
             shutdown: tx,
             task,
         })
     }
+}
+
+/// The AMQPS listener and its acceptor, when `[tls]` is on. The files are read here, so a
+/// broker with unusable certificates does not start.
+///
+/// Errors: a TLS file cannot be used (the message names the setting and the file), or the
+/// listen address cannot be bound.
+async fn bind_tls(
+    settings: &crate::tls::TlsConfig,
+) -> std::io::Result<Option<(TcpListener, crate::tls::TlsAcceptorHandle)>> {
+    if !settings.enabled() {
+        return Ok(None);
+    }
+    let owned = settings.clone();
+    let handle = tokio::task::spawn_blocking(move || crate::tls::TlsAcceptorHandle::new(&owned))
+        .await?
+        .map_err(std::io::Error::other)?;
+    let listener = TcpListener::bind(settings.listen).await.map_err(|e| {
+        std::io::Error::new(
+            e.kind(),
+            format!("cannot listen on {} (tls.listen): {e}", settings.listen),
+        )
+    })?;
+    Ok(Some((listener, handle)))
 }
 
 /// The error of a listener that could not be bound, as a [`ListenError`] inside the
@@ -396,6 +438,8 @@ pub fn listen_error(e: &std::io::Error) -> Option<&ListenError> {
 /// A running broker.
 pub struct RunningBroker {
     amqp_addrs: Vec<SocketAddr>,
+    amqps_addr: Option<SocketAddr>,
+    tls_acceptor: Option<crate::tls::TlsAcceptorHandle>,
     state: Arc<ServerState>,
     shutdown: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
@@ -411,6 +455,18 @@ impl RunningBroker {
     /// The addresses of every AMQP listener.
     pub fn amqp_addrs(&self) -> &[SocketAddr] {
         &self.amqp_addrs
+    }
+
+    /// The address of the AMQPS (AMQP over TLS) listener, when `[tls]` is on.
+    pub fn amqps_addr(&self) -> Option<SocketAddr> {
+        self.amqps_addr
+    }
+
+    /// The TLS acceptor of the AMQPS listener, when `[tls]` is on: reload it (SIGHUP) to
+    /// serve new certificates to new connections; clone it to serve other listeners (HTTPS)
+    /// with the same settings.
+    pub fn tls_acceptor(&self) -> Option<&crate::tls::TlsAcceptorHandle> {
+        self.tls_acceptor.as_ref()
     }
 
     /// The shared state (broker model and configuration).
@@ -430,10 +486,15 @@ impl RunningBroker {
 /// TTL by at most this much when nothing else touches its queue.
 const SWEEP_MS: u64 = 50;
 
+/// A connection accepted on a listener: the stream, the peer and local addresses, and whether
+/// it came in on the AMQPS listener (its TLS handshake is still to be done).
+type Accepted = (tokio::net::TcpStream, SocketAddr, SocketAddr, bool);
+
 /// Accepts on one listener and hands each connection to the accept loop.
 async fn accept_from(
     listener: TcpListener,
-    accepted: tokio::sync::mpsc::Sender<(tokio::net::TcpStream, SocketAddr, SocketAddr)>,
+    accepted: tokio::sync::mpsc::Sender<Accepted>,
+    tls: bool,
 ) {
     let local = match listener.local_addr() {
         Ok(a) => a,
@@ -442,7 +503,7 @@ async fn accept_from(
     loop {
         match listener.accept().await {
             Ok((stream, peer)) => {
-                if accepted.send((stream, peer, local)).await.is_err() {
+                if accepted.send((stream, peer, local, tls)).await.is_err() {
                     return;
                 }
             }
@@ -454,19 +515,58 @@ async fn accept_from(
     }
 }
 
+/// Serves one accepted connection; on the AMQPS listener, after its TLS handshake, which must
+/// finish within `amqp.handshake_timeout` (a client refused by peer verification fails here,
+/// before any AMQP is read).
+async fn serve_accepted(
+    state: Arc<ServerState>,
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    local: SocketAddr,
+    tls: Option<crate::tls::TlsAcceptorHandle>,
+    shutdown: watch::Receiver<bool>,
+) {
+    let Some(acceptor) = tls else {
+        return crate::connection::serve(state, stream, peer, local, shutdown).await;
+    };
+    let limit = Duration::from_secs(state.config.amqp.handshake_timeout.max(1));
+    match acceptor.accept_timeout(stream, limit).await {
+        Ok(tls) => {
+            let session = crate::tls::TlsSessionInfo::of(&tls);
+            tracing::debug!(
+                %peer,
+                protocol = session.protocol_name(),
+                client_certificate = session.peer_certificate().is_some(),
+                "TLS handshake done"
+            );
+            let security = crate::sasl::TransportSecurity { tls: Some(session) };
+            crate::connection::serve_with(state, tls, peer, local, security, shutdown).await
+        }
+        Err(e) => warn!(%peer, error = %e, "TLS handshake failed; connection closed"),
+    }
+}
+
 /// The broker's lifecycle: accepts on every listener, runs the periodic checks, and on
 /// shutdown stops accepting on all listeners, closes every connection with 320
 /// CONNECTION_FORCED and closes the store (final fsync).
 async fn accept_loop(
     listeners: Vec<TcpListener>,
+    tls: Option<(TcpListener, crate::tls::TlsAcceptorHandle)>,
     state: Arc<ServerState>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut acceptors = JoinSet::new();
     let (accepted_tx, mut accepted) = tokio::sync::mpsc::channel(64);
     for l in listeners {
-        acceptors.spawn(accept_from(l, accepted_tx.clone()));
+        acceptors.spawn(accept_from(l, accepted_tx.clone(), false));
     }
+    let tls_acceptor = match tls {
+        Some((l, handle)) => {
+            acceptors.spawn(accept_from(l, accepted_tx.clone(), true));
+            Some(handle)
+        }
+        None => None,
+    };
     drop(accepted_tx);
     let mut tasks = JoinSet::new();
     let mut health = tokio::time::interval(Duration::from_millis(250));
@@ -477,7 +577,7 @@ async fn accept_loop(
         tokio::select! {
             _ = health.tick() => state.check_blocked(),
             _ = sweep.tick() => state.broker.sweep(),
-            Some((stream, peer, local)) = accepted.recv() => {
+            Some((stream, peer, local, is_tls)) = accepted.recv() => {
                 if state.connection_count() >= state.config.amqp.max_connections {
                     warn!(%peer, "connection refused: max_connections reached");
                     drop(stream);
@@ -488,8 +588,9 @@ async fn accept_loop(
                 let rx = shutdown.clone();
                 st.connections.fetch_add(1, Ordering::Relaxed);
                 info!("accepting AMQP connection ({peer} -> {local})");
+                let tls = if is_tls { tls_acceptor.clone() } else { None };
                 tasks.spawn(async move {
-                    crate::connection::serve(st.clone(), stream, peer, local, rx).await;
+                    serve_accepted(st.clone(), stream, peer, local, tls, rx).await;
                     st.connections.fetch_sub(1, Ordering::Relaxed);
                 });
             }
