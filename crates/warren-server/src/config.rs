@@ -1042,7 +1042,35 @@ impl Config {
             );
         }
         if let Err(e) = self.tls.validate() {
-            return bad("tls", &"[tls]", &e.to_string());
+            // Name where the TLS settings came from (a flag, a variable, the file).
+            let key = [
+                "tls.cert_file",
+                "tls.key_file",
+                "tls.ca_file",
+                "tls.verify_peer",
+                "tls.fail_if_no_peer_cert",
+            ]
+            .into_iter()
+            .find(|k| origin(k) != "the default")
+            .unwrap_or("tls");
+            let path = |p: &Option<PathBuf>| {
+                p.as_ref()
+                    .map_or_else(|| "unset".to_string(), |p| p.display().to_string())
+            };
+            let value = match key {
+                "tls.cert_file" => path(&self.tls.cert_file),
+                "tls.key_file" => path(&self.tls.key_file),
+                "tls.ca_file" => path(&self.tls.ca_file),
+                "tls.verify_peer" => self.tls.verify_peer.to_string(),
+                "tls.fail_if_no_peer_cert" => self.tls.fail_if_no_peer_cert.to_string(),
+                _ => "[tls]".to_string(),
+            };
+            return Err(ConfigError::Invalid {
+                key: key.to_string(),
+                value,
+                origin: origin(key),
+                message: e.to_string(),
+            });
         }
         if !(0.0..=1.0).contains(&self.storage.compaction_ratio) {
             return bad(
@@ -1442,6 +1470,105 @@ mod tests {
         .unwrap();
         let e = Config::load(Some(&p), Vec::new()).unwrap_err().to_string();
         assert!(e.contains("listed twice"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn tls_auth_and_definitions_from_the_environment() {
+        let c = Config::load(
+            None,
+            env(&[
+                ("WARREN_TLS_LISTEN", "127.0.0.1:5999"),
+                ("WARREN_TLS_CERT_FILE", "/etc/warren/server.pem"),
+                ("WARREN_TLS_KEY_FILE", "/etc/warren/server.key"),
+                ("WARREN_TLS_CA_FILE", "/etc/warren/ca.pem"),
+                ("WARREN_TLS_VERIFY_PEER", "true"),
+                ("WARREN_AUTH_MECHANISMS", "EXTERNAL, PLAIN"),
+                ("WARREN_AUTH_LOOPBACK_USERS", ""),
+                ("WARREN_AUTH_SSL_CERT_LOGIN_FROM", "common_name"),
+                ("WARREN_AUTH_ANONYMOUS_USER", "anon"),
+                ("WARREN_DEFINITIONS_LOAD_FILE", "/etc/warren/defs.json"),
+            ]),
+        )
+        .unwrap();
+        assert!(c.tls.enabled() && c.tls.verify_peer);
+        assert_eq!(c.tls.listen.port(), 5999);
+        assert_eq!(c.auth.mechanisms, ["EXTERNAL", "PLAIN"]);
+        assert!(c.auth.loopback_users.is_empty());
+        assert_eq!(
+            c.auth.ssl_cert_login_from,
+            crate::tls::CertLoginFrom::CommonName
+        );
+        assert_eq!(c.auth.anonymous_user.as_deref(), Some("anon"));
+        assert_eq!(
+            c.definitions.load_file.as_deref(),
+            Some(Path::new("/etc/warren/defs.json"))
+        );
+        let d = Config::default();
+        assert_eq!(d.auth.mechanisms, ["PLAIN", "AMQPLAIN"]);
+        assert_eq!(d.auth.loopback_users, ["guest"]);
+        assert!(!d.tls.enabled());
+    }
+
+    #[test]
+    fn bad_security_settings_are_refused() {
+        for (var, value, says) in [
+            (
+                "WARREN_AUTH_MECHANISMS",
+                "PLAIN,CRAM-MD5",
+                "unknown mechanism",
+            ),
+            ("WARREN_AUTH_MECHANISMS", "PLAIN,PLAIN", "listed twice"),
+            ("WARREN_AUTH_MECHANISMS", "", "at least one"),
+            ("WARREN_AUTH_ANONYMOUS_USER", "\"\"", "leave it unset"),
+            ("WARREN_TLS_VERIFY_PEER", "true", "needs tls.ca_file"),
+            ("WARREN_TLS_CERT_FILE", "/x.pem", "tls.key_file is not"),
+        ] {
+            let e = Config::load(None, env(&[(var, value)]))
+                .expect_err(var)
+                .to_string();
+            assert!(e.contains(var) && e.contains(says), "{var}={value}: {e}");
+        }
+        let dir = scratch("bad-users");
+        let p = dir.join("warren.toml");
+        for (toml, says) in [
+            (
+                "[[users]]\nname = \"a\"\npassword = \"x\"\npassword_hash = \"eA==\"\n",
+                "not both",
+            ),
+            (
+                "[[users]]\nname = \"a\"\npassword_hash = \"eA==\"\nhashing_algorithm = \"sha1\"\n",
+                "unknown hashing_algorithm",
+            ),
+            (
+                "[[users]]\nname = \"a\"\npassword_hash = \"%%\"\n",
+                "not base64",
+            ),
+            (
+                "[[permissions]]\nuser = \"a\"\nconfigure = \"(\"\nwrite = \"\"\nread = \"\"\n",
+                "permissions",
+            ),
+            (
+                "[[vhosts]]\nname = \"v\"\n[[vhosts]]\nname = \"v\"\n",
+                "listed twice",
+            ),
+        ] {
+            std::fs::write(&p, toml).unwrap();
+            let e = Config::load(Some(&p), Vec::new()).unwrap_err().to_string();
+            assert!(e.contains(says), "{toml}: {e}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn passwords_are_hashed_and_not_printed() {
+        let dir = scratch("user-password");
+        let p = dir.join("warren.toml");
+        std::fs::write(&p, "[[users]]\nname = \"a\"\npassword = \"hunter2\"\n").unwrap();
+        let c = Config::load(Some(&p), Vec::new()).unwrap();
+        assert!(!format!("{c:?}").contains("hunter2"));
+        let hash = c.users[0].credential().unwrap();
+        assert!(hash.verify("hunter2") && !hash.verify("hunter3"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
