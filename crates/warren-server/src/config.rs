@@ -516,12 +516,10 @@ pub struct VhostConfig {
     #[serde(default)]
     pub description: String,
     /// Most client connections to the vhost (RabbitMQ vhost limit `max-connections`;
-    /// negative or unset = no limit).
+    /// negative or unset = no limit). The number of queues per vhost is capped by
+    /// `[limits] max_queues`.
     #[serde(default)]
     pub max_connections: Option<i64>,
-    /// Most queues in the vhost (`max-queues`).
-    #[serde(default)]
-    pub max_queues: Option<i64>,
 }
 
 fn default_vhost() -> String {
@@ -1212,11 +1210,10 @@ login_failure_delay_ms = {login_failure_delay_ms}
 # max_connections = 100
 # max_channels = 1000
 #
-# Vhosts besides "/", and vhost limits.
+# Vhosts besides "/", and their connection limits.
 # [[vhosts]]
 # name = "staging"
 # max_connections = 50
-# max_queues = 1000
 #
 # Permissions: regular expressions on names of exchanges and queues. With none listed,
 # every user of [[users]] gets ".*" on "/".

@@ -86,7 +86,7 @@ fn apply_config(broker: &Broker, config: &Config) -> Result<(), ProvisionError> 
         }
         record.limits = VhostLimits {
             max_connections: v.max_connections.and_then(limit_from_i64),
-            max_queues: v.max_queues.and_then(limit_from_i64),
+            ..record.limits
         };
         access.put_vhost(record);
         broker.add_vhost(&v.name);

@@ -58,7 +58,6 @@ fn vhost(name: &str) -> VhostConfig {
         name: name.into(),
         description: String::new(),
         max_connections: None,
-        max_queues: None,
     }
 }
 
