@@ -10,6 +10,10 @@
 //! limits and permissions in RabbitMQ's order and returns a [`ConnectionSlot`] that counts the
 //! connection (and its channels) until it is dropped. Checking and counting happen under one
 //! lock, so concurrent connections cannot both slip under a limit.
+//!
+//! Lock order: the access-control lock ([`Broker::access`]) may be held while taking the
+//! sessions lock or the broker's vhost map (start-up provisioning creates vhosts under it),
+//! never the reverse, and neither is taken under a vhost's topology or a queue lock.
 
 use std::collections::HashMap;
 use std::sync::Arc;
