@@ -6,7 +6,8 @@
 # Environment:
 #   AMQP_URL    if set, test against this broker instead of starting Warren
 #               (e.g. amqp://guest:guest@127.0.0.1:5672/%2F for a real RabbitMQ)
-#   WARREN_BIN  broker binary, relative to the repo root (default target/debug/warren)
+#   WARREN_BIN  broker binary, relative to the repo root (default target/debug/warren); the
+#               TLS tests start their own broker from it and are skipped without it
 #   PORT        port for the started broker (default 5679, or a free port if busy)
 set -euo pipefail
 
@@ -18,7 +19,7 @@ section() { printf '\n==== %s ====\n' "$*"; }
 # ---------------------------------------------------------------------------
 section "interop: dependencies"
 # ---------------------------------------------------------------------------
-if ! python3 -c 'import pika, pytest, pytest_timeout, amqp' 2>/dev/null; then
+if ! python3 -c 'import pika, pytest, pytest_timeout, amqp, cryptography' 2>/dev/null; then
   echo "installing Python test dependencies"
   python3 -m pip install -q -r tests/interop/python/requirements.txt \
     || python3 -m pip install -q --break-system-packages -r tests/interop/python/requirements.txt
@@ -100,6 +101,8 @@ else
   section "interop: starting warren"
   WARREN_BIN=${WARREN_BIN:-target/debug/warren}
   case "$WARREN_BIN" in /*) ;; *) WARREN_BIN="$ROOT/$WARREN_BIN" ;; esac
+  # test_tls.py starts its own broker with a TLS listener from this binary.
+  export WARREN_BIN
   if [ ! -x "$WARREN_BIN" ]; then
     echo "error: broker binary not found or not executable: $WARREN_BIN" >&2
     echo "build it with: cargo build -p warren-server --bin warren" >&2

@@ -2,12 +2,11 @@
 //!
 //! This crate holds what an AMQP 0-9-1 broker *is*, independent of sockets: virtual hosts
 //! ([`VHost`]), exchanges and their routing tables ([`exchange`]), queues with their ready lists,
-//! consumers and prefetch accounting ([`queue`]), and the user table ([`auth`]). The server crate
+//! consumers and prefetch accounting ([`queue`]), and the access-control database ([`access`]:
+//! users with RabbitMQ's password hashes, vhost and user limits, permissions, and the table of
+//! what each operation needs). [`login`] checks credentials and counts sessions against the
+//! limits; [`definitions`] reads and writes RabbitMQ's definitions files. The server crate
 //! drives it from connection tasks; tests drive it directly.
-//!
-//! [`access`] (users with RabbitMQ's password hashes, vhost and user limits, permissions, and the
-//! table of what each operation needs) and [`definitions`] (RabbitMQ's definitions files) are the
-//! pieces of the coming operations layer; the server does not use them yet.
 //!
 //! Locking discipline: a vhost's topology lock may be held while taking a queue lock, and a queue
 //! lock may be held while calling into a [`queue::DeliveryTarget`] (a channel), never the reverse.
@@ -17,7 +16,6 @@
 
 pub mod access;
 pub mod args;
-pub mod auth;
 pub mod blocks;
 pub mod clock;
 pub mod data_dir;
@@ -27,6 +25,7 @@ pub mod error;
 pub mod exchange;
 pub mod headers;
 pub mod limits;
+pub mod login;
 pub mod message;
 pub mod names;
 pub mod persist;
@@ -35,11 +34,11 @@ pub mod sender_selected;
 pub mod topic;
 pub mod vhost;
 
-pub use auth::{User, Users};
 pub use data_dir::{DataDir, DataDirError};
 pub use error::{BrokerError, Result};
 pub use exchange::{Destination, ExchangeKind};
 pub use limits::Limits;
+pub use login::{Authenticated, Credentials, LoginRefused, LoginSource, Sessions};
 pub use message::{Message, QueuedMessage};
 pub use persist::StorageOptions;
 pub use queue::{Consumer, DeliveryTarget, Queue};

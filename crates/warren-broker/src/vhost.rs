@@ -1,11 +1,10 @@
 //! Virtual hosts: the exchanges, queues and bindings of one namespace, and the [`Broker`] that
-//! holds every vhost and the user table.
+//! holds every vhost and the access-control database.
 //!
 //! All topology changes (declare, delete, bind) take the vhost's write lock; routing a publish
 //! takes the read lock only, so publishers on different connections route in parallel.
 
 use crate::args::QueueArgs;
-use crate::auth::Users;
 use crate::clock::{Clock, SystemClock};
 use crate::delayed::{self, Body, Held};
 use crate::error::{resource, BrokerError, Result};
@@ -46,15 +45,20 @@ const EQUIVALENT_QUEUE_ARGS: &[&str] = &[
     "x-delivery-limit",
 ];
 
-/// The broker: vhosts and users.
+/// The broker: vhosts and the access-control database (users, permissions, limits).
 pub struct Broker {
     vhosts: RwLock<HashMap<String, Arc<VHost>>>,
-    /// The user table.
-    pub users: RwLock<Users>,
+    access: parking_lot::RwLock<crate::access::AccessControl>,
     persist: Option<Arc<Persistence>>,
     ids: Arc<AtomicU64>,
     clock: Arc<dyn Clock>,
     limits: Arc<RwLock<Limits>>,
+}
+
+impl Default for Broker {
+    fn default() -> Self {
+        Broker::new()
+    }
 }
 
 /// Why a durable broker could not start.
@@ -78,17 +82,20 @@ pub enum OpenError {
 }
 
 impl Broker {
-    /// An in-memory broker with the default vhost `/` and the given users: nothing survives a
+    /// An in-memory broker with the default vhost `/` and RabbitMQ's first-boot access
+    /// database (user `guest`, see [`AccessControl::with_default_guest`]): nothing survives a
     /// restart and queues are bounded by memory only.
-    pub fn new(users: Users) -> Self {
-        Self::with_clock(users, Arc::new(SystemClock))
+    ///
+    /// [`AccessControl::with_default_guest`]: crate::access::AccessControl::with_default_guest
+    pub fn new() -> Self {
+        Self::with_clock(Arc::new(SystemClock))
     }
 
     /// An in-memory broker whose TTLs and expiries are measured with `clock`.
-    pub fn with_clock(users: Users, clock: Arc<dyn Clock>) -> Self {
+    pub fn with_clock(clock: Arc<dyn Clock>) -> Self {
         let b = Broker {
             vhosts: RwLock::new(HashMap::new()),
-            users: RwLock::new(users),
+            access: parking_lot::RwLock::new(crate::access::AccessControl::with_default_guest()),
             persist: None,
             ids: Arc::new(AtomicU64::new(1)),
             clock,
@@ -106,7 +113,6 @@ impl Broker {
     /// Errors: [`OpenError`]: the directory is unusable or in use by another broker, the
     /// store cannot be opened, or a definitions file cannot be read.
     pub fn open(
-        users: Users,
         options: StorageOptions,
     ) -> std::result::Result<(Broker, RecoveryReport), OpenError> {
         let dir = crate::data_dir::DataDir::open(&options.data_dir)?;
@@ -126,7 +132,7 @@ impl Broker {
         };
         let b = Broker {
             vhosts: RwLock::new(HashMap::new()),
-            users: RwLock::new(users),
+            access: parking_lot::RwLock::new(crate::access::AccessControl::with_default_guest()),
             persist: Some(persist.clone()),
             ids: Arc::new(AtomicU64::new(0)),
             clock: Arc::new(SystemClock),
@@ -178,6 +184,17 @@ impl Broker {
             }
         }
         Ok((b, recovered.report))
+    }
+
+    /// The access-control database (users, vhost records, permissions, limits), for reading.
+    /// Hold the guard briefly: logins and connection.open wait for writers.
+    pub fn access(&self) -> parking_lot::RwLockReadGuard<'_, crate::access::AccessControl> {
+        self.access.read()
+    }
+
+    /// The access-control database, for changing it (definitions import, configuration).
+    pub fn access_mut(&self) -> parking_lot::RwLockWriteGuard<'_, crate::access::AccessControl> {
+        self.access.write()
     }
 
     /// The message store, for a durable broker.
@@ -2170,7 +2187,7 @@ mod tests {
 
     fn clocked() -> (Arc<crate::clock::ManualClock>, Arc<VHost>) {
         let clock = Arc::new(crate::clock::ManualClock::new(1_000_000));
-        let b = Broker::with_clock(Users::new(), clock.clone());
+        let b = Broker::with_clock(clock.clone());
         let v = b.vhost("/").unwrap();
         (clock, v)
     }
@@ -2931,7 +2948,7 @@ mod tests {
 
     #[test]
     fn topic_match_budget_refuses_messages_that_need_more() {
-        let b = Broker::new(Users::new());
+        let b = Broker::new();
         b.set_limits(Limits {
             topic_match_budget: 500,
             ..Limits::default()
@@ -2963,7 +2980,7 @@ mod tests {
 
     #[test]
     fn vhost_limits() {
-        let b = Broker::new(Users::new());
+        let b = Broker::new();
         b.set_limits(Limits {
             max_queues: 2,
             max_exchanges: 1,

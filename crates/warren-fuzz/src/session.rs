@@ -956,6 +956,9 @@ fn start_ok(mechanism: &str, response: Bytes) -> ConnectionStartOk {
     caps.insert("consumer_cancel_notify", FieldValue::Bool(true));
     caps.insert("connection.blocked", FieldValue::Bool(true));
     caps.insert("publisher_confirms", FieldValue::Bool(true));
+    // As pika, lapin and amqplib: a refused login is told with connection.close (without it,
+    // the broker only closes the socket, as RabbitMQ does).
+    caps.insert("authentication_failure_close", FieldValue::Bool(true));
     let mut props = FieldTable::new();
     props.insert("product", long("warren-fuzz"));
     props.insert("capabilities", FieldValue::Table(caps));

@@ -23,10 +23,97 @@ pub struct Config {
     pub log: LogConfig,
     /// Memory alarm.
     pub memory: MemoryConfig,
-    /// Users; when empty, the default `guest`/`guest` (loopback only) is created.
-    pub users: Vec<UserConfig>,
     /// Caps on what each vhost may hold.
     pub limits: LimitsConfig,
+    /// The AMQPS listener and the TLS settings shared with the HTTP listeners.
+    pub tls: crate::tls::TlsConfig,
+    /// SASL mechanisms and login rules.
+    pub auth: AuthConfig,
+    /// A RabbitMQ definitions file imported at start.
+    pub definitions: DefinitionsConfig,
+    /// Users (`[[users]]`). When none is listed and no definitions file is loaded, the default
+    /// `guest`/`guest` is created (with `.*` permissions on `/`; `loopback_users` keeps it to
+    /// localhost).
+    pub users: Vec<UserConfig>,
+    /// Vhosts besides `/` (`[[vhosts]]`), with their limits.
+    pub vhosts: Vec<VhostConfig>,
+    /// Permissions (`[[permissions]]`). When none is listed, every user of `[[users]]` gets
+    /// `.*` on `/`.
+    pub permissions: Vec<PermissionConfig>,
+    /// Topic permissions (`[[topic_permissions]]`).
+    pub topic_permissions: Vec<TopicPermissionConfig>,
+}
+
+/// `[auth]`: how clients log in (RabbitMQ's `auth_mechanisms`, `loopback_users`,
+/// `ssl_cert_login_from`, `anonymous_login_user`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthConfig {
+    /// SASL mechanisms offered, in order: `PLAIN`, `AMQPLAIN`, `EXTERNAL`, `ANONYMOUS`
+    /// (default `["PLAIN", "AMQPLAIN"]`). A list, or in the environment a comma-separated
+    /// string. Of these, only usable ones are advertised: EXTERNAL on TLS connections whose
+    /// client presented a verified certificate, ANONYMOUS when `anonymous_user` is set.
+    #[serde(deserialize_with = "string_list")]
+    pub mechanisms: Vec<String>,
+    /// Where EXTERNAL takes the user name from the client certificate:
+    /// `distinguished_name` (the whole subject DN in RabbitMQ's format, the default) or
+    /// `common_name`.
+    pub ssl_cert_login_from: crate::tls::CertLoginFrom,
+    /// The user ANONYMOUS logs in as (must exist); unset, ANONYMOUS is unavailable.
+    pub anonymous_user: Option<String>,
+    /// Users that may only log in from a loopback address (default `["guest"]`; a list, or a
+    /// comma-separated string in the environment; empty for none).
+    #[serde(deserialize_with = "string_list")]
+    pub loopback_users: Vec<String>,
+    /// How long a refused login waits before the socket is closed, ms (RabbitMQ waits 3 s),
+    /// so that guessing passwords is slow.
+    pub login_failure_delay_ms: u64,
+}
+
+/// The SASL mechanisms Warren implements.
+pub const KNOWN_MECHANISMS: &[&str] = &["PLAIN", "AMQPLAIN", "EXTERNAL", "ANONYMOUS"];
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        AuthConfig {
+            mechanisms: vec!["PLAIN".into(), "AMQPLAIN".into()],
+            ssl_cert_login_from: crate::tls::CertLoginFrom::default(),
+            anonymous_user: None,
+            loopback_users: vec!["guest".into()],
+            login_failure_delay_ms: 3000,
+        }
+    }
+}
+
+/// Reads a list of strings from a TOML array or a comma-separated string (environment
+/// variables); blanks are dropped.
+fn string_list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Form {
+        List(Vec<String>),
+        Csv(String),
+    }
+    let items = match Form::deserialize(d)? {
+        Form::List(l) => l,
+        Form::Csv(s) => s.split(',').map(str::to_string).collect(),
+    };
+    Ok(items
+        .into_iter()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect())
+}
+
+/// `[definitions]`: a definitions file in RabbitMQ's JSON format (what `rabbitmqctl
+/// export_definitions` writes) imported at every start (RabbitMQ's `load_definitions`).
+/// Importing is idempotent: users, vhosts and permissions are created or replaced; exchanges,
+/// queues and bindings are declared unless they exist.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct DefinitionsConfig {
+    /// The file; unset imports nothing.
+    pub load_file: Option<PathBuf>,
 }
 
 /// `[limits]`: caps per vhost on queues, exchanges and bindings (RabbitMQ's vhost limit
@@ -358,20 +445,121 @@ impl LogConfig {
     }
 }
 
-/// One `[[users]]` entry.
+/// One `[[users]]` entry: a `password` (hashed with SHA-256 when the configuration is
+/// loaded, never logged) or a `password_hash` in RabbitMQ's format (`warren --hash-password`
+/// prints one) with its `hashing_algorithm`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct UserConfig {
     /// Login name.
     pub name: String,
-    /// Password.
-    pub password: String,
-    /// Management tags.
+    /// Cleartext password (`Debug` prints `***`).
+    #[serde(default)]
+    pub password: Option<warren_broker::access::Cleartext>,
+    /// Base64 `salt ++ hash(salt ++ password)`, as in a RabbitMQ definitions file.
+    #[serde(default)]
+    pub password_hash: Option<String>,
+    /// The hash's algorithm: `rabbit_password_hashing_sha256` (default),
+    /// `rabbit_password_hashing_sha512` or `rabbit_password_hashing_md5`.
+    #[serde(default)]
+    pub hashing_algorithm: Option<String>,
+    /// Tags (`administrator`, `monitoring`, `policymaker`, `management`, `impersonator`).
     #[serde(default)]
     pub tags: Vec<String>,
-    /// Only allowed from loopback addresses.
+    /// Only allowed from loopback addresses (as if listed in `[auth] loopback_users`).
     #[serde(default)]
     pub loopback_only: bool,
+    /// Most connections the user may have open (RabbitMQ user limit `max-connections`;
+    /// negative or unset = no limit).
+    #[serde(default)]
+    pub max_connections: Option<i64>,
+    /// Most channels the user may have open over all connections (`max-channels`).
+    #[serde(default)]
+    pub max_channels: Option<i64>,
+}
+
+impl UserConfig {
+    /// The user's stored credential: the `password` hashed now (SHA-256, fresh salt), the
+    /// decoded `password_hash`, or none (a passwordless user, who can only log in with
+    /// EXTERNAL or ANONYMOUS).
+    ///
+    /// Errors: both `password` and `password_hash` set, an unknown `hashing_algorithm`, or a
+    /// `password_hash` that is not base64.
+    pub fn credential(&self) -> Result<warren_broker::access::PasswordHash, String> {
+        use warren_broker::access::{HashingAlgorithm, PasswordHash};
+        let algorithm = match &self.hashing_algorithm {
+            None => HashingAlgorithm::default(),
+            Some(name) => HashingAlgorithm::from_module_name(name).ok_or_else(|| {
+                format!(
+                    "unknown hashing_algorithm '{name}' (use rabbit_password_hashing_sha256, \
+                     rabbit_password_hashing_sha512 or rabbit_password_hashing_md5)"
+                )
+            })?,
+        };
+        match (&self.password, &self.password_hash) {
+            (Some(_), Some(_)) => Err("set password or password_hash, not both".into()),
+            (Some(p), None) => Ok(PasswordHash::from_password(algorithm, p.expose())),
+            (None, Some(h)) => PasswordHash::from_base64(algorithm, h)
+                .map_err(|e| format!("password_hash is not base64: {e}")),
+            (None, None) => Ok(PasswordHash::none()),
+        }
+    }
+}
+
+/// One `[[vhosts]]` entry (`/` always exists; list it to set its limits).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct VhostConfig {
+    /// Name.
+    pub name: String,
+    /// Free text.
+    #[serde(default)]
+    pub description: String,
+    /// Most client connections to the vhost (RabbitMQ vhost limit `max-connections`;
+    /// negative or unset = no limit). The number of queues per vhost is capped by
+    /// `[limits] max_queues`.
+    #[serde(default)]
+    pub max_connections: Option<i64>,
+}
+
+fn default_vhost() -> String {
+    "/".into()
+}
+
+/// One `[[permissions]]` entry: regular expressions on resource names, as `rabbitmqctl
+/// set_permissions` takes them (`""` matches nothing).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PermissionConfig {
+    /// User.
+    pub user: String,
+    /// Vhost (default `/`).
+    #[serde(default = "default_vhost")]
+    pub vhost: String,
+    /// Configure pattern.
+    pub configure: String,
+    /// Write pattern.
+    pub write: String,
+    /// Read pattern.
+    pub read: String,
+}
+
+/// One `[[topic_permissions]]` entry: routing-key patterns on a topic exchange, with
+/// `{username}` and `{vhost}` expanded.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TopicPermissionConfig {
+    /// User.
+    pub user: String,
+    /// Vhost (default `/`).
+    #[serde(default = "default_vhost")]
+    pub vhost: String,
+    /// Topic exchange.
+    pub exchange: String,
+    /// Write pattern (publish).
+    pub write: String,
+    /// Read pattern (bindings).
+    pub read: String,
 }
 
 impl Default for AmqpConfig {
@@ -494,7 +682,16 @@ pub enum ConfigError {
     },
 }
 
-const SECTIONS: &[&str] = &["amqp", "storage", "log", "memory", "limits"];
+const SECTIONS: &[&str] = &[
+    "amqp",
+    "storage",
+    "log",
+    "memory",
+    "limits",
+    "tls",
+    "auth",
+    "definitions",
+];
 
 /// `WARREN_*` variables that are not configuration: the scripts of this repository use them
 /// for themselves (the interop suite's broker binary, the benchmark's port), and a broker they
@@ -764,6 +961,114 @@ impl Config {
                 return bad("users.name", &u.name, "listed twice");
             }
             names.push(&u.name);
+            if let Err(m) = u.credential() {
+                return bad("users.password_hash", &u.name, &m);
+            }
+            if let Err(e) =
+                warren_broker::access::user::parse_tags(u.tags.iter().map(String::as_str))
+            {
+                return bad("users.tags", &u.name, &e.to_string());
+            }
+        }
+        let mut vhosts = Vec::new();
+        for v in &self.vhosts {
+            if v.name.is_empty() {
+                return bad("vhosts.name", &"\"\"", "a vhost needs a name");
+            }
+            if vhosts.contains(&&v.name) {
+                return bad("vhosts.name", &v.name, "listed twice");
+            }
+            vhosts.push(&v.name);
+        }
+        for p in &self.permissions {
+            if let Err(e) = warren_broker::access::Permissions::new(&p.configure, &p.write, &p.read)
+            {
+                return bad(
+                    "permissions",
+                    &format!("{} in {}", p.user, p.vhost),
+                    &e.to_string(),
+                );
+            }
+        }
+        for t in &self.topic_permissions {
+            if let Err(e) = warren_broker::access::TopicPermissions::new(
+                &t.user,
+                &t.vhost,
+                &t.exchange,
+                &t.write,
+                &t.read,
+            ) {
+                return bad(
+                    "topic_permissions",
+                    &format!("{} in {} on {}", t.user, t.vhost, t.exchange),
+                    &e.to_string(),
+                );
+            }
+        }
+        let a = &self.auth;
+        if a.mechanisms.is_empty() {
+            return bad(
+                "auth.mechanisms",
+                &"[]",
+                "list at least one of PLAIN, AMQPLAIN, EXTERNAL, ANONYMOUS",
+            );
+        }
+        for (i, m) in a.mechanisms.iter().enumerate() {
+            if !KNOWN_MECHANISMS.contains(&m.as_str()) {
+                return bad(
+                    "auth.mechanisms",
+                    m,
+                    "unknown mechanism: use PLAIN, AMQPLAIN, EXTERNAL or ANONYMOUS",
+                );
+            }
+            if a.mechanisms[..i].contains(m) {
+                return bad("auth.mechanisms", m, "listed twice");
+            }
+        }
+        if a.anonymous_user.as_deref() == Some("") {
+            return bad(
+                "auth.anonymous_user",
+                &"\"\"",
+                "name a user, or leave it unset to disable ANONYMOUS",
+            );
+        }
+        if a.login_failure_delay_ms > 60_000 {
+            return bad(
+                "auth.login_failure_delay_ms",
+                &a.login_failure_delay_ms,
+                "must be at most 60000 (a refused client holds a connection this long)",
+            );
+        }
+        if let Err(e) = self.tls.validate() {
+            // Name where the TLS settings came from (a flag, a variable, the file).
+            let key = [
+                "tls.cert_file",
+                "tls.key_file",
+                "tls.ca_file",
+                "tls.verify_peer",
+                "tls.fail_if_no_peer_cert",
+            ]
+            .into_iter()
+            .find(|k| origin(k) != "the default")
+            .unwrap_or("tls");
+            let path = |p: &Option<PathBuf>| {
+                p.as_ref()
+                    .map_or_else(|| "unset".to_string(), |p| p.display().to_string())
+            };
+            let value = match key {
+                "tls.cert_file" => path(&self.tls.cert_file),
+                "tls.key_file" => path(&self.tls.key_file),
+                "tls.ca_file" => path(&self.tls.ca_file),
+                "tls.verify_peer" => self.tls.verify_peer.to_string(),
+                "tls.fail_if_no_peer_cert" => self.tls.fail_if_no_peer_cert.to_string(),
+                _ => "[tls]".to_string(),
+            };
+            return Err(ConfigError::Invalid {
+                key: key.to_string(),
+                value,
+                origin: origin(key),
+                message: e.to_string(),
+            });
         }
         if !(0.0..=1.0).contains(&self.storage.compaction_ratio) {
             return bad(
@@ -870,12 +1175,63 @@ max_bindings = {max_bindings}
 # with 406 (real binding sets need tens to hundreds).
 topic_match_budget = {topic_match_budget}
 
-# Users. With none listed, guest/guest is created and may only log in from localhost.
+
+{tls}
+[auth]
+# SASL mechanisms offered to clients, of PLAIN, AMQPLAIN, EXTERNAL and ANONYMOUS
+# (environment: comma-separated). EXTERNAL is only offered on TLS connections whose client
+# presented a certificate verified against tls.ca_file (needs tls.verify_peer); ANONYMOUS only
+# when anonymous_user is set.
+mechanisms = ["PLAIN", "AMQPLAIN"]
+# Where EXTERNAL takes the user name from: "distinguished_name" (the certificate's subject,
+# e.g. "CN=app,O=example", RabbitMQ's default) or "common_name".
+ssl_cert_login_from = "distinguished_name"
+# The user ANONYMOUS logs in as; unset, ANONYMOUS is unavailable.
+# anonymous_user = "anonymous"
+# Users that may only log in from a loopback address.
+loopback_users = ["guest"]
+# A refused login waits this long (ms) before the socket is closed.
+login_failure_delay_ms = {login_failure_delay_ms}
+
+[definitions]
+# A RabbitMQ definitions file (rabbitmqctl export_definitions) imported at every start:
+# users (with their password hashes), vhosts, permissions, topic permissions, exchanges,
+# queues and bindings. Importing again changes nothing. Also --load-definitions FILE.
+# load_file = "/etc/warren/definitions.json"
+
+# Users. With none listed here and no definitions file, guest/guest is created and, being in
+# loopback_users, may only log in from localhost. Plain passwords are hashed when the file is
+# read; `warren --hash-password` prints a password_hash to use instead.
 # [[users]]
 # name = "admin"
 # password = "change-me"
+# # or: password_hash = "..." and hashing_algorithm = "rabbit_password_hashing_sha256"
 # tags = ["administrator"]
-# loopback_only = false
+# max_connections = 100
+# max_channels = 1000
+#
+# Vhosts besides "/", and their connection limits.
+# [[vhosts]]
+# name = "staging"
+# max_connections = 50
+#
+# Permissions: regular expressions on names of exchanges and queues. With none listed,
+# every user of [[users]] gets ".*" on "/".
+# [[permissions]]
+# user = "admin"
+# vhost = "staging"
+# configure = ".*"
+# write = ".*"
+# read = ".*"
+#
+# Topic permissions: patterns on routing keys for one topic exchange; {{username}} and
+# {{vhost}} are replaced by the user's and vhost's names.
+# [[topic_permissions]]
+# user = "admin"
+# vhost = "staging"
+# exchange = "amq.topic"
+# write = "^{{username}}\\."
+# read = ".*"
 "#,
             listen = match &d.amqp.listen {
                 ListenAddr::Port(p) => p.to_string(),
@@ -912,6 +1268,8 @@ topic_match_budget = {topic_match_budget}
             max_exchanges = d.limits.max_exchanges,
             max_bindings = d.limits.max_bindings,
             topic_match_budget = d.limits.topic_match_budget,
+            tls = crate::tls::TlsConfig::commented_default(),
+            login_failure_delay_ms = d.auth.login_failure_delay_ms,
         )
     }
 }
@@ -1109,6 +1467,105 @@ mod tests {
         .unwrap();
         let e = Config::load(Some(&p), Vec::new()).unwrap_err().to_string();
         assert!(e.contains("listed twice"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn tls_auth_and_definitions_from_the_environment() {
+        let c = Config::load(
+            None,
+            env(&[
+                ("WARREN_TLS_LISTEN", "127.0.0.1:5999"),
+                ("WARREN_TLS_CERT_FILE", "/etc/warren/server.pem"),
+                ("WARREN_TLS_KEY_FILE", "/etc/warren/server.key"),
+                ("WARREN_TLS_CA_FILE", "/etc/warren/ca.pem"),
+                ("WARREN_TLS_VERIFY_PEER", "true"),
+                ("WARREN_AUTH_MECHANISMS", "EXTERNAL, PLAIN"),
+                ("WARREN_AUTH_LOOPBACK_USERS", ""),
+                ("WARREN_AUTH_SSL_CERT_LOGIN_FROM", "common_name"),
+                ("WARREN_AUTH_ANONYMOUS_USER", "anon"),
+                ("WARREN_DEFINITIONS_LOAD_FILE", "/etc/warren/defs.json"),
+            ]),
+        )
+        .unwrap();
+        assert!(c.tls.enabled() && c.tls.verify_peer);
+        assert_eq!(c.tls.listen.port(), 5999);
+        assert_eq!(c.auth.mechanisms, ["EXTERNAL", "PLAIN"]);
+        assert!(c.auth.loopback_users.is_empty());
+        assert_eq!(
+            c.auth.ssl_cert_login_from,
+            crate::tls::CertLoginFrom::CommonName
+        );
+        assert_eq!(c.auth.anonymous_user.as_deref(), Some("anon"));
+        assert_eq!(
+            c.definitions.load_file.as_deref(),
+            Some(Path::new("/etc/warren/defs.json"))
+        );
+        let d = Config::default();
+        assert_eq!(d.auth.mechanisms, ["PLAIN", "AMQPLAIN"]);
+        assert_eq!(d.auth.loopback_users, ["guest"]);
+        assert!(!d.tls.enabled());
+    }
+
+    #[test]
+    fn bad_security_settings_are_refused() {
+        for (var, value, says) in [
+            (
+                "WARREN_AUTH_MECHANISMS",
+                "PLAIN,CRAM-MD5",
+                "unknown mechanism",
+            ),
+            ("WARREN_AUTH_MECHANISMS", "PLAIN,PLAIN", "listed twice"),
+            ("WARREN_AUTH_MECHANISMS", "", "at least one"),
+            ("WARREN_AUTH_ANONYMOUS_USER", "\"\"", "leave it unset"),
+            ("WARREN_TLS_VERIFY_PEER", "true", "needs tls.ca_file"),
+            ("WARREN_TLS_CERT_FILE", "/x.pem", "tls.key_file is not"),
+        ] {
+            let e = Config::load(None, env(&[(var, value)]))
+                .expect_err(var)
+                .to_string();
+            assert!(e.contains(var) && e.contains(says), "{var}={value}: {e}");
+        }
+        let dir = scratch("bad-users");
+        let p = dir.join("warren.toml");
+        for (toml, says) in [
+            (
+                "[[users]]\nname = \"a\"\npassword = \"x\"\npassword_hash = \"eA==\"\n",
+                "not both",
+            ),
+            (
+                "[[users]]\nname = \"a\"\npassword_hash = \"eA==\"\nhashing_algorithm = \"sha1\"\n",
+                "unknown hashing_algorithm",
+            ),
+            (
+                "[[users]]\nname = \"a\"\npassword_hash = \"%%\"\n",
+                "not base64",
+            ),
+            (
+                "[[permissions]]\nuser = \"a\"\nconfigure = \"(\"\nwrite = \"\"\nread = \"\"\n",
+                "permissions",
+            ),
+            (
+                "[[vhosts]]\nname = \"v\"\n[[vhosts]]\nname = \"v\"\n",
+                "listed twice",
+            ),
+        ] {
+            std::fs::write(&p, toml).unwrap();
+            let e = Config::load(Some(&p), Vec::new()).unwrap_err().to_string();
+            assert!(e.contains(says), "{toml}: {e}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn passwords_are_hashed_and_not_printed() {
+        let dir = scratch("user-password");
+        let p = dir.join("warren.toml");
+        std::fs::write(&p, "[[users]]\nname = \"a\"\npassword = \"hunter2\"\n").unwrap();
+        let c = Config::load(Some(&p), Vec::new()).unwrap();
+        assert!(!format!("{c:?}").contains("hunter2"));
+        let hash = c.users[0].credential().unwrap();
+        assert!(hash.verify("hunter2") && !hash.verify("hunter3"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -7,6 +7,7 @@
 
 use crate::channel::{Channel, ChannelLimits, Context, Outcome, BASIC_CLASS};
 use crate::outbox::Outbox;
+use crate::sasl::{self, TransportSecurity};
 use crate::server::ServerState;
 use bytes::{Bytes, BytesMut};
 use std::cell::Cell;
@@ -22,9 +23,10 @@ use warren_amqp::frame::{
     PROTOCOL_HEADER,
 };
 use warren_amqp::generated::*;
-use warren_amqp::table::{Decoder, FieldTable, FieldValue};
+use warren_amqp::table::{FieldTable, FieldValue};
 use warren_amqp::{constants, DecodeError, Method};
-use warren_broker::{BrokerError, VHost};
+use warren_broker::login::ConnectionSlot;
+use warren_broker::{BrokerError, Credentials, LoginSource, VHost};
 
 /// How long the server waits for connection.close-ok after sending connection.close.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -36,6 +38,11 @@ struct ConnError {
     text: String,
     class_id: u16,
     method_id: u16,
+    /// A refused login: `Some(true)` when the client declared the
+    /// `authentication_failure_close` capability (it gets this close), `Some(false)` when it
+    /// did not (the socket is closed without a word). Either happens after the configured
+    /// delay.
+    login_refused: Option<bool>,
 }
 
 impl ConnError {
@@ -45,6 +52,7 @@ impl ConnError {
             text: format!("{} - {}", constants::reply_code_name(code), text.into()),
             class_id: 0,
             method_id: 0,
+            login_refused: None,
         }
     }
     /// A frame that could not be decoded: 501 FRAME_ERROR (503 for an unknown method), naming
@@ -70,6 +78,7 @@ impl ConnError {
             text: e.reply_text(),
             class_id,
             method_id,
+            login_refused: None,
         }
     }
 }
@@ -84,8 +93,8 @@ enum End {
     Error(ConnError),
 }
 
-/// Serves one accepted socket (from `peer`, accepted on local address `local`) until it
-/// closes.
+/// Serves one accepted plain-TCP socket (from `peer`, accepted on local address `local`) until
+/// it closes.
 pub async fn serve<S>(
     state: Arc<ServerState>,
     stream: S,
@@ -95,11 +104,34 @@ pub async fn serve<S>(
 ) where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
+    serve_with(
+        state,
+        stream,
+        peer,
+        local,
+        TransportSecurity::plain(),
+        shutdown,
+    )
+    .await
+}
+
+/// [`serve`] for a stream whose transport established `security` (a TLS session, whose
+/// verified client certificate SASL EXTERNAL logs in with).
+pub async fn serve_with<S>(
+    state: Arc<ServerState>,
+    stream: S,
+    peer: SocketAddr,
+    local: SocketAddr,
+    security: TransportSecurity,
+    shutdown: watch::Receiver<bool>,
+) where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
     let id = state.next_connection_id();
     let span = tracing::info_span!("conn", id, %peer);
     let (rd, wr) = tokio::io::split(stream);
     let fut = async move {
-        match run(state.clone(), id, rd, wr, peer, local, shutdown).await {
+        match run(state.clone(), id, rd, wr, peer, local, security, shutdown).await {
             Ok(()) => debug!("connection closed"),
             Err(e) => debug!(error = %e, "connection ended"),
         }
@@ -204,37 +236,69 @@ fn server_properties() -> FieldTable {
     t
 }
 
-/// Extracts (user, password) from a SASL response: PLAIN is `authzid \0 authcid \0 passwd`,
-/// AMQPLAIN is a field table without its length prefix holding LOGIN and PASSWORD.
-fn sasl_credentials(mechanism: &str, response: &[u8]) -> Option<(String, String)> {
-    match mechanism {
-        "PLAIN" => {
-            let mut parts = response.split(|b| *b == 0);
-            let _authz = parts.next()?;
-            let user = std::str::from_utf8(parts.next()?).ok()?;
-            let pass = std::str::from_utf8(parts.next()?).ok()?;
-            if parts.next().is_some() {
-                return None;
-            }
-            Some((user.to_string(), pass.to_string()))
-        }
-        "AMQPLAIN" => {
-            let mut framed = Vec::with_capacity(response.len() + 4);
-            framed.extend_from_slice(&(response.len() as u32).to_be_bytes());
-            framed.extend_from_slice(response);
-            let table = warren_amqp::table::decode_table(&mut Decoder::new(&framed), 4).ok()?;
-            let user = table.get("LOGIN")?.as_str()?.to_string();
-            let pass = table.get("PASSWORD")?.as_str()?.to_string();
-            Some((user, pass))
-        }
-        _ => None,
+/// connection.start-ok: the mechanism must be one offered, then the response must name a user
+/// the broker lets in. Returns the user's name.
+///
+/// A refused login is 403 ACCESS_REFUSED with RabbitMQ's generic text whatever the reason
+/// (unknown user, wrong password, loopback-only user, unusable certificate), so that the
+/// refusal says nothing about which names exist; the reason goes to the log.
+fn login(
+    state: &ServerState,
+    start_ok: &ConnectionStartOk,
+    offered: &[&str],
+    peer: SocketAddr,
+    security: &TransportSecurity,
+    cap: impl Fn(&str) -> bool,
+) -> Result<String, ConnError> {
+    let mechanism = start_ok.mechanism.as_str();
+    if !offered.contains(&mechanism) {
+        let why = if crate::config::KNOWN_MECHANISMS.contains(&mechanism) {
+            "invalid"
+        } else {
+            "unknown"
+        };
+        return Err(ConnError::new(
+            constants::COMMAND_INVALID,
+            format!("{why} authentication mechanism '{mechanism}'"),
+        ));
     }
+    let refused = |reason: &dyn std::fmt::Display| {
+        warn!(%peer, mechanism, "{mechanism} login refused: {reason}");
+        ConnError {
+            login_refused: Some(cap("authentication_failure_close")),
+            ..ConnError::new(
+                constants::ACCESS_REFUSED,
+                format!(
+                    "Login was refused using authentication mechanism {mechanism}. For details see the broker logfile."
+                ),
+            )
+        }
+    };
+    let auth = &state.config.auth;
+    let response =
+        sasl::decode(mechanism, &start_ok.response, auth, security).map_err(|e| refused(&e))?;
+    let credentials = match &response {
+        sasl::Response::Password { user, password } => Credentials::Password { user, password },
+        sasl::Response::Certificate { user } => Credentials::Verified { user },
+        sasl::Response::Anonymous { user } => Credentials::Anonymous { user },
+    };
+    let source = LoginSource {
+        from_loopback: peer.ip().to_canonical().is_loopback(),
+        loopback_users: &state.loopback_users,
+    };
+    let who = state
+        .broker
+        .login(credentials, source)
+        .map_err(|e| refused(&e))?;
+    Ok(who.user)
 }
 
 /// What the handshake learned about the client.
 struct Session {
     /// The authenticated user.
     user: String,
+    /// Counts this connection (and its channels) against the vhost's and the user's limits.
+    slot: ConnectionSlot,
     /// The client wants basic.cancel when its queue is deleted.
     cancel_notify: bool,
     /// The client understands connection.blocked / unblocked.
@@ -247,6 +311,7 @@ struct Tuned {
     heartbeat: u16,
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn run<R, W>(
     state: Arc<ServerState>,
     id: u64,
@@ -254,6 +319,7 @@ async fn run<R, W>(
     mut wr: W,
     peer: SocketAddr,
     local: SocketAddr,
+    security: TransportSecurity,
     mut shutdown: watch::Receiver<bool>,
 ) -> std::io::Result<()>
 where
@@ -286,7 +352,7 @@ where
 
     let negotiated = tokio::time::timeout(
         handshake,
-        handshake_steps(&state, &mut rd, &mut wr, &mut rbuf, peer),
+        handshake_steps(&state, &mut rd, &mut wr, &mut rbuf, peer, &security),
     )
     .await
     .unwrap_or_else(|_| {
@@ -297,6 +363,30 @@ where
     });
     let (tuned, vhost, session) = match negotiated {
         Ok(v) => v,
+        Err(e) if e.login_refused.is_some() => {
+            // As RabbitMQ (rabbit_reader.erl auth_fail/5, handle_exception/3): the close goes
+            // out at once to clients that asked for it, the socket closes after a delay for all.
+            if e.login_refused == Some(true) {
+                let mut out = BytesMut::new();
+                encode_method_frame(
+                    0,
+                    &Method::ConnectionClose(ConnectionClose {
+                        reply_code: e.code,
+                        reply_text: e.text,
+                        class_id: e.class_id,
+                        method_id: e.method_id,
+                    }),
+                    &mut out,
+                );
+                let _ = wr.write_all(&out).await;
+            }
+            let delay = Duration::from_millis(state.config.auth.login_failure_delay_ms);
+            let until = tokio::time::Instant::now() + delay;
+            drain_until_eof(&mut rd, &mut rbuf, delay).await;
+            tokio::time::sleep_until(until).await;
+            let _ = wr.shutdown().await;
+            return Ok(());
+        }
         Err(e) => {
             warn!(
                 code = e.code,
@@ -349,6 +439,8 @@ where
         },
         incomplete_content: Cell::new(0),
         user: session.user,
+        slot: Some(session.slot),
+        state: state.clone(),
         published: false,
     };
     // connection.blocked goes to connections that publish, as in RabbitMQ (a client such as
@@ -391,6 +483,9 @@ where
                 Ok(None) => break,
                 Err(e) => break 'outer End::Error(ConnError::decode(&e)),
             }
+        }
+        if let Some(slot) = &mut conn.slot {
+            slot.set_channels(conn.channels.len() as u64);
         }
         conn.flush_confirms();
         if conn.published && session.blocked_notify && !blocked_listener {
@@ -652,6 +747,7 @@ async fn handshake_steps<R, W>(
     wr: &mut W,
     rbuf: &mut BytesMut,
     peer: SocketAddr,
+    security: &TransportSecurity,
 ) -> Result<(Tuned, Arc<VHost>, Session), ConnError>
 where
     R: AsyncRead + Unpin,
@@ -663,6 +759,7 @@ where
         frame_max: cfg.frame_max.max(FRAME_MIN_SIZE),
         max_table_depth: cfg.max_table_depth,
     };
+    let offered = sasl::offered(&state.config.auth, security);
     let mut out = BytesMut::new();
     encode_method_frame(
         0,
@@ -670,7 +767,7 @@ where
             version_major: 0,
             version_minor: 9,
             server_properties: server_properties(),
-            mechanisms: Bytes::from_static(b"PLAIN AMQPLAIN"),
+            mechanisms: sasl::mechanisms_field(&offered),
             locales: Bytes::from_static(b"en_US"),
         }),
         &mut out,
@@ -696,32 +793,7 @@ where
     };
     let cancel_notify = cap("consumer_cancel_notify");
     let blocked_notify = cap("connection.blocked");
-    let mechanism = start_ok.mechanism.as_str();
-    if mechanism != "PLAIN" && mechanism != "AMQPLAIN" {
-        return Err(ConnError::new(
-            constants::COMMAND_INVALID,
-            format!("unknown authentication mechanism '{mechanism}'"),
-        ));
-    }
-    let refused = || {
-        ConnError::new(
-            constants::ACCESS_REFUSED,
-            format!(
-                "Login was refused using authentication mechanism {mechanism}. For details see the broker logfile."
-            ),
-        )
-    };
-    let (user, pass) = sasl_credentials(mechanism, &start_ok.response).ok_or_else(refused)?;
-    if let Err(e) = state
-        .broker
-        .users
-        .read()
-        .authenticate(&user, &pass, peer.ip().is_loopback())
-    {
-        warn!(%e, mechanism, "login refused");
-        return Err(refused());
-    }
-
+    let user = login(state, &start_ok, &offered, peer, security, cap)?;
     out.clear();
     encode_method_frame(
         0,
@@ -789,18 +861,21 @@ where
         },
         "connection.open",
     )?;
-    let vhost = state
-        .broker
-        .vhost(&open.virtual_host)
-        .ok_or_else(|| ConnError {
-            // RabbitMQ names connection.open (10, 40) in this close.
-            class_id: ConnectionOpen::CLASS_ID,
-            method_id: ConnectionOpen::METHOD_ID,
-            ..ConnError::new(
-                constants::NOT_ALLOWED,
-                format!("vhost {} not found", open.virtual_host),
-            )
-        })?;
+    // connection.open: the vhost, its limits, the user's limits and permissions, in one place
+    // (RabbitMQ names connection.open, 10/40, in these closes).
+    let open_error = |e: BrokerError| {
+        ConnError::from_broker(e, ConnectionOpen::CLASS_ID, ConnectionOpen::METHOD_ID)
+    };
+    let slot = state
+        .sessions
+        .open_connection(&state.broker.access(), &user, &open.virtual_host)
+        .map_err(open_error)?;
+    let vhost = state.broker.vhost(&open.virtual_host).ok_or_else(|| {
+        open_error(BrokerError::not_allowed(format!(
+            "vhost {} not found",
+            open.virtual_host
+        )))
+    })?;
     out.clear();
     encode_method_frame(
         0,
@@ -815,6 +890,7 @@ where
         vhost,
         Session {
             user,
+            slot,
             cancel_notify,
             blocked_notify,
         },
@@ -833,6 +909,10 @@ struct Conn {
     /// Content announced and not yet received over all channels, bytes.
     incomplete_content: Cell<u64>,
     user: String,
+    /// This connection's place in the vhost's and user's connection and channel counts;
+    /// given up at cleanup, so that a closing connection no longer counts.
+    slot: Option<ConnectionSlot>,
+    state: Arc<ServerState>,
     /// The client published since the last check (the memory alarm pauses publishers).
     published: bool,
 }
@@ -873,6 +953,14 @@ impl Conn {
                                         self.channel_max
                                     ),
                                 )));
+                            }
+                            // The user's max-channels over all their connections (530).
+                            let counted = self.slot.as_mut().map(|slot| {
+                                slot.open_channel(&self.state.broker.access(), open as u64)
+                            });
+                            if let Some(Err(e)) = counted {
+                                // RabbitMQ names no method in this close.
+                                return Some(End::Error(ConnError::from_broker(e, 0, 0)));
                             }
                             let ch = Channel::new(
                                 channel,
@@ -1042,6 +1130,7 @@ impl Conn {
             ch.cleanup(&ctx);
         }
         self.vhost.remove_exclusive_queues(self.id);
+        self.slot = None;
     }
 }
 

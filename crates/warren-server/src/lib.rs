@@ -15,6 +15,8 @@ pub mod connection;
 pub mod listen;
 pub mod logging;
 pub mod outbox;
+pub mod provision;
+pub mod sasl;
 pub mod server;
 pub mod tls;
 mod unacked;

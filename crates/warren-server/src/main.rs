@@ -3,7 +3,12 @@
 //!
 //! Signals: SIGTERM and SIGINT stop the broker gracefully (listeners closed, connections closed
 //! with 320 CONNECTION_FORCED, the store flushed, exit status 0); SIGHUP reloads what can
-//! change while running (the log level, the disk alarm's limit) and reopens the log file.
+//! change while running (the log level, the disk alarm's limit), reopens the log file and reads
+//! the TLS certificate, key and CA files again (open connections are kept; a bad file keeps
+//! the old ones in use).
+//!
+//! `warren --hash-password [PASSWORD]` prints a RabbitMQ SHA-256 password hash for a
+//! `[[users]]` entry's `password_hash` (the password is read from standard input when not given).
 
 use clap::Parser;
 
@@ -39,6 +44,17 @@ struct Args {
     /// Log level or tracing filter (error, warn, info, debug, trace) [default: info].
     #[arg(long, value_name = "LEVEL")]
     log_level: Option<String>,
+    /// AMQPS (TLS) listener: --tls-listen, --tls-cert-file, --tls-key-file, --tls-ca-file.
+    #[command(flatten)]
+    tls: warren_server::tls::TlsArgs,
+    /// Import this RabbitMQ definitions file (JSON, as `rabbitmqctl export_definitions` writes)
+    /// at start: users, vhosts, permissions, exchanges, queues, bindings.
+    #[arg(long, value_name = "FILE")]
+    load_definitions: Option<PathBuf>,
+    /// Print a password hash (rabbit_password_hashing_sha256, base64) for a [[users]]
+    /// password_hash and exit. Without PASSWORD, the first line of standard input is hashed.
+    #[arg(long, value_name = "PASSWORD", num_args = 0..=1)]
+    hash_password: Option<Option<String>>,
 }
 
 impl Args {
@@ -68,6 +84,47 @@ impl Args {
                 key: "level",
                 value: s(l),
                 flag: "--log-level",
+            });
+        }
+        let path = |p: &Path| s(&p.to_string_lossy());
+        let t = &self.tls;
+        for (key, flag, value) in [
+            (
+                "listen",
+                "--tls-listen",
+                t.tls_listen.map(|a| s(&a.to_string())),
+            ),
+            (
+                "cert_file",
+                "--tls-cert-file",
+                t.tls_cert_file.as_deref().map(path),
+            ),
+            (
+                "key_file",
+                "--tls-key-file",
+                t.tls_key_file.as_deref().map(path),
+            ),
+            (
+                "ca_file",
+                "--tls-ca-file",
+                t.tls_ca_file.as_deref().map(path),
+            ),
+        ] {
+            if let Some(value) = value {
+                out.push(Override {
+                    section: "tls",
+                    key,
+                    value,
+                    flag,
+                });
+            }
+        }
+        if let Some(f) = &self.load_definitions {
+            out.push(Override {
+                section: "definitions",
+                key: "load_file",
+                value: path(f),
+                flag: "--load-definitions",
             });
         }
         out
@@ -116,10 +173,38 @@ fn generate_config(path: &Path) -> ExitCode {
     }
 }
 
+/// `--hash-password`: prints the hash of `given`, or of the first line of standard input.
+fn hash_password(given: Option<&str>) -> ExitCode {
+    let password = match given {
+        Some(p) => p.to_string(),
+        None => {
+            let mut line = String::new();
+            if let Err(e) = std::io::stdin().read_line(&mut line) {
+                eprintln!("warren: cannot read the password from standard input: {e}");
+                return ExitCode::FAILURE;
+            }
+            line.trim_end_matches(['\r', '\n']).to_string()
+        }
+    };
+    if password.is_empty() {
+        eprintln!("warren: an empty password can never log in; give a password");
+        return ExitCode::FAILURE;
+    }
+    let hash = warren_broker::access::PasswordHash::from_password(
+        warren_broker::access::HashingAlgorithm::Sha256,
+        &password,
+    );
+    println!("{}", hash.to_base64());
+    ExitCode::SUCCESS
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
     if let Some(path) = &args.generate_config {
         return generate_config(path);
+    }
+    if let Some(given) = &args.hash_password {
+        return hash_password(given.as_deref());
     }
     let config = match args.load() {
         Ok(c) => c,
@@ -173,6 +258,7 @@ fn main() -> ExitCode {
         let addrs: Vec<String> = broker.amqp_addrs().iter().map(|a| a.to_string()).collect();
         tracing::info!(
             amqp = %addrs.join(", "),
+            amqps = %broker.amqps_addr().map(|a| a.to_string()).unwrap_or_default(),
             data_dir = %data_dir.display(),
             log_file = %log.file().map(|p| p.display().to_string()).unwrap_or_default(),
             version = env!("CARGO_PKG_VERSION"),
@@ -185,7 +271,13 @@ fn main() -> ExitCode {
                     tracing::info!("{name} received: shutting down");
                     break;
                 }
-                Signal::Reload => reload(&args, &broker, &log),
+                Signal::Reload => {
+                    reload(&args, &broker, &log);
+                    if let Some(tls) = broker.tls_acceptor().cloned() {
+                        // Reads files: off the runtime's threads. Errors are logged by reload().
+                        let _ = tokio::task::spawn_blocking(move || tls.reload()).await;
+                    }
+                }
             }
         }
         broker.shutdown().await;

@@ -19,7 +19,6 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{info, warn};
-use warren_broker::{User, Users};
 
 /// State shared by every connection of a running broker.
 pub struct ServerState {
@@ -27,6 +26,11 @@ pub struct ServerState {
     pub broker: warren_broker::Broker,
     /// Configuration in force.
     pub config: Config,
+    /// Open connections and channels per vhost and user, for their limits.
+    pub sessions: Arc<warren_broker::Sessions>,
+    /// Users that may only log in from loopback addresses: `[auth] loopback_users` and the
+    /// `[[users]]` marked `loopback_only`.
+    pub loopback_users: Vec<String>,
     next_connection: AtomicU64,
     connections: AtomicUsize,
     /// Connections that declared the `connection.blocked` capability.
@@ -101,29 +105,17 @@ fn resident_memory() -> Option<u64> {
 pub const BLOCKED_REASON: &str = "low on disk";
 
 impl ServerState {
-    /// A fresh state for `config`: users from the config, or guest/guest (loopback only);
-    /// with a data directory, durable definitions and messages are recovered from it.
+    /// A fresh state for `config`: with a data directory, durable definitions and messages are
+    /// recovered from it; then users, vhosts and permissions are set up from the configuration
+    /// and the definitions file ([`crate::provision`]; guest/guest when neither names users).
     ///
-    /// Errors: the message store could not be opened.
+    /// Errors: the message store could not be opened; a user, vhost or permission entry or the
+    /// definitions file could not be applied.
     pub fn new(config: Config) -> std::io::Result<Self> {
-        let users = if config.users.is_empty() {
-            Users::with_default_guest()
-        } else {
-            let mut u = Users::new();
-            for c in &config.users {
-                u.add(User {
-                    name: c.name.clone(),
-                    password: c.password.clone(),
-                    tags: c.tags.clone(),
-                    loopback_only: c.loopback_only,
-                });
-            }
-            u
-        };
         let broker = match config.storage.options() {
-            None => warren_broker::Broker::new(users),
+            None => warren_broker::Broker::new(),
             Some(opts) => {
-                let (broker, report) = warren_broker::Broker::open(users, opts)
+                let (broker, report) = warren_broker::Broker::open(opts)
                     .map_err(|e| std::io::Error::other(e.to_string()))?;
                 info!(
                     messages = report.messages,
@@ -140,6 +132,18 @@ impl ServerState {
             }
         };
         broker.set_limits(config.limits.limits());
+        if let Err(e) = crate::provision::provision(&broker, &config) {
+            broker.close();
+            return Err(std::io::Error::other(e.to_string()));
+        }
+        let mut loopback_users = config.auth.loopback_users.clone();
+        loopback_users.extend(
+            config
+                .users
+                .iter()
+                .filter(|u| u.loopback_only)
+                .map(|u| u.name.clone()),
+        );
         let memory_limit = config.memory.limit(total_memory().unwrap_or(u64::MAX));
         let disk_limit = DiskLimit {
             limit: config.storage.disk_free_limit,
@@ -148,6 +152,8 @@ impl ServerState {
         Ok(ServerState {
             broker,
             config,
+            sessions: warren_broker::Sessions::new(),
+            loopback_users,
             next_connection: AtomicU64::new(1),
             connections: AtomicUsize::new(0),
             blocked_listeners: parking_lot::Mutex::new(Vec::new()),
@@ -363,6 +369,13 @@ impl BrokerBuilder {
                 return Err(std::io::Error::other(e));
             }
         };
+        let tls = match bind_tls(&state.config.tls).await {
+            Ok(t) => t,
+            Err(e) => {
+                state.broker.close();
+                return Err(e);
+            }
+        };
         let addrs: Vec<SocketAddr> = listeners
             .iter()
             .filter_map(|l| l.local_addr().ok())
@@ -371,14 +384,49 @@ impl BrokerBuilder {
         for a in &addrs {
             info!(addr = %a, "started TCP listener for AMQP 0-9-1");
         }
-        let task = tokio::spawn(accept_loop(listeners, state.clone(), rx));
+        let amqps_addr = match &tls {
+            Some((listener, _)) => {
+                let a = listener.local_addr()?;
+                info!(addr = %a, "started TLS (AMQPS) listener for AMQP 0-9-1");
+                Some(a)
+            }
+            None => None,
+        };
+        let tls_acceptor = tls.as_ref().map(|(_, h)| h.clone());
+        let task = tokio::spawn(accept_loop(listeners, tls, state.clone(), rx));
         Ok(RunningBroker {
             amqp_addrs: addrs,
+            amqps_addr,
+            tls_acceptor,
             state,
             shutdown: tx,
             task,
         })
     }
+}
+
+/// The AMQPS listener and its acceptor, when `[tls]` is on. The files are read here, so a
+/// broker with unusable certificates does not start.
+///
+/// Errors: a TLS file cannot be used (the message names the setting and the file), or the
+/// listen address cannot be bound.
+async fn bind_tls(
+    settings: &crate::tls::TlsConfig,
+) -> std::io::Result<Option<(TcpListener, crate::tls::TlsAcceptorHandle)>> {
+    if !settings.enabled() {
+        return Ok(None);
+    }
+    let owned = settings.clone();
+    let handle = tokio::task::spawn_blocking(move || crate::tls::TlsAcceptorHandle::new(&owned))
+        .await?
+        .map_err(std::io::Error::other)?;
+    let listener = TcpListener::bind(settings.listen).await.map_err(|e| {
+        std::io::Error::new(
+            e.kind(),
+            format!("cannot listen on {} (tls.listen): {e}", settings.listen),
+        )
+    })?;
+    Ok(Some((listener, handle)))
 }
 
 /// The error of a listener that could not be bound, as a [`ListenError`] inside the
@@ -390,6 +438,8 @@ pub fn listen_error(e: &std::io::Error) -> Option<&ListenError> {
 /// A running broker.
 pub struct RunningBroker {
     amqp_addrs: Vec<SocketAddr>,
+    amqps_addr: Option<SocketAddr>,
+    tls_acceptor: Option<crate::tls::TlsAcceptorHandle>,
     state: Arc<ServerState>,
     shutdown: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
@@ -405,6 +455,18 @@ impl RunningBroker {
     /// The addresses of every AMQP listener.
     pub fn amqp_addrs(&self) -> &[SocketAddr] {
         &self.amqp_addrs
+    }
+
+    /// The address of the AMQPS (AMQP over TLS) listener, when `[tls]` is on.
+    pub fn amqps_addr(&self) -> Option<SocketAddr> {
+        self.amqps_addr
+    }
+
+    /// The TLS acceptor of the AMQPS listener, when `[tls]` is on: reload it (SIGHUP) to
+    /// serve new certificates to new connections; clone it to serve other listeners (HTTPS)
+    /// with the same settings.
+    pub fn tls_acceptor(&self) -> Option<&crate::tls::TlsAcceptorHandle> {
+        self.tls_acceptor.as_ref()
     }
 
     /// The shared state (broker model and configuration).
@@ -424,10 +486,15 @@ impl RunningBroker {
 /// TTL by at most this much when nothing else touches its queue.
 const SWEEP_MS: u64 = 50;
 
+/// A connection accepted on a listener: the stream, the peer and local addresses, and whether
+/// it came in on the AMQPS listener (its TLS handshake is still to be done).
+type Accepted = (tokio::net::TcpStream, SocketAddr, SocketAddr, bool);
+
 /// Accepts on one listener and hands each connection to the accept loop.
 async fn accept_from(
     listener: TcpListener,
-    accepted: tokio::sync::mpsc::Sender<(tokio::net::TcpStream, SocketAddr, SocketAddr)>,
+    accepted: tokio::sync::mpsc::Sender<Accepted>,
+    tls: bool,
 ) {
     let local = match listener.local_addr() {
         Ok(a) => a,
@@ -436,7 +503,7 @@ async fn accept_from(
     loop {
         match listener.accept().await {
             Ok((stream, peer)) => {
-                if accepted.send((stream, peer, local)).await.is_err() {
+                if accepted.send((stream, peer, local, tls)).await.is_err() {
                     return;
                 }
             }
@@ -448,19 +515,58 @@ async fn accept_from(
     }
 }
 
+/// Serves one accepted connection; on the AMQPS listener, after its TLS handshake, which must
+/// finish within `amqp.handshake_timeout` (a client refused by peer verification fails here,
+/// before any AMQP is read).
+async fn serve_accepted(
+    state: Arc<ServerState>,
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    local: SocketAddr,
+    tls: Option<crate::tls::TlsAcceptorHandle>,
+    shutdown: watch::Receiver<bool>,
+) {
+    let Some(acceptor) = tls else {
+        return crate::connection::serve(state, stream, peer, local, shutdown).await;
+    };
+    let limit = Duration::from_secs(state.config.amqp.handshake_timeout.max(1));
+    match acceptor.accept_timeout(stream, limit).await {
+        Ok(tls) => {
+            let session = crate::tls::TlsSessionInfo::of(&tls);
+            tracing::debug!(
+                %peer,
+                protocol = session.protocol_name(),
+                client_certificate = session.peer_certificate().is_some(),
+                "TLS handshake done"
+            );
+            let security = crate::sasl::TransportSecurity { tls: Some(session) };
+            crate::connection::serve_with(state, tls, peer, local, security, shutdown).await
+        }
+        Err(e) => warn!(%peer, error = %e, "TLS handshake failed; connection closed"),
+    }
+}
+
 /// The broker's lifecycle: accepts on every listener, runs the periodic checks, and on
 /// shutdown stops accepting on all listeners, closes every connection with 320
 /// CONNECTION_FORCED and closes the store (final fsync).
 async fn accept_loop(
     listeners: Vec<TcpListener>,
+    tls: Option<(TcpListener, crate::tls::TlsAcceptorHandle)>,
     state: Arc<ServerState>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut acceptors = JoinSet::new();
     let (accepted_tx, mut accepted) = tokio::sync::mpsc::channel(64);
     for l in listeners {
-        acceptors.spawn(accept_from(l, accepted_tx.clone()));
+        acceptors.spawn(accept_from(l, accepted_tx.clone(), false));
     }
+    let tls_acceptor = match tls {
+        Some((l, handle)) => {
+            acceptors.spawn(accept_from(l, accepted_tx.clone(), true));
+            Some(handle)
+        }
+        None => None,
+    };
     drop(accepted_tx);
     let mut tasks = JoinSet::new();
     let mut health = tokio::time::interval(Duration::from_millis(250));
@@ -471,7 +577,7 @@ async fn accept_loop(
         tokio::select! {
             _ = health.tick() => state.check_blocked(),
             _ = sweep.tick() => state.broker.sweep(),
-            Some((stream, peer, local)) = accepted.recv() => {
+            Some((stream, peer, local, is_tls)) = accepted.recv() => {
                 if state.connection_count() >= state.config.amqp.max_connections {
                     warn!(%peer, "connection refused: max_connections reached");
                     drop(stream);
@@ -482,8 +588,9 @@ async fn accept_loop(
                 let rx = shutdown.clone();
                 st.connections.fetch_add(1, Ordering::Relaxed);
                 info!("accepting AMQP connection ({peer} -> {local})");
+                let tls = if is_tls { tls_acceptor.clone() } else { None };
                 tasks.spawn(async move {
-                    crate::connection::serve(st.clone(), stream, peer, local, rx).await;
+                    serve_accepted(st.clone(), stream, peer, local, tls, rx).await;
                     st.connections.fetch_sub(1, Ordering::Relaxed);
                 });
             }

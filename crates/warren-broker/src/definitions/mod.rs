@@ -10,6 +10,8 @@
 //! - [`arguments`]: queue, exchange and binding arguments between JSON and AMQP field tables.
 //! - [`import`]: [`plan_import`], a pure function from a file to an ordered list of idempotent
 //!   [`Change`]s for the broker to apply.
+//! - [`apply`](mod@apply): [`Broker::apply_import`](crate::Broker::apply_import), which applies
+//!   a plan to a running broker.
 //! - [`export`]: the access-control database as a definitions file.
 //!
 //! ```
@@ -30,11 +32,13 @@
 //! assert!(access.authenticate("guest", "test12").is_ok());
 //! ```
 
+pub mod apply;
 pub mod arguments;
 pub mod export;
 pub mod format;
 pub mod import;
 
+pub use apply::{AppliedImport, ApplyError};
 pub use arguments::{json_to_table, table_to_json, ArgumentError};
 pub use export::export_access;
 pub use format::Definitions;
