@@ -2,12 +2,12 @@
 //!
 //! This crate holds what an AMQP 0-9-1 broker *is*, independent of sockets: virtual hosts
 //! ([`VHost`]), exchanges and their routing tables ([`exchange`]), queues with their ready lists,
-//! consumers and prefetch accounting ([`queue`]), and the user table ([`auth`]). The server crate
-//! drives it from connection tasks; tests drive it directly.
+//! consumers and prefetch accounting ([`queue`]), and the access-control database ([`access`]:
+//! users with RabbitMQ's password hashes, vhost and user limits, permissions, and the table of
+//! what each operation needs). [`definitions`] reads and writes RabbitMQ's definitions files.
 //!
-//! [`access`] (users with RabbitMQ's password hashes, vhost and user limits, permissions, and the
-//! table of what each operation needs) and [`definitions`] (RabbitMQ's definitions files) are the
-//! pieces of the coming operations layer; the server does not use them yet.
+//! Front ends (the server crate's AMQP channels) go through [`ops`], the operations layer: every
+//! call carries an [`Actor`] and is authorized there. Tests also drive the vhosts directly.
 //!
 //! Locking discipline: a vhost's topology lock may be held while taking a queue lock, and a queue
 //! lock may be held while calling into a [`queue::DeliveryTarget`] (a channel), never the reverse.
@@ -17,7 +17,6 @@
 
 pub mod access;
 pub mod args;
-pub mod auth;
 pub mod blocks;
 pub mod clock;
 pub mod data_dir;
@@ -29,18 +28,20 @@ pub mod headers;
 pub mod limits;
 pub mod message;
 pub mod names;
+pub mod ops;
 pub mod persist;
 pub mod queue;
 pub mod sender_selected;
 pub mod topic;
 pub mod vhost;
 
-pub use auth::{User, Users};
+pub use access::AccessControl;
 pub use data_dir::{DataDir, DataDirError};
 pub use error::{BrokerError, Result};
 pub use exchange::{Destination, ExchangeKind};
 pub use limits::Limits;
 pub use message::{Message, QueuedMessage};
+pub use ops::{Actor, Ops};
 pub use persist::StorageOptions;
 pub use queue::{Consumer, DeliveryTarget, Queue};
 pub use vhost::{Broker, PublishError, Published, VHost};

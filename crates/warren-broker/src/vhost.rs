@@ -5,7 +5,6 @@
 //! takes the read lock only, so publishers on different connections route in parallel.
 
 use crate::args::QueueArgs;
-use crate::auth::Users;
 use crate::clock::{Clock, SystemClock};
 use crate::delayed::{self, Body, Held};
 use crate::error::{resource, BrokerError, Result};
@@ -46,15 +45,23 @@ const EQUIVALENT_QUEUE_ARGS: &[&str] = &[
     "x-delivery-limit",
 ];
 
-/// The broker: vhosts and users.
+/// The broker: vhosts and the access-control database.
 pub struct Broker {
     vhosts: RwLock<HashMap<String, Arc<VHost>>>,
-    /// The user table.
-    pub users: RwLock<Users>,
+    access: parking_lot::RwLock<crate::access::AccessControl>,
+    /// Bumped each time the access-control database may have changed (see
+    /// [`Broker::access_generation`]).
+    access_generation: AtomicU64,
     persist: Option<Arc<Persistence>>,
     ids: Arc<AtomicU64>,
     clock: Arc<dyn Clock>,
     limits: Arc<RwLock<Limits>>,
+}
+
+impl Default for Broker {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 /// Why a durable broker could not start.
@@ -78,17 +85,20 @@ pub enum OpenError {
 }
 
 impl Broker {
-    /// An in-memory broker with the default vhost `/` and the given users: nothing survives a
-    /// restart and queues are bounded by memory only.
-    pub fn new(users: Users) -> Self {
-        Self::with_clock(users, Arc::new(SystemClock))
+    /// An in-memory broker with the default vhost `/` and RabbitMQ's first-boot access
+    /// control (user `guest` with full permissions on `/`, see
+    /// [`AccessControl::with_default_guest`](crate::access::AccessControl::with_default_guest)):
+    /// nothing survives a restart and queues are bounded by memory only.
+    pub fn new() -> Self {
+        Self::with_clock(Arc::new(SystemClock))
     }
 
     /// An in-memory broker whose TTLs and expiries are measured with `clock`.
-    pub fn with_clock(users: Users, clock: Arc<dyn Clock>) -> Self {
+    pub fn with_clock(clock: Arc<dyn Clock>) -> Self {
         let b = Broker {
             vhosts: RwLock::new(HashMap::new()),
-            users: RwLock::new(users),
+            access: parking_lot::RwLock::new(crate::access::AccessControl::with_default_guest()),
+            access_generation: AtomicU64::new(0),
             persist: None,
             ids: Arc::new(AtomicU64::new(1)),
             clock,
@@ -106,7 +116,6 @@ impl Broker {
     /// Errors: [`OpenError`]: the directory is unusable or in use by another broker, the
     /// store cannot be opened, or a definitions file cannot be read.
     pub fn open(
-        users: Users,
         options: StorageOptions,
     ) -> std::result::Result<(Broker, RecoveryReport), OpenError> {
         let dir = crate::data_dir::DataDir::open(&options.data_dir)?;
@@ -126,7 +135,8 @@ impl Broker {
         };
         let b = Broker {
             vhosts: RwLock::new(HashMap::new()),
-            users: RwLock::new(users),
+            access: parking_lot::RwLock::new(crate::access::AccessControl::with_default_guest()),
+            access_generation: AtomicU64::new(0),
             persist: Some(persist.clone()),
             ids: Arc::new(AtomicU64::new(0)),
             clock: Arc::new(SystemClock),
@@ -178,6 +188,26 @@ impl Broker {
             }
         }
         Ok((b, recovered.report))
+    }
+
+    /// The access-control database (users, vhost records, permissions), for reading.
+    pub fn access(&self) -> parking_lot::RwLockReadGuard<'_, crate::access::AccessControl> {
+        self.access.read()
+    }
+
+    /// The access-control database, for changing. Every call counts as a change: decisions
+    /// cached under an older [`Broker::access_generation`] are dropped.
+    pub fn access_mut(&self) -> parking_lot::RwLockWriteGuard<'_, crate::access::AccessControl> {
+        let guard = self.access.write();
+        self.access_generation.fetch_add(1, Ordering::Release);
+        guard
+    }
+
+    /// A number that changes whenever the access-control database may have changed, for
+    /// caches of access decisions (a channel's publish permission, as RabbitMQ caches its
+    /// permission checks per channel).
+    pub fn access_generation(&self) -> u64 {
+        self.access_generation.load(Ordering::Acquire)
     }
 
     /// The message store, for a durable broker.
@@ -1141,11 +1171,8 @@ impl VHost {
         }
         // The reserved prefix only stops creating an exchange: redeclaring an existing
         // `amq.*` exchange equivalently succeeds, as in RabbitMQ.
-        if d.name.starts_with("amq.") && !self.exchange_exists(&d.name) {
-            return Err(BrokerError::access_refused(format!(
-                "exchange name '{}' contains reserved prefix 'amq.*'",
-                d.name
-            )));
+        if !self.exchange_exists(&d.name) {
+            check_new_exchange_name(&d.name)?;
         }
         let mut topo = self.topology.write();
         if let Some(x) = topo.exchanges.get(&d.name) {
@@ -1193,15 +1220,7 @@ impl VHost {
     /// default exchange and `amq.` exchanges, 406 with `if_unused` when it is a binding source.
     /// A deleted delayed-message exchange drops the messages it holds.
     pub fn delete_exchange(&self, name: &str, if_unused: bool) -> Result<()> {
-        if name.is_empty() {
-            return Err(default_exchange_refused());
-        }
-        if name.starts_with("amq.") {
-            return Err(BrokerError::access_refused(format!(
-                "deletion of system {} not allowed",
-                self.exchange_resource(name)
-            )));
-        }
+        self.check_exchange_deletable(name)?;
         let mut topo = self.topology.write();
         let Some(x) = topo.exchanges.get(name) else {
             return Ok(());
@@ -1250,9 +1269,43 @@ impl VHost {
         }
     }
 
+    /// What RabbitMQ refuses before any permission check on exchange.delete: the default
+    /// exchange and the `amq.` system exchanges (403).
+    pub(crate) fn check_exchange_deletable(&self, name: &str) -> Result<()> {
+        if name.is_empty() {
+            return Err(default_exchange_refused());
+        }
+        if name.starts_with("amq.") {
+            return Err(BrokerError::access_refused(format!(
+                "deletion of system {} not allowed",
+                self.exchange_resource(name)
+            )));
+        }
+        Ok(())
+    }
+
     /// True when the exchange exists.
     pub fn exchange_exists(&self, name: &str) -> bool {
         self.topology.read().exchanges.contains_key(name)
+    }
+
+    /// The type of exchange `name` (`""`, the default exchange, is a direct exchange), or
+    /// `None` when there is no such exchange.
+    pub fn exchange_kind(&self, name: &str) -> Option<ExchangeKind> {
+        if name.is_empty() {
+            return Some(ExchangeKind::Direct);
+        }
+        self.topology.read().exchanges.get(name).map(|x| x.kind)
+    }
+
+    /// True when the queue exists.
+    pub fn queue_exists(&self, name: &str) -> bool {
+        self.topology.read().queues.contains_key(name)
+    }
+
+    /// How many queues the vhost has.
+    pub fn queue_count(&self) -> usize {
+        self.topology.read().queues.len()
     }
 
     /// queue.declare, for connection `connection_id`. Returns the queue and its counts.
@@ -1275,17 +1328,18 @@ impl VHost {
             let counts = q.counts();
             return Ok((q, counts));
         }
-        let name = if d.name.is_empty() {
-            names::queue_name()
-        } else {
-            if d.name.starts_with("amq.") {
-                return Err(BrokerError::access_refused(format!(
-                    "queue name '{}' contains reserved prefix 'amq.*'",
-                    d.name
-                )));
-            }
-            d.name.clone()
-        };
+        let name = decide_queue_name(&d.name)?;
+        self.declare_queue_as(name, d, connection_id)
+    }
+
+    /// A non-passive queue.declare under `name`, already decided by [`decide_queue_name`]
+    /// (the operations layer decides it before checking permissions on it).
+    pub(crate) fn declare_queue_as(
+        &self,
+        name: String,
+        d: &QueueDeclare,
+        connection_id: u64,
+    ) -> Result<(Arc<Queue>, QueueCounts)> {
         let mut topo = self.topology.write();
         // As in RabbitMQ, the arguments of an existing queue are only compared (an invalid
         // value is reported as inequivalent); they are validated when the queue is created.
@@ -2025,7 +2079,31 @@ fn locked_queue(q: &Queue) -> BrokerError {
     ))
 }
 
-fn default_exchange_refused() -> BrokerError {
+/// The name a non-passive queue.declare creates or redeclares: a fresh `amq.gen-…` name for
+/// an empty one; 403 for a client-chosen name with the reserved `amq.` prefix.
+pub(crate) fn decide_queue_name(requested: &str) -> Result<String> {
+    if requested.is_empty() {
+        return Ok(names::queue_name());
+    }
+    if requested.starts_with("amq.") {
+        return Err(BrokerError::access_refused(format!(
+            "queue name '{requested}' contains reserved prefix 'amq.*'"
+        )));
+    }
+    Ok(requested.to_string())
+}
+
+/// 403 for creating an exchange with the reserved `amq.` prefix.
+pub(crate) fn check_new_exchange_name(name: &str) -> Result<()> {
+    if name.starts_with("amq.") {
+        return Err(BrokerError::access_refused(format!(
+            "exchange name '{name}' contains reserved prefix 'amq.*'"
+        )));
+    }
+    Ok(())
+}
+
+pub(crate) fn default_exchange_refused() -> BrokerError {
     BrokerError::access_refused("operation not permitted on the default exchange")
 }
 
@@ -2170,7 +2248,7 @@ mod tests {
 
     fn clocked() -> (Arc<crate::clock::ManualClock>, Arc<VHost>) {
         let clock = Arc::new(crate::clock::ManualClock::new(1_000_000));
-        let b = Broker::with_clock(Users::new(), clock.clone());
+        let b = Broker::with_clock(clock.clone());
         let v = b.vhost("/").unwrap();
         (clock, v)
     }
@@ -2931,7 +3009,7 @@ mod tests {
 
     #[test]
     fn topic_match_budget_refuses_messages_that_need_more() {
-        let b = Broker::new(Users::new());
+        let b = Broker::new();
         b.set_limits(Limits {
             topic_match_budget: 500,
             ..Limits::default()
@@ -2963,7 +3041,7 @@ mod tests {
 
     #[test]
     fn vhost_limits() {
-        let b = Broker::new(Users::new());
+        let b = Broker::new();
         b.set_limits(Limits {
             max_queues: 2,
             max_exchanges: 1,

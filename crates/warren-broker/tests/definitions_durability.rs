@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use warren_amqp::table::FieldTable;
 use warren_broker::exchange::Destination;
 use warren_broker::vhost::{ExchangeDeclare, QueueDeclare};
-use warren_broker::{Broker, StorageOptions, Users, VHost};
+use warren_broker::{Broker, StorageOptions, VHost};
 
 fn tempdir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("warren-defs-{name}-{}", std::process::id()));
@@ -19,9 +19,7 @@ fn tempdir(name: &str) -> PathBuf {
 }
 
 fn open(dir: &Path) -> Broker {
-    Broker::open(Users::new(), StorageOptions::new(dir))
-        .unwrap()
-        .0
+    Broker::open(StorageOptions::new(dir)).unwrap().0
 }
 
 fn durable_queue(name: &str) -> QueueDeclare {
@@ -177,7 +175,7 @@ fn broker_made_changes_are_stored_by_a_retry() {
 fn a_second_broker_on_the_same_directory_is_refused() {
     let dir = tempdir("lock");
     let first = open(&dir);
-    let err = Broker::open(Users::new(), StorageOptions::new(&dir))
+    let err = Broker::open(StorageOptions::new(&dir))
         .err()
         .expect("second open refused")
         .to_string();
@@ -208,7 +206,7 @@ fn an_unreadable_definitions_file_stops_the_start() {
     let last = raw.len() - 1;
     raw[last] ^= 0xff;
     std::fs::write(&file, raw).unwrap();
-    let err = Broker::open(Users::new(), StorageOptions::new(&dir))
+    let err = Broker::open(StorageOptions::new(&dir))
         .err()
         .expect("refused")
         .to_string();

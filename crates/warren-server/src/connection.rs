@@ -24,7 +24,7 @@ use warren_amqp::frame::{
 use warren_amqp::generated::*;
 use warren_amqp::table::{Decoder, FieldTable, FieldValue};
 use warren_amqp::{constants, DecodeError, Method};
-use warren_broker::{BrokerError, VHost};
+use warren_broker::{Actor, BrokerError, VHost};
 
 /// How long the server waits for connection.close-ok after sending connection.close.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -333,8 +333,23 @@ where
         })
     };
 
+    // Who works on this connection, for every operation of its channels.
+    let actor = Arc::new(Actor::new(
+        session.user.as_str(),
+        state
+            .broker
+            .access()
+            .user(&session.user)
+            .map(|u| u.tags.clone())
+            .unwrap_or_default(),
+        vhost.name.as_str(),
+        id,
+        Some(peer),
+    ));
     let mut conn = Conn {
         id,
+        state: state.clone(),
+        actor,
         vhost,
         outbox: outbox.clone(),
         channels: HashMap::new(),
@@ -348,7 +363,6 @@ where
             tx_max_operations: cfg.tx_max_operations,
         },
         incomplete_content: Cell::new(0),
-        user: session.user,
         published: false,
     };
     // connection.blocked goes to connections that publish, as in RabbitMQ (a client such as
@@ -363,11 +377,11 @@ where
     let mut read_size = 4096;
     let who = format!(
         "{name}, vhost: '{}', user: '{}'",
-        conn.vhost.name, conn.user
+        conn.vhost.name, conn.actor.user
     );
     info!(
         "connection ({name}): user '{}' authenticated and granted access to vhost '{}'",
-        conn.user, conn.vhost.name
+        conn.actor.user, conn.vhost.name
     );
     // Why the peer went away, when it did without connection.close.
     let mut eof_reason = "client unexpectedly closed TCP connection".to_string();
@@ -502,7 +516,7 @@ where
             // publishing connection of a Celery worker, say) can never answer.
             let linger = if *shutdown.borrow() {
                 info!(
-                    user = %conn.user,
+                    user = %conn.actor.user,
                     timeout_ms = SHUTDOWN_CLOSE_TIMEOUT.as_millis() as u64,
                     "broker shutdown: waiting for connection.close-ok"
                 );
@@ -526,7 +540,7 @@ where
                 }
                 Err(_) => {
                     warn!(
-                        user = %conn.user,
+                        user = %conn.actor.user,
                         timeout_ms = linger.as_millis() as u64,
                         "no connection.close-ok in time (the client is not reading this \
                          connection); closing the socket"
@@ -712,13 +726,15 @@ where
         )
     };
     let (user, pass) = sasl_credentials(mechanism, &start_ok.response).ok_or_else(refused)?;
-    if let Err(e) = state
-        .broker
-        .users
-        .read()
-        .authenticate(&user, &pass, peer.ip().is_loopback())
-    {
+    if let Err(e) = state.broker.access().authenticate(&user, &pass) {
         warn!(%e, mechanism, "login refused");
+        return Err(refused());
+    }
+    if state.loopback_users.contains(&user) && !peer.ip().is_loopback() {
+        warn!(
+            mechanism,
+            "login refused: user '{user}' can only connect via localhost"
+        );
         return Err(refused());
     }
 
@@ -832,7 +848,8 @@ struct Conn {
     limits: ChannelLimits,
     /// Content announced and not yet received over all channels, bytes.
     incomplete_content: Cell<u64>,
-    user: String,
+    state: Arc<ServerState>,
+    actor: Arc<Actor>,
     /// The client published since the last check (the memory alarm pauses publishers).
     published: bool,
 }
@@ -840,11 +857,11 @@ struct Conn {
 impl Conn {
     fn handle_frame(&mut self, frame: Frame) -> Option<End> {
         let ctx = Context {
-            connection_id: self.id,
+            broker: &self.state.broker,
+            actor: &self.actor,
             vhost: &self.vhost,
             limits: self.limits,
             incomplete_content: &self.incomplete_content,
-            user: &self.user,
         };
         match frame {
             Frame::Heartbeat { channel: 0 } => None,
@@ -971,11 +988,11 @@ impl Conn {
         }
         debug!(channel, code = e.code, text = %e.text, "closing channel");
         let ctx = Context {
-            connection_id: self.id,
+            broker: &self.state.broker,
+            actor: &self.actor,
             vhost: &self.vhost,
             limits: self.limits,
             incomplete_content: &self.incomplete_content,
-            user: &self.user,
         };
         if let Some(ch) = self.channels.get_mut(&channel) {
             ch.close_with_error(&ctx, &e, class_id, method_id);
@@ -1032,11 +1049,11 @@ impl Conn {
     /// exclusive queues. Idempotent.
     fn cleanup(&mut self) {
         let ctx = Context {
-            connection_id: self.id,
+            broker: &self.state.broker,
+            actor: &self.actor,
             vhost: &self.vhost,
             limits: self.limits,
             incomplete_content: &self.incomplete_content,
-            user: &self.user,
         };
         for (_, mut ch) in self.channels.drain() {
             ch.cleanup(&ctx);

@@ -19,7 +19,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{info, warn};
-use warren_broker::{User, Users};
+use warren_broker::access::{Permissions, UserRecord, UserTag};
 
 /// State shared by every connection of a running broker.
 pub struct ServerState {
@@ -27,6 +27,8 @@ pub struct ServerState {
     pub broker: warren_broker::Broker,
     /// Configuration in force.
     pub config: Config,
+    /// Users who may log in only from a loopback address.
+    pub loopback_users: Vec<String>,
     next_connection: AtomicU64,
     connections: AtomicUsize,
     /// Connections that declared the `connection.blocked` capability.
@@ -106,24 +108,10 @@ impl ServerState {
     ///
     /// Errors: the message store could not be opened.
     pub fn new(config: Config) -> std::io::Result<Self> {
-        let users = if config.users.is_empty() {
-            Users::with_default_guest()
-        } else {
-            let mut u = Users::new();
-            for c in &config.users {
-                u.add(User {
-                    name: c.name.clone(),
-                    password: c.password.clone(),
-                    tags: c.tags.clone(),
-                    loopback_only: c.loopback_only,
-                });
-            }
-            u
-        };
         let broker = match config.storage.options() {
-            None => warren_broker::Broker::new(users),
+            None => warren_broker::Broker::new(),
             Some(opts) => {
-                let (broker, report) = warren_broker::Broker::open(users, opts)
+                let (broker, report) = warren_broker::Broker::open(opts)
                     .map_err(|e| std::io::Error::other(e.to_string()))?;
                 info!(
                     messages = report.messages,
@@ -140,6 +128,23 @@ impl ServerState {
             }
         };
         broker.set_limits(config.limits.limits());
+        // Users from the config replace `guest`, each with full permissions on `/`.
+        let mut loopback_users = vec!["guest".to_string()];
+        if !config.users.is_empty() {
+            let mut access = broker.access_mut();
+            access.delete_user("guest");
+            loopback_users.clear();
+            for c in &config.users {
+                let tags = c.tags.iter().map(|t| UserTag::parse(t.trim())).collect();
+                access.put_user(UserRecord::with_password(&c.name, &c.password, tags));
+                access
+                    .set_permissions(&c.name, "/", Permissions::full())
+                    .map_err(|e| std::io::Error::other(e.to_string()))?;
+                if c.loopback_only {
+                    loopback_users.push(c.name.clone());
+                }
+            }
+        }
         let memory_limit = config.memory.limit(total_memory().unwrap_or(u64::MAX));
         let disk_limit = DiskLimit {
             limit: config.storage.disk_free_limit,
@@ -148,6 +153,7 @@ impl ServerState {
         Ok(ServerState {
             broker,
             config,
+            loopback_users,
             next_connection: AtomicU64::new(1),
             connections: AtomicUsize::new(0),
             blocked_listeners: parking_lot::Mutex::new(Vec::new()),
