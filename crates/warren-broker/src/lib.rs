@@ -20,6 +20,7 @@ pub mod args;
 pub mod blocks;
 pub mod clock;
 pub mod data_dir;
+pub mod dead_letter;
 pub mod definitions;
 pub mod delayed;
 pub mod error;

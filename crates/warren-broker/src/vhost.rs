@@ -6,6 +6,9 @@
 
 use crate::args::QueueArgs;
 use crate::clock::{Clock, SystemClock};
+use crate::dead_letter::{
+    dead_lettered, DeadLetter, DeadLetterSink, DeadLetterSource, DeathReason,
+};
 use crate::delayed::{self, Body, Held};
 use crate::error::{resource, BrokerError, Result};
 use crate::exchange::{Binding, Destination, Exchange, ExchangeKind};
@@ -13,9 +16,7 @@ use crate::limits::{self, Limits};
 use crate::message::{ConfirmTicket, Message, QueuedMessage};
 use crate::names;
 use crate::persist::{get_bool, get_str, get_table, s, Persistence, StorageOptions};
-use crate::queue::{
-    Backing, Consumer, DeadLetter, DeathReason, DeliveryTarget, Queue, QueueCounts,
-};
+use crate::queue::{Backing, Consumer, DeliveryTarget, Queue, QueueCounts};
 use crate::sender_selected::{self, SenderKeys};
 use parking_lot::RwLock;
 use std::collections::{HashMap, HashSet};
@@ -270,6 +271,62 @@ impl Broker {
     /// Names of all vhosts.
     pub fn vhost_names(&self) -> Vec<String> {
         self.vhosts.read().keys().cloned().collect()
+    }
+}
+
+impl DeadLetterSink for VHost {
+    /// Re-publishes messages that died in queue `from` to its dead-letter exchange, with
+    /// RabbitMQ's `x-death` history and `x-first-death-*` / `x-last-death-*` headers. A
+    /// missing dead-letter exchange drops them, as do automatic (not `rejected`) deaths that
+    /// would route a message back to a queue it already died in.
+    fn dead_letter(&self, from: &DeadLetterSource<'_>, letters: Vec<DeadLetter>) {
+        let dlx = from.exchange;
+        let now_s = self.clock.now_ms() / 1000;
+        for l in letters {
+            let msg = dead_lettered(from, &l, now_s);
+            let headers = msg.properties.headers.as_ref();
+            let mut routed = Routed::default();
+            let sender_keys = msg.sender_keys();
+            let keys = sender_keys.all(&msg.routing_key);
+            if self
+                .route_inner(dlx, &keys, headers, false, &mut routed)
+                .is_err()
+            {
+                continue;
+            }
+            for (x, durable, delay) in &routed.delayed {
+                if let Err(e) = self.hold(x, *durable, &msg, *delay) {
+                    tracing::warn!(queue = %from.queue, error = %e, "cannot hold dead letter in delayed exchange");
+                }
+            }
+            let mut queues = routed.queues;
+            let deaths = headers
+                .and_then(|h| h.get("x-death"))
+                .and_then(|v| v.as_array())
+                .unwrap_or(&[]);
+            let field = |d: &FieldValue, k: &str| -> Option<String> {
+                d.as_table()
+                    .and_then(|t| t.get(k))
+                    .and_then(|v| v.as_str())
+                    .map(str::to_string)
+            };
+            let any_rejected = deaths
+                .iter()
+                .any(|d| field(d, "reason").as_deref() == Some("rejected"));
+            if !any_rejected {
+                queues.retain(|q| {
+                    !deaths
+                        .iter()
+                        .any(|d| field(d, "queue").as_deref() == Some(q.name.as_str()))
+                });
+            }
+            if queues.is_empty() {
+                continue;
+            }
+            if let Err(e) = self.enqueue(msg, queues, None, false, true) {
+                tracing::warn!(queue = %from.queue, error = %e, "cannot dead-letter message");
+            }
+        }
     }
 }
 
@@ -551,7 +608,7 @@ impl VHost {
     fn new_queue(&self, queue: Queue) -> Queue {
         let mut queue = queue
             .with_clock(self.clock.clone())
-            .with_vhost(self.me.clone());
+            .with_dead_letter_sink(self.me.clone());
         if let Some(b) = self.backing() {
             queue = queue.with_backing(b);
         }
@@ -567,62 +624,6 @@ impl VHost {
         for q in self.queues() {
             if q.sweep() {
                 self.remove_queue(&q);
-            }
-        }
-    }
-
-    /// Re-publishes messages that died in queue `from` to its dead-letter exchange, with
-    /// RabbitMQ's `x-death` history and `x-first-death-*` / `x-last-death-*` headers. A
-    /// missing dead-letter exchange drops them, as do automatic (not `rejected`) deaths that
-    /// would route a message back to a queue it already died in.
-    pub fn dead_letter(&self, from: &Queue, letters: Vec<DeadLetter>) {
-        let Some(dlx) = from.args.dead_letter_exchange.as_deref() else {
-            return;
-        };
-        let now_s = self.clock.now_ms() / 1000;
-        for l in letters {
-            let msg = dead_lettered(from, dlx, &l, now_s);
-            let headers = msg.properties.headers.as_ref();
-            let mut routed = Routed::default();
-            let sender_keys = msg.sender_keys();
-            let keys = sender_keys.all(&msg.routing_key);
-            if self
-                .route_inner(dlx, &keys, headers, false, &mut routed)
-                .is_err()
-            {
-                continue;
-            }
-            for (x, durable, delay) in &routed.delayed {
-                if let Err(e) = self.hold(x, *durable, &msg, *delay) {
-                    tracing::warn!(queue = %from.name, error = %e, "cannot hold dead letter in delayed exchange");
-                }
-            }
-            let mut queues = routed.queues;
-            let deaths = headers
-                .and_then(|h| h.get("x-death"))
-                .and_then(|v| v.as_array())
-                .unwrap_or(&[]);
-            let field = |d: &FieldValue, k: &str| -> Option<String> {
-                d.as_table()
-                    .and_then(|t| t.get(k))
-                    .and_then(|v| v.as_str())
-                    .map(str::to_string)
-            };
-            let any_rejected = deaths
-                .iter()
-                .any(|d| field(d, "reason").as_deref() == Some("rejected"));
-            if !any_rejected {
-                queues.retain(|q| {
-                    !deaths
-                        .iter()
-                        .any(|d| field(d, "queue").as_deref() == Some(q.name.as_str()))
-                });
-            }
-            if queues.is_empty() {
-                continue;
-            }
-            if let Err(e) = self.enqueue(msg, queues, None, false, true) {
-                tracing::warn!(queue = %from.name, error = %e, "cannot dead-letter message");
             }
         }
     }
@@ -728,9 +729,12 @@ impl VHost {
                 !refuse
             });
             for q in &rejected {
-                if q.args.overflow == crate::args::Overflow::RejectPublishDlx {
+                if q.args.overflow != crate::args::Overflow::RejectPublishDlx {
+                    continue;
+                }
+                if let Some(source) = q.dead_letter_source() {
                     self.dead_letter(
-                        q,
+                        &source,
                         vec![DeadLetter {
                             message: msg.clone(),
                             reason: DeathReason::Maxlen,
@@ -1961,104 +1965,6 @@ fn not_stored(what: String, e: &std::io::Error) -> BrokerError {
     BrokerError::internal(format!(
         "{what} because the definitions could not be stored: {e}"
     ))
-}
-
-/// The copy of a dead letter that goes to the dead-letter exchange `dlx`: routed with the
-/// queue's `x-dead-letter-routing-key` or its original routing key, its `x-death` history
-/// updated (entries per queue and reason, most recent first), its `expiration` moved to the
-/// entry's `original-expiration`.
-///
-/// Without `x-dead-letter-routing-key` the copy is routed with all the keys the message had
-/// (its routing key, `CC` and `BCC` keys); with one, with that key alone. The entry's
-/// `routing-keys` are the routing key and `CC` keys (RabbitMQ 4.x `mc:record_death`).
-fn dead_lettered(from: &Queue, dlx: &str, l: &DeadLetter, now_s: u64) -> Arc<Message> {
-    let m = &l.message;
-    let reason = l.reason.as_str();
-    let sender_keys = m.sender_keys();
-    let routing_key = from
-        .args
-        .dead_letter_routing_key
-        .clone()
-        .unwrap_or_else(|| m.routing_key.clone());
-    let copy_keys = match from.args.dead_letter_routing_key {
-        Some(_) => SenderKeys::default(),
-        None => sender_keys.clone(),
-    };
-    let mut props = m.properties.clone();
-    let mut headers = props.headers.take().unwrap_or_default();
-    let mut deaths: Vec<FieldValue> = headers
-        .get("x-death")
-        .and_then(|v| v.as_array())
-        .map(<[FieldValue]>::to_vec)
-        .unwrap_or_default();
-    let same = |d: &FieldValue| {
-        d.as_table().is_some_and(|t| {
-            t.get("queue").and_then(|v| v.as_str()) == Some(from.name.as_str())
-                && t.get("reason").and_then(|v| v.as_str()) == Some(reason)
-        })
-    };
-    let entry = match deaths.iter().position(same) {
-        Some(i) => {
-            let mut t = deaths.remove(i).as_table().cloned().unwrap_or_default();
-            let count = t.get("count").and_then(|v| v.as_i64()).unwrap_or(0);
-            // `time` stays the time of the first death (RabbitMQ 4.x); the entry is written
-            // in RabbitMQ's field order.
-            t.insert("count", FieldValue::I64(count + 1));
-            let mut ordered = FieldTable::new();
-            for key in [
-                "original-expiration",
-                "count",
-                "reason",
-                "queue",
-                "time",
-                "exchange",
-                "routing-keys",
-            ] {
-                if let Some(v) = t.remove(key) {
-                    ordered.insert(key, v);
-                }
-            }
-            ordered.0.append(&mut t.0);
-            ordered
-        }
-        None => {
-            let mut t = FieldTable::new();
-            if let Some(e) = &props.expiration {
-                t.insert(
-                    "original-expiration",
-                    FieldValue::LongString(bytes::Bytes::copy_from_slice(e)),
-                );
-            }
-            t.insert("count", FieldValue::I64(1));
-            t.insert("reason", s(reason));
-            t.insert("queue", s(&from.name));
-            t.insert("time", FieldValue::Timestamp(now_s));
-            t.insert("exchange", s(&m.exchange));
-            let keys = sender_keys.death_keys(&m.routing_key);
-            t.insert(
-                "routing-keys",
-                FieldValue::Array(keys.iter().map(|k| s(k)).collect()),
-            );
-            t
-        }
-    };
-    props.expiration = None;
-    deaths.insert(0, FieldValue::Table(entry));
-    headers.insert("x-death", FieldValue::Array(deaths));
-    if headers.get("x-first-death-reason").is_none() {
-        headers.insert("x-first-death-reason", s(reason));
-        headers.insert("x-first-death-queue", s(&from.name));
-        headers.insert("x-first-death-exchange", s(&m.exchange));
-    }
-    headers.insert("x-last-death-reason", s(reason));
-    headers.insert("x-last-death-queue", s(&from.name));
-    headers.insert("x-last-death-exchange", s(&m.exchange));
-    // RabbitMQ 4.x hands out a dead-lettered message's headers sorted by name.
-    headers.0.sort_by(|a, b| a.0.cmp(&b.0));
-    props.headers = Some(headers);
-    let mut copy = Message::new(dlx.to_string(), routing_key, props, m.body.clone());
-    copy.sender_keys = Some(Arc::new(copy_keys));
-    Arc::new(copy)
 }
 
 /// Marks a queue deleted and cancels its consumers; returns its ready-message count.
