@@ -7,7 +7,7 @@
 
 use crate::channel::{Channel, ChannelLimits, Context, Outcome, BASIC_CLASS};
 use crate::outbox::Outbox;
-use crate::server::ServerState;
+use crate::state::ServerState;
 use bytes::{Bytes, BytesMut};
 use std::cell::Cell;
 use std::collections::HashMap;
