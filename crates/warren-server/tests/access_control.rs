@@ -11,9 +11,9 @@
 mod lapin_support;
 
 use lapin::options::{
-    BasicConsumeOptions, BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions,
-    ExchangeBindOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, ExchangeUnbindOptions,
-    QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions, QueuePurgeOptions,
+    BasicConsumeOptions, BasicGetOptions, ExchangeBindOptions, ExchangeDeclareOptions,
+    ExchangeDeleteOptions, ExchangeUnbindOptions, QueueBindOptions, QueueDeclareOptions,
+    QueueDeleteOptions, QueuePurgeOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
@@ -439,27 +439,12 @@ async fn run(conn: &Connection, op: &Op) -> Result<(), (u16, String)> {
             key,
             user_id,
         } => {
-            // In confirm mode the pending confirm fails with the channel's close reason.
-            ch.confirm_select(ConfirmSelectOptions::default())
-                .await
-                .expect("confirm.select");
+            lapin_support::confirm_select(&ch).await;
             let mut props = BasicProperties::default();
             if let Some(u) = user_id {
                 props = props.with_user_id(u.into());
             }
-            match ch
-                .basic_publish(
-                    exchange.into(),
-                    key.into(),
-                    BasicPublishOptions::default(),
-                    b"m",
-                    props,
-                )
-                .await
-            {
-                Ok(pc) => within("publisher confirm", pc).await.map(|_| ()),
-                Err(e) => Err(e),
-            }
+            lapin_support::publish_outcome(&ch, exchange, key, b"m", props).await
         }
         Op::Get(queue) => ch
             .basic_get(queue.into(), BasicGetOptions { no_ack: true })
@@ -584,27 +569,11 @@ async fn a_permission_change_applies_to_an_open_channel() {
     let ch = within("channel.open", conn.create_channel())
         .await
         .expect("channel.open");
-    within(
-        "confirm.select",
-        ch.confirm_select(ConfirmSelectOptions::default()),
-    )
-    .await
-    .expect("confirm.select");
+    lapin_support::confirm_select(&ch).await;
     lapin_support::publish(&ch, "", "q", b"one").await;
     apply(broker, perms("", "^nothing$", ".*"));
-    let res = match ch
-        .basic_publish(
-            "".into(),
-            "q".into(),
-            BasicPublishOptions::default(),
-            b"two",
-            BasicProperties::default(),
-        )
-        .await
-    {
-        Ok(pc) => within("confirm", pc).await.map(|_| ()),
-        Err(e) => Err(e),
-    };
+    let res =
+        lapin_support::publish_outcome(&ch, "", "q", b"two", BasicProperties::default()).await;
     lapin_support::expect_code(res, 403);
     let admin = env.channel().await;
     assert_eq!(lapin_support::drain(&admin, "q").await, vec!["one"]);
