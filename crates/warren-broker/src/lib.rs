@@ -23,6 +23,7 @@ pub mod data_dir;
 pub mod dead_letter;
 pub mod definitions;
 pub mod delayed;
+mod equivalence;
 pub mod error;
 pub mod exchange;
 pub mod headers;
