@@ -128,7 +128,7 @@ impl Persistence {
             .join(format!("{n}.spill"))
     }
 
-    fn definitions_dir(&self) -> PathBuf {
+    pub(crate) fn definitions_dir(&self) -> PathBuf {
         self.options.data_dir.join("definitions")
     }
 
@@ -137,7 +137,7 @@ impl Persistence {
     ///
     /// Errors: any I/O error (the old file, or the new one, is left whole), or the broker is
     /// closed.
-    pub fn save_definitions(&self, vhost: &str, table: &FieldTable) -> std::io::Result<()> {
+    pub fn save_definitions(&self, vhost: &str, table: &FieldTable) -> std::io::Result<u64> {
         // Held during the write: a broker that has released the directory writes nothing.
         let held = self.dir.lock();
         if held.is_none() {
@@ -165,13 +165,13 @@ impl Persistence {
         }
         std::fs::rename(&tmp, &path)?;
         std::fs::File::open(&dir)?.sync_all()?;
-        Ok(())
+        Ok(out.len() as u64)
     }
 
     /// Reads every vhost's definitions.
     ///
     /// Errors: a definitions file that cannot be read or fails its checksum.
-    pub fn load_definitions(&self) -> Result<Vec<FieldTable>, DefinitionsError> {
+    pub fn load_definitions(&self) -> Result<Vec<(FieldTable, u64)>, DefinitionsError> {
         let mut out = Vec::new();
         let entries = match std::fs::read_dir(self.definitions_dir()) {
             Ok(e) => e,
@@ -192,9 +192,32 @@ impl Persistence {
                 path: path.clone(),
                 reason,
             })?;
-            out.push(t);
+            let size = std::fs::metadata(&path).map_or(0, |m| m.len());
+            out.push((t, size));
         }
         Ok(out)
+    }
+}
+
+impl Persistence {
+    /// True once the broker has released its data directory: nothing is written any more.
+    pub(crate) fn released(&self) -> bool {
+        self.dir.lock().is_none()
+    }
+
+    /// The definitions log files as (vhost, generation, path), oldest generation first.
+    pub(crate) fn log_files(&self) -> Vec<(String, u64, PathBuf)> {
+        let mut out: Vec<(String, u64, PathBuf)> = std::fs::read_dir(self.definitions_dir())
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.ok())
+            .filter_map(|e| {
+                let (vhost, generation) = parse_log_name(e.file_name().to_str()?)?;
+                Some((vhost, generation, e.path()))
+            })
+            .collect();
+        out.sort_by_key(|(_, generation, _)| *generation);
+        out
     }
 }
 
@@ -214,8 +237,24 @@ fn read_definitions(path: &Path) -> Result<FieldTable, String> {
 
 /// File name for a vhost's definitions: the name hex-encoded, so any vhost name is safe.
 fn file_name(vhost: &str) -> String {
+    format!("{}.defs", file_stem(vhost))
+}
+
+/// `vhost-<name in hex>`: the start of the names of a vhost's definitions files.
+pub(crate) fn file_stem(vhost: &str) -> String {
     let hex: String = vhost.bytes().map(|b| format!("{b:02x}")).collect();
-    format!("vhost-{hex}.defs")
+    format!("vhost-{hex}")
+}
+
+/// The vhost and generation of a log file named `vhost-<hex>.<generation>.log`.
+fn parse_log_name(name: &str) -> Option<(String, u64)> {
+    let rest = name.strip_prefix("vhost-")?.strip_suffix(".log")?;
+    let (hex, generation) = rest.split_once('.')?;
+    let bytes = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+        .collect::<Option<Vec<u8>>>()?;
+    Some((String::from_utf8(bytes).ok()?, generation.parse().ok()?))
 }
 
 /// Helpers to build and read definition tables.

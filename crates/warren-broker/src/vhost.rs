@@ -13,6 +13,7 @@ use crate::delayed::{self, Body, Held};
 use crate::error::{resource, BrokerError, Result};
 mod delaying;
 mod durable;
+pub mod log;
 mod routing;
 
 use crate::equivalence::{arg_type_and_value, check_args, check_field, EQUIVALENT_QUEUE_ARGS};
@@ -23,6 +24,7 @@ use crate::names;
 use crate::persist::{get_bool, get_str, get_table, s, Persistence, StorageOptions};
 use crate::queue::{Backing, Consumer, DeliveryTarget, Queue, QueueCounts};
 use crate::sender_selected::{self, SenderKeys};
+use log::TopologyCommand;
 use parking_lot::RwLock;
 use routing::Routed;
 use std::collections::{HashMap, HashSet};
@@ -129,9 +131,29 @@ impl Broker {
             clock: Arc::new(SystemClock),
             limits: Arc::default(),
         };
-        for defs in definitions {
+        for (defs, size) in definitions {
             let vh = b.add_vhost(get_str(&defs, "name"));
             vh.load_definitions(&defs);
+            let generation = defs.get("log_generation").and_then(|v| v.as_i64());
+            vh.set_log_start(generation.unwrap_or(0).max(0) as u64, size);
+        }
+        // The changes since each snapshot, from its generation on; older logs were compacted
+        // into it (a crash came between the snapshot's rename and their removal).
+        for (vhost, generation, path) in persist.log_files() {
+            let vh = b.add_vhost(&vhost);
+            if generation < vh.log_generation() {
+                let _ = std::fs::remove_file(&path);
+                continue;
+            }
+            let records = match crate::vhost::log::read_log(&path) {
+                Ok(r) => r,
+                Err(reason) => {
+                    store.close();
+                    return Err(crate::persist::DefinitionsError { path, reason }.into());
+                }
+            };
+            let bytes = std::fs::metadata(&path).map_or(0, |m| m.len());
+            vh.replay_log(generation, &records, bytes);
         }
         b.add_vhost("/");
         for (key, entries) in recovered.queues {
@@ -333,6 +355,8 @@ pub struct VHost {
     /// The stored definitions may differ from the ones in memory (a save failed): the next
     /// sweep writes them again.
     defs_dirty: std::sync::atomic::AtomicBool,
+    /// Where the durable definitions log stands (see [`log`]).
+    defs_log: parking_lot::Mutex<log::LogState>,
     /// No retry of a failed save before this instant.
     defs_retry_at: parking_lot::Mutex<Option<std::time::Instant>>,
     /// Messages held by delayed-message exchanges, by due time.
@@ -462,6 +486,7 @@ impl VHost {
                 FieldTable::new(),
             )),
             defs_dirty: std::sync::atomic::AtomicBool::new(false),
+            defs_log: parking_lot::Mutex::new(log::LogState::default()),
             defs_retry_at: parking_lot::Mutex::new(None),
             delayed: parking_lot::Mutex::new(delayed::Schedule::default()),
             limits: Arc::default(),
@@ -846,7 +871,14 @@ impl VHost {
             ),
         );
         if d.durable {
-            if let Err(e) = self.save(&topo) {
+            let put = TopologyCommand::PutExchange {
+                name: d.name.clone(),
+                kind,
+                auto_delete: d.auto_delete,
+                internal: d.internal,
+                arguments: d.arguments.clone(),
+            };
+            if let Err(e) = self.save(&topo, vec![put]) {
                 topo.exchanges.remove(&d.name);
                 return Err(not_stored(
                     format!("failed to declare {}", self.exchange_resource(&d.name)),
@@ -876,7 +908,7 @@ impl VHost {
         let mut undo = Undo::default();
         topo.remove_exchange(name, &mut undo);
         if undo.durable {
-            if let Err(e) = self.save(&topo) {
+            if let Err(e) = self.save(&topo, TopologyCommand::removals(&undo)) {
                 topo.rollback(undo);
                 return Err(not_stored(
                     format!("failed to delete {}", self.exchange_resource(name)),
@@ -995,7 +1027,12 @@ impl VHost {
         )));
         topo.queues.insert(name.clone(), q.clone());
         if topo.queue_is_durable(&name) {
-            if let Err(e) = self.save(&topo) {
+            let put = TopologyCommand::PutQueue {
+                name: name.clone(),
+                auto_delete: d.auto_delete,
+                arguments: d.arguments.clone(),
+            };
+            if let Err(e) = self.save(&topo, vec![put]) {
                 topo.queues.remove(&name);
                 return Err(not_stored(
                     format!("failed to declare {}", self.queue_resource(&name)),
@@ -1056,7 +1093,7 @@ impl VHost {
             let mut undo = Undo::default();
             topo.remove_queue(name, &mut undo);
             if undo.durable {
-                if let Err(e) = self.save(&topo) {
+                if let Err(e) = self.save(&topo, TopologyCommand::removals(&undo)) {
                     topo.rollback(undo);
                     return Err(not_stored(
                         format!("failed to delete {}", q.resource_name()),
@@ -1080,7 +1117,7 @@ impl VHost {
                     topo.remove_queue(&queue.name, &mut undo);
                     // No client waits on this: a failed save is retried by the sweep.
                     if undo.durable {
-                        let _ = self.save(&topo);
+                        let _ = self.save(&topo, TopologyCommand::removals(&undo));
                     }
                 }
                 _ => return,
@@ -1167,7 +1204,11 @@ impl VHost {
         let added = x.bind(binding.clone());
         topo.bindings += usize::from(added);
         if added && durable_source && topo.destination_is_durable(&destination) {
-            if let Err(e) = self.save(&topo) {
+            let add = TopologyCommand::AddBinding {
+                source: source.to_string(),
+                binding: binding.clone(),
+            };
+            if let Err(e) = self.save(&topo, vec![add]) {
                 if let Some(x) = topo.exchanges.get_mut(source) {
                     x.unbind(&binding);
                     topo.bindings -= 1;
@@ -1236,7 +1277,7 @@ impl VHost {
             }
         }
         if undo.durable {
-            if let Err(e) = self.save(&topo) {
+            if let Err(e) = self.save(&topo, TopologyCommand::removals(&undo)) {
                 topo.rollback(undo);
                 return Err(not_stored(
                     format!(

@@ -1,41 +1,10 @@
 //! Durable definitions of a vhost: the snapshot of its durable exchanges, queues and bindings
-//! written to the data directory when they change, and read back at start.
+//! (written at compaction, see [`super::log`]), its retry after a failed write, and reading it
+//! back at start.
 
 use super::*;
 
 impl VHost {
-    /// Stores this vhost's durable definitions as they are in `topo` (called with the topology
-    /// write lock held, so saves happen in the order of the changes).
-    ///
-    /// Errors: the I/O error. A change a client asked for is then rolled back and refused; one
-    /// the broker made itself (auto-delete, expiry) stays, and the definitions are marked
-    /// dirty so that [`VHost::sweep`] writes them again until a save succeeds. Either way the
-    /// file may hold the old or the new version, so the next save rewrites it from memory.
-    pub(super) fn save(&self, topo: &Topology) -> std::io::Result<()> {
-        let Some(p) = &self.persist else {
-            return Ok(());
-        };
-        match p.save_definitions(&self.name, &topo.snapshot(&self.name)) {
-            Ok(()) => {
-                if self.defs_dirty.swap(false, Ordering::Relaxed) {
-                    tracing::info!(vhost = %self.name, "durable definitions stored again");
-                }
-                Ok(())
-            }
-            Err(e) => {
-                if !self.defs_dirty.swap(true, Ordering::Relaxed) {
-                    tracing::error!(
-                        vhost = %self.name,
-                        error = %e,
-                        "cannot store durable definitions; changes that need it are refused, \
-                         and the save is retried every second"
-                    );
-                }
-                Err(e)
-            }
-        }
-    }
-
     /// Writes the definitions again after a failed save, at most once a second.
     pub(super) fn retry_save(&self) {
         if !self.defs_dirty.load(Ordering::Relaxed) {
@@ -50,7 +19,7 @@ impl VHost {
             *at = Some(now + std::time::Duration::from_secs(1));
         }
         let topo = self.topology.write();
-        if let Err(e) = self.save(&topo) {
+        if let Err(e) = self.store_snapshot(&topo) {
             tracing::debug!(vhost = %self.name, error = %e, "durable definitions still not stored");
         }
     }
