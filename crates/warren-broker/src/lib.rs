@@ -13,7 +13,9 @@
 //! lock may be held while calling into a [`queue::DeliveryTarget`] (a channel), never the reverse.
 //! Channels therefore never call back into a queue while holding their own lock. A vhost's
 //! schedule of delayed messages is taken alone or under the topology lock, and never held
-//! while routing.
+//! while routing. The definitions writer thread takes no lock of the model (a caller may wait
+//! for it under a topology lock); the rollbacks of durable changes it failed to write run on a
+//! thread of their own and take the topology lock there.
 
 pub mod access;
 pub mod args;
@@ -22,6 +24,7 @@ pub mod clock;
 pub mod data_dir;
 pub mod dead_letter;
 pub mod definitions;
+mod defs_writer;
 pub mod delayed;
 mod equivalence;
 pub mod error;

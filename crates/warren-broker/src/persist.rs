@@ -1,16 +1,14 @@
 //! Durability for the broker model: the message store handle, per-queue paging settings, and
-//! durable definitions (exchanges, queues, bindings) saved atomically per vhost.
+//! the files of durable definitions (exchanges, queues, bindings) per vhost: a snapshot written
+//! here, and a log of the changes since (see [`crate::vhost::log`]).
 //!
-//! A definitions file is `WARRENDEFS1\n`, a CRC32C of the rest, then one AMQP field table
-//! (the codec's own encoding, so argument types survive exactly). Writes go to a temporary file
-//! that is fsynced and renamed over the old one, and the directory is fsynced: after a crash
-//! the file is either the old or the new version, never half of one.
+//! A snapshot is `WARRENDEFS1\n`, a CRC32C of the rest, then one AMQP field table (the codec's
+//! own encoding, so argument types survive exactly). Writes go to a temporary file that is
+//! fsynced and renamed over the old one, and the directory is fsynced: after a crash the file is
+//! either the old or the new version, never half of one.
 //!
-//! A save reports its failure ([`Persistence::save_definitions`] returns the I/O error): the
-//! vhost then refuses the change that needed it, or, for a change no client asked for
-//! (auto-delete, expiry), keeps retrying until a save succeeds. A definitions file that cannot
-//! be read stops the broker from starting: starting without it would delete the messages of
-//! every queue it defines.
+//! A snapshot or log that cannot be read stops the broker from starting: starting without it
+//! would delete the messages of every queue it defines.
 
 use crate::data_dir::DataDir;
 use bytes::{Bytes, BytesMut};
@@ -82,6 +80,8 @@ impl StorageOptions {
 pub struct Persistence {
     /// The message store.
     pub store: Store,
+    /// Group commit of the definitions logs.
+    pub(crate) defs: crate::defs_writer::DefsWriter,
     /// Paging settings.
     pub options: StorageOptions,
     spill_counter: AtomicU64,
@@ -108,6 +108,7 @@ impl Persistence {
     pub(crate) fn new(store: Store, options: StorageOptions, dir: DataDir) -> Self {
         Persistence {
             store,
+            defs: crate::defs_writer::DefsWriter::start(),
             options,
             spill_counter: AtomicU64::new(0),
             dir: parking_lot::Mutex::new(Some(dir)),

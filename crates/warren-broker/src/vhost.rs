@@ -239,6 +239,7 @@ impl Broker {
     /// directory's lock (another broker may open it from then on).
     pub fn close(&self) {
         if let Some(p) = &self.persist {
+            p.defs.close();
             p.store.close();
             p.release();
         }
@@ -878,13 +879,9 @@ impl VHost {
                 internal: d.internal,
                 arguments: d.arguments.clone(),
             };
-            if let Err(e) = self.save(&topo, vec![put]) {
-                topo.exchanges.remove(&d.name);
-                return Err(not_stored(
-                    format!("failed to declare {}", self.exchange_resource(&d.name)),
-                    &e,
-                ));
-            }
+            let undo = Undo::added(Removed::AddedExchange(d.name.clone()));
+            let what = format!("failed to declare {}", self.exchange_resource(&d.name));
+            self.save(&mut topo, vec![put], undo, what)?;
         }
         Ok(())
     }
@@ -908,13 +905,8 @@ impl VHost {
         let mut undo = Undo::default();
         topo.remove_exchange(name, &mut undo);
         if undo.durable {
-            if let Err(e) = self.save(&topo, TopologyCommand::removals(&undo)) {
-                topo.rollback(undo);
-                return Err(not_stored(
-                    format!("failed to delete {}", self.exchange_resource(name)),
-                    &e,
-                ));
-            }
+            let what = format!("failed to delete {}", self.exchange_resource(name));
+            self.save(&mut topo, TopologyCommand::removals(&undo), undo, what)?;
         }
         if delayed {
             // Under the topology lock, so that a new exchange of the same name cannot have
@@ -1032,13 +1024,9 @@ impl VHost {
                 auto_delete: d.auto_delete,
                 arguments: d.arguments.clone(),
             };
-            if let Err(e) = self.save(&topo, vec![put]) {
-                topo.queues.remove(&name);
-                return Err(not_stored(
-                    format!("failed to declare {}", self.queue_resource(&name)),
-                    &e,
-                ));
-            }
+            let undo = Undo::added(Removed::AddedQueue(q.clone()));
+            let what = format!("failed to declare {}", self.queue_resource(&name));
+            self.save(&mut topo, vec![put], undo, what)?;
         }
         Ok((q, QueueCounts::default()))
     }
@@ -1093,13 +1081,8 @@ impl VHost {
             let mut undo = Undo::default();
             topo.remove_queue(name, &mut undo);
             if undo.durable {
-                if let Err(e) = self.save(&topo, TopologyCommand::removals(&undo)) {
-                    topo.rollback(undo);
-                    return Err(not_stored(
-                        format!("failed to delete {}", q.resource_name()),
-                        &e,
-                    ));
-                }
+                let what = format!("failed to delete {}", q.resource_name());
+                self.save(&mut topo, TopologyCommand::removals(&undo), undo, what)?;
             }
             q
         };
@@ -1117,7 +1100,7 @@ impl VHost {
                     topo.remove_queue(&queue.name, &mut undo);
                     // No client waits on this: a failed save is retried by the sweep.
                     if undo.durable {
-                        let _ = self.save(&topo, TopologyCommand::removals(&undo));
+                        self.save_detached(&mut topo, TopologyCommand::removals(&undo));
                     }
                 }
                 _ => return,
@@ -1208,20 +1191,13 @@ impl VHost {
                 source: source.to_string(),
                 binding: binding.clone(),
             };
-            if let Err(e) = self.save(&topo, vec![add]) {
-                if let Some(x) = topo.exchanges.get_mut(source) {
-                    x.unbind(&binding);
-                    topo.bindings -= 1;
-                }
-                return Err(not_stored(
-                    format!(
-                        "could not create binding from {} to {}",
-                        self.exchange_resource(source),
-                        self.destination_resource(&destination)
-                    ),
-                    &e,
-                ));
-            }
+            let undo = Undo::added(Removed::AddedBinding(source.to_string(), binding.clone()));
+            let what = format!(
+                "could not create binding from {} to {}",
+                self.exchange_resource(source),
+                self.destination_resource(&destination)
+            );
+            self.save(&mut topo, vec![add], undo, what)?;
         }
         Ok(())
     }
@@ -1277,17 +1253,12 @@ impl VHost {
             }
         }
         if undo.durable {
-            if let Err(e) = self.save(&topo, TopologyCommand::removals(&undo)) {
-                topo.rollback(undo);
-                return Err(not_stored(
-                    format!(
-                        "could not delete binding from {} to {}",
-                        self.exchange_resource(source),
-                        self.destination_resource(&destination)
-                    ),
-                    &e,
-                ));
-            }
+            let what = format!(
+                "could not delete binding from {} to {}",
+                self.exchange_resource(source),
+                self.destination_resource(&destination)
+            );
+            self.save(&mut topo, TopologyCommand::removals(&undo), undo, what)?;
         }
         Ok(())
     }
@@ -1392,6 +1363,21 @@ impl Topology {
     fn rollback(&mut self, undo: Undo) {
         for step in undo.steps.into_iter().rev() {
             match step {
+                Removed::AddedExchange(name) => {
+                    if let Some(x) = self.exchanges.remove(&name) {
+                        self.bindings -= x.bindings().len();
+                    }
+                }
+                Removed::AddedQueue(q) => {
+                    if self.queues.get(&q.name).is_some_and(|o| Arc::ptr_eq(o, &q)) {
+                        self.queues.remove(&q.name);
+                    }
+                }
+                Removed::AddedBinding(source, b) => {
+                    if let Some(x) = self.exchanges.get_mut(&source) {
+                        self.bindings -= usize::from(x.unbind(&b));
+                    }
+                }
                 Removed::Exchange(x) => {
                     self.bindings += x.bindings().len();
                     self.exchanges.insert(x.name.clone(), x);
@@ -1412,13 +1398,29 @@ impl Topology {
 /// What a topology change removed, so that it can be put back when the change cannot be
 /// stored.
 #[derive(Default)]
-struct Undo {
+pub(crate) struct Undo {
     steps: Vec<Removed>,
     /// Something durable was removed: the definitions must be saved.
     durable: bool,
 }
 
-enum Removed {
+impl Undo {
+    /// Undoes one addition.
+    fn added(step: Removed) -> Self {
+        Undo {
+            steps: vec![step],
+            durable: true,
+        }
+    }
+}
+
+pub(crate) enum Removed {
+    /// An exchange a declare added.
+    AddedExchange(String),
+    /// A queue a declare added.
+    AddedQueue(Arc<Queue>),
+    /// A binding a bind added to the named source exchange.
+    AddedBinding(String, Binding),
     Exchange(Exchange),
     /// A binding removed from the named source exchange.
     Binding(String, Binding),
@@ -1428,7 +1430,7 @@ enum Removed {
 /// 541 INTERNAL_ERROR for a topology change refused because the definitions could not be
 /// stored: RabbitMQ answers a metadata store failure (a Khepri timeout) with this code and a
 /// text such as `failed to declare exchange 'x' in vhost '/' because the operation timed out`.
-fn not_stored(what: String, e: &std::io::Error) -> BrokerError {
+fn not_stored(what: &str, e: &dyn std::fmt::Display) -> BrokerError {
     BrokerError::internal(format!(
         "{what} because the definitions could not be stored: {e}"
     ))

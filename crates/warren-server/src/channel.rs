@@ -31,6 +31,7 @@ use warren_broker::exchange::Destination;
 use warren_broker::ops::publish::PublishCheck;
 use warren_broker::ops::{DeclaredQueue, PublishGrant};
 use warren_broker::queue::Settlement;
+use warren_broker::vhost::log::DurableSink;
 use warren_broker::vhost::{ExchangeDeclare as ExchangeSpec, QueueDeclare as QueueSpec, REPLY_TO};
 use warren_broker::{
     names, Actor, Broker, BrokerError, Completion, Consumer, DeliveryTarget, Message, Ops,
@@ -455,12 +456,83 @@ pub struct Context<'a> {
     /// Bytes of content announced in content headers and not yet received, over all the
     /// connection's channels (bounded by [`ChannelLimits::max_incomplete_content_bytes`]).
     pub incomplete_content: &'a Cell<u64>,
+    /// Where durable topology changes report when they are on disk: their replies (and all
+    /// that follows on the connection) are held until then.
+    pub durable: &'a Arc<dyn DurableSink>,
 }
 
 impl Context<'_> {
     /// The operations layer, as this connection's actor.
     pub fn ops(&self) -> Ops<'_> {
-        Ops::new(self.broker, self.vhost, self.actor)
+        Ops::new(self.broker, self.vhost, self.actor).with_durable_sink(self.durable)
+    }
+}
+
+/// A connection's durable topology changes in flight: while any is, the connection's outbox
+/// is held, so that a declare-ok (and every frame after it: other replies, deliveries,
+/// confirms) leaves only once the change is on disk. The connection reads no further frames
+/// until they settle ([`DurableReplies::settle`]); other connections are not affected, and the
+/// changes of one read share one fsync.
+pub struct DurableReplies {
+    outbox: Arc<Outbox>,
+    pending: AtomicU64,
+    failure: Mutex<Option<BrokerError>>,
+    settled: tokio::sync::Notify,
+}
+
+impl DurableReplies {
+    /// For the connection writing to `outbox`.
+    pub fn new(outbox: Arc<Outbox>) -> Self {
+        DurableReplies {
+            outbox,
+            pending: AtomicU64::new(0),
+            failure: Mutex::new(None),
+            settled: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// Waits until every change is on disk or rolled back, then lets the outbox write again.
+    /// Returns the refusal of a change that could not be stored: the connection must close
+    /// with it (what was held is discarded).
+    pub async fn settle(&self) -> Option<BrokerError> {
+        if !self.outbox.is_held() {
+            return None;
+        }
+        loop {
+            let notified = self.settled.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.pending.load(Ordering::Acquire) == 0 {
+                break;
+            }
+            notified.await;
+        }
+        match self.failure.lock().take() {
+            Some(e) => {
+                self.outbox.discard();
+                Some(e)
+            }
+            None => {
+                self.outbox.release();
+                None
+            }
+        }
+    }
+}
+
+impl DurableSink for DurableReplies {
+    fn begin(&self) {
+        self.outbox.hold();
+        self.pending.fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn settled(&self, outcome: Result<(), BrokerError>) {
+        if let Err(e) = outcome {
+            self.failure.lock().get_or_insert(e);
+        }
+        if self.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.settled.notify_waiters();
+        }
     }
 }
 

@@ -5,7 +5,7 @@
 //! Everything a connection does to the broker model runs on its own task, synchronously; only
 //! socket writes are left to the writer task that drains the [`Outbox`].
 
-use crate::channel::{Channel, ChannelLimits, Context, Outcome, BASIC_CLASS};
+use crate::channel::{Channel, ChannelLimits, Context, DurableReplies, Outcome, BASIC_CLASS};
 use crate::outbox::Outbox;
 use crate::state::ServerState;
 use bytes::{Bytes, BytesMut};
@@ -24,6 +24,7 @@ use warren_amqp::frame::{
 use warren_amqp::generated::*;
 use warren_amqp::table::{Decoder, FieldTable, FieldValue};
 use warren_amqp::{constants, DecodeError, Method};
+use warren_broker::vhost::log::DurableSink;
 use warren_broker::{Actor, BrokerError, VHost};
 
 /// How long the server waits for connection.close-ok after sending connection.close.
@@ -346,6 +347,7 @@ where
         id,
         Some(peer),
     ));
+    let durable = Arc::new(DurableReplies::new(outbox.clone()));
     let mut conn = Conn {
         id,
         state: state.clone(),
@@ -363,6 +365,7 @@ where
             tx_max_operations: cfg.tx_max_operations,
         },
         incomplete_content: Cell::new(0),
+        durable: durable.clone(),
         published: false,
     };
     // connection.blocked goes to connections that publish, as in RabbitMQ (a client such as
@@ -407,6 +410,10 @@ where
             }
         }
         conn.flush_confirms();
+        // Replies held behind durable topology changes go once those are on disk.
+        if let Some(e) = durable.settle().await {
+            break End::Error(ConnError::from_broker(e, 0, 0));
+        }
         if conn.published && session.blocked_notify && !blocked_listener {
             state.listen_blocked(&outbox);
             blocked_listener = true;
@@ -479,6 +486,9 @@ where
     };
 
     conn.cleanup();
+    // Nothing held behind a durable change leaves before that change is on disk (or is
+    // dropped, with the change rolled back).
+    let _ = durable.settle().await;
     let linger = close_linger(tuned.heartbeat);
     match end {
         End::Eof => {
@@ -850,6 +860,7 @@ struct Conn {
     incomplete_content: Cell<u64>,
     state: Arc<ServerState>,
     actor: Arc<Actor>,
+    durable: Arc<dyn DurableSink>,
     /// The client published since the last check (the memory alarm pauses publishers).
     published: bool,
 }
@@ -862,6 +873,7 @@ impl Conn {
             vhost: &self.vhost,
             limits: self.limits,
             incomplete_content: &self.incomplete_content,
+            durable: &self.durable,
         };
         match frame {
             Frame::Heartbeat { channel: 0 } => None,
@@ -993,6 +1005,7 @@ impl Conn {
             vhost: &self.vhost,
             limits: self.limits,
             incomplete_content: &self.incomplete_content,
+            durable: &self.durable,
         };
         if let Some(ch) = self.channels.get_mut(&channel) {
             ch.close_with_error(&ctx, &e, class_id, method_id);
@@ -1054,6 +1067,7 @@ impl Conn {
             vhost: &self.vhost,
             limits: self.limits,
             incomplete_content: &self.incomplete_content,
+            durable: &self.durable,
         };
         for (_, mut ch) in self.channels.drain() {
             ch.cleanup(&ctx);

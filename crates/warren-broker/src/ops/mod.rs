@@ -30,6 +30,7 @@ use crate::error::Result;
 use crate::exchange::{Destination, ExchangeKind};
 use crate::message::QueuedMessage;
 use crate::queue::{Consumer, DeliveryTarget, Queue, QueueCounts};
+use crate::vhost::log::{deferring, DurableSink};
 use crate::vhost::{
     check_new_exchange_name, decide_queue_name, default_exchange_refused, Broker, ExchangeDeclare,
     QueueDeclare, VHost,
@@ -100,12 +101,13 @@ pub struct Got {
     pub message: Option<(QueuedMessage, u32)>,
 }
 
-/// The operations of one actor in one vhost: three references, cheap to build per call.
+/// The operations of one actor in one vhost: a few references, cheap to build per call.
 #[derive(Clone, Copy)]
 pub struct Ops<'a> {
     broker: &'a Broker,
     vhost: &'a Arc<VHost>,
     actor: &'a Actor,
+    durable: Option<&'a Arc<dyn DurableSink>>,
 }
 
 impl<'a> Ops<'a> {
@@ -116,6 +118,24 @@ impl<'a> Ops<'a> {
             broker,
             vhost,
             actor,
+            durable: None,
+        }
+    }
+
+    /// Durable declares, binds and unbinds return as soon as they are applied, and `sink`
+    /// learns when they are on disk (see [`crate::vhost::log::deferring`]): the caller holds
+    /// their replies until then. Deletes, whose effects (dropped messages) cannot be rolled
+    /// back, return once stored, as every durable change does without a sink.
+    pub fn with_durable_sink(mut self, sink: &'a Arc<dyn DurableSink>) -> Self {
+        self.durable = Some(sink);
+        self
+    }
+
+    /// Runs a topology change, deferring its durability to the sink if there is one.
+    fn change<R>(&self, f: impl FnOnce() -> R) -> R {
+        match self.durable {
+            Some(sink) => deferring(sink, f),
+            None => f(),
         }
     }
 
@@ -175,7 +195,7 @@ impl<'a> Ops<'a> {
                 passive: true,
                 alternate_exchange: None,
             })?;
-            return self.vhost.declare_exchange(d);
+            return self.change(|| self.vhost.declare_exchange(d));
         }
         if ExchangeKind::parse(&d.kind).is_none() {
             // The vhost's refusal (406 unknown type) comes first, as in RabbitMQ.
@@ -199,7 +219,7 @@ impl<'a> Ops<'a> {
                 })?;
             }
         }
-        self.vhost.declare_exchange(d)
+        self.change(|| self.vhost.declare_exchange(d))
     }
 
     /// exchange.delete: the default and `amq.` exchanges are refused (403), then configure
@@ -207,6 +227,8 @@ impl<'a> Ops<'a> {
     pub fn delete_exchange(&self, name: &str, if_unused: bool) -> Result<()> {
         self.vhost.check_exchange_deletable(name)?;
         self.authorize(&Operation::ExchangeDelete { exchange: name })?;
+        // Not deferred: deleting drops what a delayed exchange holds, which a rollback could
+        // not bring back. The reply waits for the record's fsync.
         self.vhost.delete_exchange(name, if_unused)
     }
 
@@ -223,13 +245,11 @@ impl<'a> Ops<'a> {
         arguments: &warren_amqp::table::FieldTable,
     ) -> Result<()> {
         self.authorize_binding(source, &destination, routing_key, true)?;
-        self.vhost.bind(
-            source,
-            destination,
-            routing_key,
-            arguments,
-            self.actor.connection_id,
-        )
+        let connection = self.actor.connection_id;
+        self.change(|| {
+            self.vhost
+                .bind(source, destination, routing_key, arguments, connection)
+        })
     }
 
     /// queue.unbind / exchange.unbind: the checks of [`Ops::bind`], then [`VHost::unbind`].
@@ -241,13 +261,11 @@ impl<'a> Ops<'a> {
         arguments: &warren_amqp::table::FieldTable,
     ) -> Result<()> {
         self.authorize_binding(source, &destination, routing_key, false)?;
-        self.vhost.unbind(
-            source,
-            destination,
-            routing_key,
-            arguments,
-            self.actor.connection_id,
-        )
+        let connection = self.actor.connection_id;
+        self.change(|| {
+            self.vhost
+                .unbind(source, destination, routing_key, arguments, connection)
+        })
     }
 
     fn authorize_binding(
@@ -337,9 +355,8 @@ impl<'a> Ops<'a> {
                 })?;
             }
         }
-        let (q, counts) = self
-            .vhost
-            .declare_queue_as(name, d, self.actor.connection_id)?;
+        let connection = self.actor.connection_id;
+        let (q, counts) = self.change(|| self.vhost.declare_queue_as(name, d, connection))?;
         Ok(DeclaredQueue {
             name: q.name.clone(),
             counts,
@@ -351,6 +368,8 @@ impl<'a> Ops<'a> {
     /// the number of messages deleted.
     pub fn delete_queue(&self, name: &str, if_unused: bool, if_empty: bool) -> Result<u32> {
         self.authorize(&Operation::QueueDelete { queue: name })?;
+        // Not deferred: a deleted queue's messages are dropped at once, which a rollback could
+        // not bring back. The reply waits for the record's fsync.
         self.vhost
             .delete_queue(name, if_unused, if_empty, self.actor.connection_id)
     }

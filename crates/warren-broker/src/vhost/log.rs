@@ -23,7 +23,6 @@
 
 use super::*;
 use bytes::BufMut;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use warren_amqp::table::{decode_table, encode_table, Decoder};
 
@@ -201,6 +200,10 @@ impl TopologyCommand {
                     source: source.clone(),
                     binding: b.clone(),
                 }),
+                // Additions are undone by removal, which is listed where it happens.
+                Removed::AddedExchange(_) | Removed::AddedQueue(_) | Removed::AddedBinding(..) => {
+                    None
+                }
             })
             .collect()
     }
@@ -225,9 +228,8 @@ pub(crate) fn log_path(dir: &Path, vhost: &str, generation: u64) -> PathBuf {
     ))
 }
 
-/// Appends one record holding `commands` to `path` and fsyncs it. On error whatever was written
-/// is cut off again, so the file ends with whole records only.
-fn append_record(path: &Path, commands: &[TopologyCommand]) -> std::io::Result<u64> {
+/// One record holding `commands`: `[u32 length][u32 CRC32C][field table]`.
+fn encode_record(commands: &[TopologyCommand]) -> Vec<u8> {
     let list = commands
         .iter()
         .map(|c| FieldValue::Table(c.to_table()))
@@ -240,26 +242,38 @@ fn append_record(path: &Path, commands: &[TopologyCommand]) -> std::io::Result<u
     rec.put_u32(body.len() as u32);
     rec.put_u32(crc32c::crc32c(&body));
     rec.extend_from_slice(&body);
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let created = !path.exists();
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)?;
-    let before = f.metadata()?.len();
-    let written = f.write_all(&rec).and_then(|()| f.sync_data());
-    if let Err(e) = written {
-        let _ = f.set_len(before);
-        return Err(e);
-    }
-    if created {
-        if let Some(dir) = path.parent() {
-            std::fs::File::open(dir)?.sync_all()?;
+    rec
+}
+
+/// Receives the outcome of durable changes whose replies wait for it (see [`deferring`]).
+pub trait DurableSink: Send + Sync {
+    /// A change was applied in memory and its record queued: its reply must wait.
+    fn begin(&self);
+    /// That change is on disk (`Ok`), or was rolled back because its record could not be
+    /// written (`Err`: the refusal, 541 INTERNAL_ERROR).
+    fn settled(&self, outcome: std::result::Result<(), BrokerError>);
+}
+
+thread_local! {
+    static DEFERRING: std::cell::RefCell<Option<Arc<dyn DurableSink>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f` (topology operations on this thread) with durable changes deferred to `sink`:
+/// each is applied in memory and its record queued for the next group commit, and `sink`
+/// learns when it is on disk, instead of the call blocking until then. The caller holds the
+/// change's reply (and what follows it) until [`DurableSink::settled`]. Without this, a
+/// durable change returns once its record is fsynced.
+pub fn deferring<R>(sink: &Arc<dyn DurableSink>, f: impl FnOnce() -> R) -> R {
+    struct Reset(Option<Arc<dyn DurableSink>>);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            let prev = self.0.take();
+            DEFERRING.with(|d| *d.borrow_mut() = prev);
         }
     }
-    Ok(rec.len() as u64)
+    let prev = DEFERRING.with(|d| d.borrow_mut().replace(sink.clone()));
+    let _reset = Reset(prev);
+    f()
 }
 
 /// The records of a log file, each a list of commands. An incomplete record at the end is cut
@@ -310,48 +324,133 @@ pub(crate) fn read_log(path: &Path) -> std::result::Result<Vec<Vec<TopologyComma
 }
 
 impl VHost {
-    /// Stores a durable change: `commands` appended to the log as one record and fsynced
-    /// (called with the topology write lock held, so records follow the order of the changes);
-    /// the log is compacted into a new snapshot when it has grown enough.
+    /// Stores a durable change already applied to `topo`: `commands` become one record of the
+    /// log, written by the next group commit (called with the topology write lock held, so
+    /// records follow the order of the changes). Under [`deferring`] the call returns at once
+    /// and the sink learns the outcome; otherwise it returns once the record is fsynced. The
+    /// log is compacted into a new snapshot when it has grown enough.
     ///
-    /// Errors: the I/O error of the append. A change a client asked for is then rolled back
-    /// and refused; one the broker made itself (auto-delete, expiry) stays, and the definitions
-    /// are marked dirty so that [`VHost::sweep`] writes a whole snapshot again until one is
-    /// stored.
+    /// Errors: 541 INTERNAL_ERROR `<what> because the definitions could not be stored: <why>`,
+    /// with the change rolled back by `undo` (a deferred change is rolled back when its write
+    /// fails, and the sink gets the refusal).
     pub(super) fn save(
         &self,
-        topo: &Topology,
+        topo: &mut Topology,
         commands: Vec<TopologyCommand>,
-    ) -> std::io::Result<()> {
+        undo: Undo,
+        what: String,
+    ) -> Result<()> {
         let Some(p) = &self.persist else {
             return Ok(());
         };
+        let refuse = |topo: &mut Topology, undo: Undo, e: &dyn std::fmt::Display| {
+            topo.rollback(undo);
+            Err(not_stored(&what, e))
+        };
+        if p.released() {
+            return refuse(topo, undo, &"the broker is closed");
+        }
         if self.defs_dirty.load(Ordering::Relaxed) {
             // The log misses a change the broker made: only a whole snapshot is right now.
-            return self.store_snapshot(topo);
+            return match self.store_snapshot(topo) {
+                Ok(()) => Ok(()),
+                Err(e) => refuse(topo, undo, &e),
+            };
         }
-        if p.released() {
-            return Err(std::io::Error::other("the broker is closed"));
-        }
-        let mut log = self.defs_log.lock();
-        let path = log_path(&p.definitions_dir(), &self.name, log.generation);
-        match append_record(&path, &commands) {
-            Ok(n) => log.bytes += n,
-            Err(e) => {
-                drop(log);
-                self.mark_dirty(&e);
-                return Err(e);
+        let record = encode_record(&commands);
+        let path = {
+            let mut log = self.defs_log.lock();
+            log.bytes += record.len() as u64;
+            log_path(&p.definitions_dir(), &self.name, log.generation)
+        };
+        match DEFERRING.with(|d| d.borrow().clone()) {
+            Some(sink) => {
+                sink.begin();
+                let vhost = self.me.clone();
+                let callback =
+                    Box::new(
+                        move |outcome: std::result::Result<(), String>| match outcome {
+                            Ok(()) => sink.settled(Ok(())),
+                            Err(e) => {
+                                if let Some(v) = vhost.upgrade() {
+                                    v.topology.write().rollback(undo);
+                                    v.mark_dirty(&std::io::Error::other(e.clone()));
+                                }
+                                sink.settled(Err(not_stored(&what, &e)));
+                            }
+                        },
+                    );
+                p.defs
+                    .append(path, record, crate::defs_writer::Waiter::Callback(callback));
+            }
+            None => {
+                if let Err(e) = p.defs.append_and_wait(path, record) {
+                    // What is on disk is in doubt now: the next change stores a snapshot.
+                    self.mark_dirty(&std::io::Error::other(e.clone()));
+                    return refuse(topo, undo, &e);
+                }
             }
         }
-        let compact = log.bytes > MIN_COMPACT_BYTES.max(2 * log.snapshot_bytes);
-        drop(log);
-        if compact {
-            // The change is stored already; a failed compaction is tried again later.
-            if let Err(e) = self.compact(topo) {
-                tracing::warn!(vhost = %self.name, error = %e, "cannot compact the definitions log");
-            }
-        }
+        self.maybe_compact(topo);
         Ok(())
+    }
+
+    /// Stores a change the broker made by itself (auto-delete, exclusive queues of a closed
+    /// connection): nobody waits for it; if its record cannot be written, the definitions are
+    /// marked dirty and the sweep stores a whole snapshot.
+    pub(super) fn save_detached(&self, topo: &mut Topology, commands: Vec<TopologyCommand>) {
+        let Some(p) = &self.persist else {
+            return;
+        };
+        if p.released() {
+            return;
+        }
+        if self.defs_dirty.load(Ordering::Relaxed) {
+            let _ = self.store_snapshot(topo);
+            return;
+        }
+        let record = encode_record(&commands);
+        let path = {
+            let mut log = self.defs_log.lock();
+            log.bytes += record.len() as u64;
+            log_path(&p.definitions_dir(), &self.name, log.generation)
+        };
+        let vhost = self.me.clone();
+        let callback = Box::new(move |outcome: std::result::Result<(), String>| {
+            if let (Err(e), Some(v)) = (outcome, vhost.upgrade()) {
+                v.mark_dirty(&std::io::Error::other(e));
+            }
+        });
+        p.defs
+            .append(path, record, crate::defs_writer::Waiter::Callback(callback));
+        self.maybe_compact(topo);
+    }
+
+    /// Compacts when the log has outgrown its threshold. Every record of this vhost must be
+    /// on disk first (a barrier on its log); a failed write since then skips the compaction,
+    /// so that a snapshot never holds a change about to be rolled back.
+    fn maybe_compact(&self, topo: &Topology) {
+        let Some(p) = &self.persist else {
+            return;
+        };
+        let (compact, path) = {
+            let log = self.defs_log.lock();
+            (
+                log.bytes > MIN_COMPACT_BYTES.max(2 * log.snapshot_bytes),
+                log_path(&p.definitions_dir(), &self.name, log.generation),
+            )
+        };
+        if !compact {
+            return;
+        }
+        let failures = p.defs.failures();
+        if p.defs.append_and_wait(path, Vec::new()).is_err() || p.defs.failures() != failures {
+            return;
+        }
+        // The changes are stored already; a failed compaction is tried again later.
+        if let Err(e) = self.compact(topo) {
+            tracing::warn!(vhost = %self.name, error = %e, "cannot compact the definitions log");
+        }
     }
 
     fn mark_dirty(&self, e: &std::io::Error) {
