@@ -141,6 +141,13 @@ impl TopologyCommand {
 
     /// Reads a command written by [`TopologyCommand::to_table`].
     pub fn from_table(t: &FieldTable) -> std::result::Result<Self, String> {
+        Self::from_entry(get_str(t, "op"), t)
+    }
+
+    /// Reads a command `op` from a table of the snapshot's entry format (a snapshot's
+    /// exchanges are `put_exchange` entries, its queues `put_queue`, its bindings
+    /// `add_binding`).
+    pub fn from_entry(op: &str, t: &FieldTable) -> std::result::Result<Self, String> {
         let name = || get_str(t, "name").to_string();
         let binding = || {
             let dest = get_str(t, "destination").to_string();
@@ -154,7 +161,7 @@ impl TopologyCommand {
                 arguments: get_table(t, "arguments"),
             }
         };
-        Ok(match get_str(t, "op") {
+        Ok(match op {
             "put_exchange" => TopologyCommand::PutExchange {
                 name: name(),
                 kind: ExchangeKind::parse(get_str(t, "type"))
