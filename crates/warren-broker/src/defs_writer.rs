@@ -33,10 +33,15 @@ pub(crate) struct Blocked {
     done: Condvar,
 }
 
+/// Work to run on the writer thread once the batch it was queued with is written; its argument
+/// tells whether that batch was.
+pub(crate) type AfterWritten = Box<dyn FnOnce(bool) + Send>;
+
 #[derive(Default)]
 struct State {
     pending: Vec<(PathBuf, Vec<u8>)>,
     waiters: Vec<Waiter>,
+    after: Vec<AfterWritten>,
     shutdown: bool,
 }
 
@@ -92,6 +97,19 @@ impl DefsWriter {
         self.inner.wake.notify_one();
     }
 
+    /// Runs `job` on the writer thread once everything queued before it is written (a
+    /// compaction's snapshot, which must not precede the records it covers). Dropped unrun
+    /// when the writer has stopped.
+    pub(crate) fn after_written(&self, job: AfterWritten) {
+        let mut st = self.inner.state.lock();
+        if st.shutdown {
+            return;
+        }
+        st.after.push(job);
+        drop(st);
+        self.inner.wake.notify_one();
+    }
+
     /// Queues `record` and waits until it is fsynced (or failed).
     pub(crate) fn append_and_wait(&self, path: PathBuf, record: Vec<u8>) -> Result<(), String> {
         let slot = Arc::new(Blocked::default());
@@ -131,17 +149,18 @@ impl Drop for DefsWriter {
 
 fn writer_loop(inner: &Arc<Inner>) {
     loop {
-        let (batch, waiters) = {
+        let (batch, waiters, after) = {
             let mut st = inner.state.lock();
-            while st.pending.is_empty() && !st.shutdown {
+            while st.pending.is_empty() && st.after.is_empty() && !st.shutdown {
                 inner.wake.wait(&mut st);
             }
-            if st.pending.is_empty() {
+            if st.pending.is_empty() && st.after.is_empty() {
                 return;
             }
             (
                 std::mem::take(&mut st.pending),
                 std::mem::take(&mut st.waiters),
+                std::mem::take(&mut st.after),
             )
         };
         let outcome = write_batch(batch).map_err(|e| e.to_string());
@@ -150,7 +169,11 @@ fn writer_loop(inner: &Arc<Inner>) {
                 .failures
                 .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         }
+        let ok = outcome.is_ok();
         complete(inner, waiters, outcome);
+        for job in after {
+            job(ok);
+        }
     }
 }
 

@@ -225,6 +225,8 @@ pub(crate) struct LogState {
     bytes: u64,
     /// Bytes of the last snapshot.
     snapshot_bytes: u64,
+    /// A compaction's snapshot is being written.
+    compacting: bool,
 }
 
 /// The log file of `vhost`'s `generation`.
@@ -433,31 +435,63 @@ impl VHost {
         self.maybe_compact(topo);
     }
 
-    /// Compacts when the log has outgrown its threshold. Every record of this vhost must be
-    /// on disk first (a barrier on its log); a failed write since then skips the compaction,
-    /// so that a snapshot never holds a change about to be rolled back.
+    /// Compacts when the log has outgrown its threshold: the snapshot is taken now (under the
+    /// topology lock, so that it holds exactly the changes queued so far), appends go to the
+    /// next generation from now on, and the writer thread writes the snapshot once the records
+    /// before it are written (encoding and writing a large snapshot holds no lock), then deletes
+    /// the older logs. When a write failed meanwhile (a change in the snapshot may be rolled
+    /// back), the snapshot is not written: recovery then replays both generations.
     fn maybe_compact(&self, topo: &Topology) {
         let Some(p) = &self.persist else {
             return;
         };
-        let (compact, path) = {
-            let log = self.defs_log.lock();
-            (
-                log.bytes > MIN_COMPACT_BYTES.max(2 * log.snapshot_bytes),
-                log_path(&p.definitions_dir(), &self.name, log.generation),
-            )
+        let mut snapshot = {
+            let mut log = self.defs_log.lock();
+            if log.compacting || log.bytes <= MIN_COMPACT_BYTES.max(2 * log.snapshot_bytes) {
+                return;
+            }
+            log.compacting = true;
+            log.generation += 1;
+            log.bytes = 0;
+            topo.snapshot(&self.name)
         };
-        if !compact {
-            return;
-        }
+        let next = self.log_generation();
+        snapshot.insert("log_generation", FieldValue::I64(next as i64));
         let failures = p.defs.failures();
-        if p.defs.append_and_wait(path, Vec::new()).is_err() || p.defs.failures() != failures {
-            return;
-        }
-        // The changes are stored already; a failed compaction is tried again later.
-        if let Err(e) = self.compact(topo) {
-            tracing::warn!(vhost = %self.name, error = %e, "cannot compact the definitions log");
-        }
+        let vhost = self.me.clone();
+        p.defs.after_written(Box::new(move |ok| {
+            let Some(v) = vhost.upgrade() else {
+                return;
+            };
+            let Some(p) = &v.persist else {
+                return;
+            };
+            let written = if ok && p.defs.failures() == failures {
+                match p.save_definitions(&v.name, &snapshot) {
+                    Ok(n) => {
+                        let dir = p.definitions_dir();
+                        for generation in 0..next {
+                            let old = log_path(&dir, &v.name, generation);
+                            if old.exists() {
+                                let _ = std::fs::remove_file(old);
+                            }
+                        }
+                        Some(n)
+                    }
+                    Err(e) => {
+                        tracing::warn!(vhost = %v.name, error = %e, "cannot compact the definitions log");
+                        None
+                    }
+                }
+            } else {
+                None
+            };
+            let mut log = v.defs_log.lock();
+            log.compacting = false;
+            if let Some(n) = written {
+                log.snapshot_bytes = n;
+            }
+        }));
     }
 
     fn mark_dirty(&self, e: &std::io::Error) {
@@ -509,6 +543,7 @@ impl VHost {
             generation: next,
             bytes: 0,
             snapshot_bytes: written,
+            compacting: log.compacting,
         };
         Ok(())
     }
