@@ -5,22 +5,29 @@
 //! consumers and prefetch accounting ([`queue`]), and the access-control database ([`access`]:
 //! users with RabbitMQ's password hashes, vhost and user limits, permissions, and the table of
 //! what each operation needs). [`login`] checks credentials and counts sessions against the
-//! limits; [`definitions`] reads and writes RabbitMQ's definitions files. The server crate
-//! drives it from connection tasks; tests drive it directly.
+//! limits; [`definitions`] reads and writes RabbitMQ's definitions files.
+//!
+//! Front ends (the server crate's AMQP channels) go through [`ops`], the operations layer: every
+//! call carries an [`Actor`] and is authorized there. Tests also drive the vhosts directly.
 //!
 //! Locking discipline: a vhost's topology lock may be held while taking a queue lock, and a queue
 //! lock may be held while calling into a [`queue::DeliveryTarget`] (a channel), never the reverse.
 //! Channels therefore never call back into a queue while holding their own lock. A vhost's
 //! schedule of delayed messages is taken alone or under the topology lock, and never held
-//! while routing.
+//! while routing. The definitions writer thread takes no lock of the model (a caller may wait
+//! for it under a topology lock); the rollbacks of durable changes it failed to write run on a
+//! thread of their own and take the topology lock there.
 
 pub mod access;
 pub mod args;
 pub mod blocks;
 pub mod clock;
 pub mod data_dir;
+pub mod dead_letter;
 pub mod definitions;
+mod defs_writer;
 pub mod delayed;
+mod equivalence;
 pub mod error;
 pub mod exchange;
 pub mod headers;
@@ -28,18 +35,21 @@ pub mod limits;
 pub mod login;
 pub mod message;
 pub mod names;
+pub mod ops;
 pub mod persist;
 pub mod queue;
 pub mod sender_selected;
 pub mod topic;
 pub mod vhost;
 
+pub use access::AccessControl;
 pub use data_dir::{DataDir, DataDirError};
 pub use error::{BrokerError, Result};
 pub use exchange::{Destination, ExchangeKind};
 pub use limits::Limits;
 pub use login::{Authenticated, Credentials, LoginRefused, LoginSource, Sessions};
 pub use message::{Message, QueuedMessage};
+pub use ops::{Actor, Ops};
 pub use persist::StorageOptions;
 pub use queue::{Consumer, DeliveryTarget, Queue};
 pub use vhost::{Broker, PublishError, Published, VHost};

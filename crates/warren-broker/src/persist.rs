@@ -1,16 +1,14 @@
 //! Durability for the broker model: the message store handle, per-queue paging settings, and
-//! durable definitions (exchanges, queues, bindings) saved atomically per vhost.
+//! the files of durable definitions (exchanges, queues, bindings) per vhost: a snapshot written
+//! here, and a log of the changes since (see [`crate::vhost::log`]).
 //!
-//! A definitions file is `WARRENDEFS1\n`, a CRC32C of the rest, then one AMQP field table
-//! (the codec's own encoding, so argument types survive exactly). Writes go to a temporary file
-//! that is fsynced and renamed over the old one, and the directory is fsynced: after a crash
-//! the file is either the old or the new version, never half of one.
+//! A snapshot is `WARRENDEFS1\n`, a CRC32C of the rest, then one AMQP field table (the codec's
+//! own encoding, so argument types survive exactly). Writes go to a temporary file that is
+//! fsynced and renamed over the old one, and the directory is fsynced: after a crash the file is
+//! either the old or the new version, never half of one.
 //!
-//! A save reports its failure ([`Persistence::save_definitions`] returns the I/O error): the
-//! vhost then refuses the change that needed it, or, for a change no client asked for
-//! (auto-delete, expiry), keeps retrying until a save succeeds. A definitions file that cannot
-//! be read stops the broker from starting: starting without it would delete the messages of
-//! every queue it defines.
+//! A snapshot or log that cannot be read stops the broker from starting: starting without it
+//! would delete the messages of every queue it defines.
 
 use crate::data_dir::DataDir;
 use bytes::{Bytes, BytesMut};
@@ -82,6 +80,8 @@ impl StorageOptions {
 pub struct Persistence {
     /// The message store.
     pub store: Store,
+    /// Group commit of the definitions logs.
+    pub(crate) defs: crate::defs_writer::DefsWriter,
     /// Paging settings.
     pub options: StorageOptions,
     spill_counter: AtomicU64,
@@ -108,6 +108,7 @@ impl Persistence {
     pub(crate) fn new(store: Store, options: StorageOptions, dir: DataDir) -> Self {
         Persistence {
             store,
+            defs: crate::defs_writer::DefsWriter::start(),
             options,
             spill_counter: AtomicU64::new(0),
             dir: parking_lot::Mutex::new(Some(dir)),
@@ -128,7 +129,7 @@ impl Persistence {
             .join(format!("{n}.spill"))
     }
 
-    fn definitions_dir(&self) -> PathBuf {
+    pub(crate) fn definitions_dir(&self) -> PathBuf {
         self.options.data_dir.join("definitions")
     }
 
@@ -137,7 +138,7 @@ impl Persistence {
     ///
     /// Errors: any I/O error (the old file, or the new one, is left whole), or the broker is
     /// closed.
-    pub fn save_definitions(&self, vhost: &str, table: &FieldTable) -> std::io::Result<()> {
+    pub fn save_definitions(&self, vhost: &str, table: &FieldTable) -> std::io::Result<u64> {
         // Held during the write: a broker that has released the directory writes nothing.
         let held = self.dir.lock();
         if held.is_none() {
@@ -165,13 +166,13 @@ impl Persistence {
         }
         std::fs::rename(&tmp, &path)?;
         std::fs::File::open(&dir)?.sync_all()?;
-        Ok(())
+        Ok(out.len() as u64)
     }
 
     /// Reads every vhost's definitions.
     ///
     /// Errors: a definitions file that cannot be read or fails its checksum.
-    pub fn load_definitions(&self) -> Result<Vec<FieldTable>, DefinitionsError> {
+    pub fn load_definitions(&self) -> Result<Vec<(FieldTable, u64)>, DefinitionsError> {
         let mut out = Vec::new();
         let entries = match std::fs::read_dir(self.definitions_dir()) {
             Ok(e) => e,
@@ -192,9 +193,32 @@ impl Persistence {
                 path: path.clone(),
                 reason,
             })?;
-            out.push(t);
+            let size = std::fs::metadata(&path).map_or(0, |m| m.len());
+            out.push((t, size));
         }
         Ok(out)
+    }
+}
+
+impl Persistence {
+    /// True once the broker has released its data directory: nothing is written any more.
+    pub(crate) fn released(&self) -> bool {
+        self.dir.lock().is_none()
+    }
+
+    /// The definitions log files as (vhost, generation, path), oldest generation first.
+    pub(crate) fn log_files(&self) -> Vec<(String, u64, PathBuf)> {
+        let mut out: Vec<(String, u64, PathBuf)> = std::fs::read_dir(self.definitions_dir())
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.ok())
+            .filter_map(|e| {
+                let (vhost, generation) = parse_log_name(e.file_name().to_str()?)?;
+                Some((vhost, generation, e.path()))
+            })
+            .collect();
+        out.sort_by_key(|(_, generation, _)| *generation);
+        out
     }
 }
 
@@ -214,8 +238,24 @@ fn read_definitions(path: &Path) -> Result<FieldTable, String> {
 
 /// File name for a vhost's definitions: the name hex-encoded, so any vhost name is safe.
 fn file_name(vhost: &str) -> String {
+    format!("{}.defs", file_stem(vhost))
+}
+
+/// `vhost-<name in hex>`: the start of the names of a vhost's definitions files.
+pub(crate) fn file_stem(vhost: &str) -> String {
     let hex: String = vhost.bytes().map(|b| format!("{b:02x}")).collect();
-    format!("vhost-{hex}.defs")
+    format!("vhost-{hex}")
+}
+
+/// The vhost and generation of a log file named `vhost-<hex>.<generation>.log`.
+fn parse_log_name(name: &str) -> Option<(String, u64)> {
+    let rest = name.strip_prefix("vhost-")?.strip_suffix(".log")?;
+    let (hex, generation) = rest.split_once('.')?;
+    let bytes = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+        .collect::<Option<Vec<u8>>>()?;
+    Some((String::from_utf8(bytes).ok()?, generation.parse().ok()?))
 }
 
 /// Helpers to build and read definition tables.

@@ -12,9 +12,9 @@
 use crate::args::{Overflow, QueueArgs};
 use crate::blocks::Blocks;
 use crate::clock::{Clock, SystemClock};
+use crate::dead_letter::{DeadLetter, DeadLetterSink, DeadLetterSource, DeathReason};
 use crate::error::{resource, BrokerError, Result};
 use crate::message::{Message, QueuedMessage};
-use crate::vhost::VHost;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::path::PathBuf;
@@ -113,39 +113,6 @@ pub struct Settlement {
     pub rejected: bool,
 }
 
-/// Why a message was dead-lettered (the `reason` of its `x-death` entry).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DeathReason {
-    /// basic.reject / basic.nack with requeue=false.
-    Rejected,
-    /// Its TTL ran out.
-    Expired,
-    /// Dropped from the head of a queue over its length limit, or refused by a
-    /// `reject-publish-dlx` queue.
-    Maxlen,
-}
-
-impl DeathReason {
-    /// The reason as RabbitMQ writes it in `x-death`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DeathReason::Rejected => "rejected",
-            DeathReason::Expired => "expired",
-            DeathReason::Maxlen => "maxlen",
-        }
-    }
-}
-
-/// A message that left a queue with a dead-letter exchange, to be re-published there once
-/// the queue's lock is released.
-#[derive(Debug)]
-pub struct DeadLetter {
-    /// The message as it was in the queue.
-    pub message: Arc<Message>,
-    /// Why it died.
-    pub reason: DeathReason,
-}
-
 /// Where a queue keeps what does not fit in memory.
 ///
 /// A queue holds at most `window` ready messages in memory. Beyond that, new messages go to a
@@ -206,7 +173,7 @@ pub struct Queue {
     /// The arguments the queue acts on, parsed from `arguments`.
     pub args: QueueArgs,
     clock: Arc<dyn Clock>,
-    vhost_ref: Weak<VHost>,
+    dead_letters: Option<Weak<dyn DeadLetterSink>>,
     /// When the queue was last used (consumer, basic.get, declare), for `x-expires`.
     last_used: AtomicU64,
     /// The queue's name in store records: vhost and name joined by U+001F.
@@ -327,7 +294,7 @@ impl Queue {
             arguments,
             last_used: AtomicU64::new(clock.now_ms()),
             clock,
-            vhost_ref: Weak::new(),
+            dead_letters: None,
             backing: None,
             deliveries: std::sync::atomic::AtomicU64::new(0),
             stalled_at: std::sync::atomic::AtomicU64::new(u64::MAX),
@@ -347,8 +314,8 @@ impl Queue {
     }
 
     /// Gives the queue the vhost its dead letters are re-published in.
-    pub fn with_vhost(mut self, vhost: Weak<VHost>) -> Self {
-        self.vhost_ref = vhost;
+    pub fn with_dead_letter_sink(mut self, sink: Weak<dyn DeadLetterSink>) -> Self {
+        self.dead_letters = Some(sink);
         self
     }
 
@@ -416,9 +383,20 @@ impl Queue {
         if dead.is_empty() {
             return;
         }
-        if let Some(v) = self.vhost_ref.upgrade() {
-            v.dead_letter(self, dead);
+        if let Some(source) = self.dead_letter_source() {
+            if let Some(sink) = self.dead_letters.as_ref().and_then(Weak::upgrade) {
+                sink.dead_letter(&source, dead);
+            }
         }
+    }
+
+    /// Where this queue's dead letters go, if it has a dead-letter exchange.
+    pub fn dead_letter_source(&self) -> Option<DeadLetterSource<'_>> {
+        Some(DeadLetterSource {
+            queue: &self.name,
+            exchange: self.args.dead_letter_exchange.as_deref()?,
+            routing_key: self.args.dead_letter_routing_key.as_deref(),
+        })
     }
 
     /// Drops (or dead-letters) the expired messages at the head of the queue. `spare` is a

@@ -26,12 +26,16 @@ use warren_amqp::generated::*;
 use warren_amqp::properties::BasicProperties;
 use warren_amqp::table::put_shortstr;
 use warren_amqp::{constants, Method};
+use warren_broker::access::Operation;
 use warren_broker::exchange::Destination;
+use warren_broker::ops::publish::PublishCheck;
+use warren_broker::ops::{DeclaredQueue, PublishGrant};
 use warren_broker::queue::Settlement;
+use warren_broker::vhost::log::DurableSink;
 use warren_broker::vhost::{ExchangeDeclare as ExchangeSpec, QueueDeclare as QueueSpec, REPLY_TO};
 use warren_broker::{
-    names, BrokerError, Completion, Consumer, DeliveryTarget, Message, PublishError, Published,
-    Queue, QueuedMessage, VHost,
+    names, Actor, Broker, BrokerError, Completion, Consumer, DeliveryTarget, Message, Ops,
+    PublishError, Published, Queue, QueuedMessage, VHost,
 };
 
 /// Class id of `basic`, the only content class.
@@ -241,6 +245,8 @@ fn hold(
 /// A message being assembled from basic.publish, its content header and body frames.
 struct PendingContent {
     publish: BasicPublish,
+    /// What the operations layer established when basic.publish arrived.
+    check: PublishCheck,
     header: Option<(u64, BasicProperties)>,
     body: BytesMut,
     single: Option<Bytes>,
@@ -432,12 +438,17 @@ pub struct Channel {
     pressure: Option<Arc<Queue>>,
     /// The `reply_to` name of this channel's direct reply-to consumer.
     reply_to: Option<String>,
+    /// The last publish permission granted on this channel.
+    publish_grant: PublishGrant,
 }
 
 /// The connection context a channel works in.
 pub struct Context<'a> {
-    /// The connection's id (exclusive queue ownership).
-    pub connection_id: u64,
+    /// The broker.
+    pub broker: &'a Broker,
+    /// Who works on this connection: user, vhost, connection id (exclusive queue ownership),
+    /// peer. Every operation goes through the operations layer ([`Context::ops`]) with it.
+    pub actor: &'a Arc<Actor>,
     /// The connection's vhost.
     pub vhost: &'a Arc<VHost>,
     /// The limits channels enforce.
@@ -445,8 +456,84 @@ pub struct Context<'a> {
     /// Bytes of content announced in content headers and not yet received, over all the
     /// connection's channels (bounded by [`ChannelLimits::max_incomplete_content_bytes`]).
     pub incomplete_content: &'a Cell<u64>,
-    /// The authenticated user (a publish's `user_id` property must match it).
-    pub user: &'a str,
+    /// Where durable topology changes report when they are on disk: their replies (and all
+    /// that follows on the connection) are held until then.
+    pub durable: &'a Arc<dyn DurableSink>,
+}
+
+impl Context<'_> {
+    /// The operations layer, as this connection's actor.
+    pub fn ops(&self) -> Ops<'_> {
+        Ops::new(self.broker, self.vhost, self.actor).with_durable_sink(self.durable)
+    }
+}
+
+/// A connection's durable topology changes in flight: while any is, the connection's outbox
+/// is held, so that a declare-ok (and every frame after it: other replies, deliveries,
+/// confirms) leaves only once the change is on disk. The connection reads no further frames
+/// until they settle ([`DurableReplies::settle`]); other connections are not affected, and the
+/// changes of one read share one fsync.
+pub struct DurableReplies {
+    outbox: Arc<Outbox>,
+    pending: AtomicU64,
+    failure: Mutex<Option<BrokerError>>,
+    settled: tokio::sync::Notify,
+}
+
+impl DurableReplies {
+    /// For the connection writing to `outbox`.
+    pub fn new(outbox: Arc<Outbox>) -> Self {
+        DurableReplies {
+            outbox,
+            pending: AtomicU64::new(0),
+            failure: Mutex::new(None),
+            settled: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// Waits until every change is on disk or rolled back, then lets the outbox write again.
+    /// Returns the refusal of a change that could not be stored: the connection must close
+    /// with it (what was held is discarded).
+    pub async fn settle(&self) -> Option<BrokerError> {
+        if !self.outbox.is_held() {
+            return None;
+        }
+        loop {
+            let notified = self.settled.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.pending.load(Ordering::Acquire) == 0 {
+                break;
+            }
+            notified.await;
+        }
+        match self.failure.lock().take() {
+            Some(e) => {
+                self.outbox.discard();
+                Some(e)
+            }
+            None => {
+                self.outbox.release();
+                None
+            }
+        }
+    }
+}
+
+impl DurableSink for DurableReplies {
+    fn begin(&self) {
+        self.outbox.hold();
+        self.pending.fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn settled(&self, outcome: Result<(), BrokerError>) {
+        if let Err(e) = outcome {
+            self.failure.lock().get_or_insert(e);
+        }
+        if self.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.settled.notify_waiters();
+        }
+    }
 }
 
 /// Limits a connection's channels enforce, from the `[amqp]` configuration.
@@ -496,6 +583,7 @@ impl Channel {
             last_queue: String::new(),
             pressure: None,
             reply_to: None,
+            publish_grant: PublishGrant::default(),
         }
     }
 
@@ -556,11 +644,13 @@ impl Channel {
                 "second 'channel.open' seen",
             )),
             Method::ChannelClose(_) => {
+                ctx.ops().authorize(&Operation::ChannelClose)?;
                 self.cleanup(ctx);
                 self.send(ChannelCloseOk {});
                 Ok(Outcome::Closed)
             }
             Method::ChannelFlow(f) => {
+                ctx.ops().authorize(&Operation::ChannelFlow)?;
                 let queues = {
                     let mut st = self.shared.st.lock();
                     st.flow = f.active;
@@ -578,19 +668,18 @@ impl Channel {
             }
             Method::ExchangeDeclare(m) => self.exchange_declare(ctx, m).map(|_| Outcome::Done),
             Method::ExchangeDelete(m) => {
-                ctx.vhost.delete_exchange(&m.exchange, m.if_unused)?;
+                ctx.ops().delete_exchange(&m.exchange, m.if_unused)?;
                 if !m.nowait {
                     self.send(ExchangeDeleteOk {});
                 }
                 Ok(Outcome::Done)
             }
             Method::ExchangeBind(m) => {
-                ctx.vhost.bind(
+                ctx.ops().bind(
                     &m.source,
                     Destination::Exchange(m.destination),
                     &m.routing_key,
                     &m.arguments,
-                    ctx.connection_id,
                 )?;
                 if !m.nowait {
                     self.send(ExchangeBindOk {});
@@ -598,12 +687,11 @@ impl Channel {
                 Ok(Outcome::Done)
             }
             Method::ExchangeUnbind(m) => {
-                ctx.vhost.unbind(
+                ctx.ops().unbind(
                     &m.source,
                     Destination::Exchange(m.destination),
                     &m.routing_key,
                     &m.arguments,
-                    ctx.connection_id,
                 )?;
                 if !m.nowait {
                     self.send(ExchangeUnbindOk {});
@@ -612,12 +700,11 @@ impl Channel {
             }
             Method::QueueDeclare(m) => self.queue_declare(ctx, m).map(|_| Outcome::Done),
             Method::QueueBind(m) => {
-                ctx.vhost.bind(
+                ctx.ops().bind(
                     &m.exchange,
                     Destination::Queue(m.queue),
                     &m.routing_key,
                     &m.arguments,
-                    ctx.connection_id,
                 )?;
                 if !m.nowait {
                     self.send(QueueBindOk {});
@@ -625,36 +712,36 @@ impl Channel {
                 Ok(Outcome::Done)
             }
             Method::QueueUnbind(m) => {
-                ctx.vhost.unbind(
+                ctx.ops().unbind(
                     &m.exchange,
                     Destination::Queue(m.queue),
                     &m.routing_key,
                     &m.arguments,
-                    ctx.connection_id,
                 )?;
                 self.send(QueueUnbindOk {});
                 Ok(Outcome::Done)
             }
             Method::QueuePurge(m) => {
-                let n = ctx.vhost.purge_queue(&m.queue, ctx.connection_id)?;
+                let n = ctx.ops().purge_queue(&m.queue)?;
                 if !m.nowait {
                     self.send(QueuePurgeOk { message_count: n });
                 }
                 Ok(Outcome::Done)
             }
             Method::QueueDelete(m) => {
-                let n =
-                    ctx.vhost
-                        .delete_queue(&m.queue, m.if_unused, m.if_empty, ctx.connection_id)?;
+                let n = ctx.ops().delete_queue(&m.queue, m.if_unused, m.if_empty)?;
                 if !m.nowait {
                     self.send(QueueDeleteOk { message_count: n });
                 }
                 Ok(Outcome::Done)
             }
-            Method::BasicQos(m) => self.basic_qos(m).map(|_| Outcome::Done),
+            Method::BasicQos(m) => {
+                ctx.ops().authorize(&Operation::BasicQos)?;
+                self.basic_qos(m).map(|_| Outcome::Done)
+            }
             Method::BasicConsume(m) => self.basic_consume(ctx, m).map(|_| Outcome::Done),
             Method::BasicCancel(m) => {
-                self.cancel_consumer(ctx, &m.consumer_tag);
+                self.cancel_consumer(ctx, &m.consumer_tag)?;
                 if !m.nowait {
                     self.send(BasicCancelOk {
                         consumer_tag: m.consumer_tag,
@@ -666,14 +753,12 @@ impl Channel {
                 if m.immediate {
                     return Err(BrokerError::not_implemented("immediate=true"));
                 }
-                if !m.exchange.is_empty() && !ctx.vhost.exchange_exists(&m.exchange) {
-                    return Err(BrokerError::not_found(format!(
-                        "no exchange '{}' in vhost '{}'",
-                        m.exchange, ctx.vhost.name
-                    )));
-                }
+                let check = ctx
+                    .ops()
+                    .check_publish(&m.exchange, &mut self.publish_grant)?;
                 self.content = Some(PendingContent {
                     publish: m,
+                    check,
                     header: None,
                     body: BytesMut::new(),
                     single: None,
@@ -681,38 +766,36 @@ impl Channel {
                 Ok(Outcome::Done)
             }
             Method::BasicGet(m) => self.basic_get(ctx, m).map(|_| Outcome::Done),
-            Method::BasicAck(m) => self
-                .ack_op(
-                    &ctx.limits,
-                    AckOp::Ack {
-                        tag: m.delivery_tag,
-                        multiple: m.multiple,
-                    },
-                )
-                .map(|_| Outcome::Done),
-            Method::BasicReject(m) => self
-                .ack_op(
-                    &ctx.limits,
-                    AckOp::Reject {
-                        tag: m.delivery_tag,
-                        multiple: false,
-                        requeue: m.requeue,
-                    },
-                )
-                .map(|_| Outcome::Done),
-            Method::BasicNack(m) => self
-                .ack_op(
-                    &ctx.limits,
-                    AckOp::Reject {
-                        tag: m.delivery_tag,
-                        multiple: m.multiple,
-                        requeue: m.requeue,
-                    },
-                )
-                .map(|_| Outcome::Done),
+            Method::BasicAck(m) => {
+                ctx.ops().authorize(&Operation::BasicAck)?;
+                let op = AckOp::Ack {
+                    tag: m.delivery_tag,
+                    multiple: m.multiple,
+                };
+                self.ack_op(ctx, op).map(|_| Outcome::Done)
+            }
+            Method::BasicReject(m) => {
+                ctx.ops().authorize(&Operation::BasicReject)?;
+                let op = AckOp::Reject {
+                    tag: m.delivery_tag,
+                    multiple: false,
+                    requeue: m.requeue,
+                };
+                self.ack_op(ctx, op).map(|_| Outcome::Done)
+            }
+            Method::BasicNack(m) => {
+                ctx.ops().authorize(&Operation::BasicNack)?;
+                let op = AckOp::Reject {
+                    tag: m.delivery_tag,
+                    multiple: m.multiple,
+                    requeue: m.requeue,
+                };
+                self.ack_op(ctx, op).map(|_| Outcome::Done)
+            }
             Method::BasicRecover(m) => {
                 // As in RabbitMQ, recover-ok goes out before the redeliveries: clients (lapin)
                 // discard deliveries buffered before recover-ok.
+                ctx.ops().authorize(&Operation::BasicRecover)?;
                 if !m.requeue {
                     return Err(BrokerError::not_implemented("requeue=false"));
                 }
@@ -720,8 +803,12 @@ impl Channel {
                 self.recover(true)?;
                 Ok(Outcome::Done)
             }
-            Method::BasicRecoverAsync(m) => self.recover(m.requeue).map(|_| Outcome::Done),
+            Method::BasicRecoverAsync(m) => {
+                ctx.ops().authorize(&Operation::BasicRecover)?;
+                self.recover(m.requeue).map(|_| Outcome::Done)
+            }
             Method::TxSelect(_) => {
+                ctx.ops().authorize(&Operation::TxSelect)?;
                 if self.confirm.is_some() {
                     return Err(BrokerError::precondition_failed(
                         "cannot switch from confirm to tx mode",
@@ -732,6 +819,7 @@ impl Channel {
                 Ok(Outcome::Done)
             }
             Method::TxCommit(_) => {
+                ctx.ops().authorize(&Operation::TxCommit)?;
                 let Some(tx) = self.tx.take() else {
                     return Err(BrokerError::precondition_failed(
                         "channel is not transactional",
@@ -757,12 +845,13 @@ impl Channel {
                     channel: self.id(),
                     outbox: self.shared.outbox.clone(),
                 });
-                if !(stored && ctx.vhost.sync((waiter, 0))) {
+                if !(stored && ctx.ops().sync((waiter, 0))) {
                     self.send(TxCommitOk {});
                 }
                 Ok(Outcome::Done)
             }
             Method::TxRollback(_) => {
+                ctx.ops().authorize(&Operation::TxRollback)?;
                 let Some(tx) = self.tx.as_mut() else {
                     return Err(BrokerError::precondition_failed(
                         "channel is not transactional",
@@ -773,6 +862,7 @@ impl Channel {
                 Ok(Outcome::Done)
             }
             Method::ConfirmSelect(m) => {
+                ctx.ops().authorize(&Operation::ConfirmSelect)?;
                 if self.tx.is_some() {
                     return Err(BrokerError::precondition_failed(
                         "cannot switch from tx to confirm mode",
@@ -796,7 +886,7 @@ impl Channel {
     }
 
     fn exchange_declare(&mut self, ctx: &Context, m: ExchangeDeclare) -> MethodResult {
-        ctx.vhost.declare_exchange(&ExchangeSpec {
+        ctx.ops().declare_exchange(&ExchangeSpec {
             name: m.exchange,
             kind: m.kind,
             passive: m.passive,
@@ -850,31 +940,24 @@ impl Channel {
     }
 
     fn queue_declare(&mut self, ctx: &Context, m: QueueDeclare) -> MethodResult {
-        if m.passive && m.queue == REPLY_TO {
-            if !m.nowait {
-                self.send(QueueDeclareOk {
-                    queue: m.queue,
-                    message_count: 0,
-                    consumer_count: 0,
-                });
-            }
-            return Ok(());
+        let DeclaredQueue {
+            name,
+            counts,
+            queue,
+        } = ctx.ops().declare_queue(&QueueSpec {
+            name: m.queue,
+            passive: m.passive,
+            durable: m.durable,
+            exclusive: m.exclusive,
+            auto_delete: m.auto_delete,
+            arguments: m.arguments,
+        })?;
+        if queue.is_some() {
+            self.last_queue.clone_from(&name);
         }
-        let (q, counts) = ctx.vhost.declare_queue(
-            &QueueSpec {
-                name: m.queue,
-                passive: m.passive,
-                durable: m.durable,
-                exclusive: m.exclusive,
-                auto_delete: m.auto_delete,
-                arguments: m.arguments,
-            },
-            ctx.connection_id,
-        )?;
-        self.last_queue.clone_from(&q.name);
         if !m.nowait {
             self.send(QueueDeclareOk {
-                queue: q.name.clone(),
+                queue: name,
                 message_count: counts.ready,
                 consumer_count: counts.consumers,
             });
@@ -937,7 +1020,7 @@ impl Channel {
         // Until consume-ok is queued, a publish on another connection must not deliver to the
         // new consumer: basic.deliver would reach the client before the tag it names.
         self.shared.st.lock().announcing = Some(tag.clone());
-        let q = match ctx.vhost.consume(&m.queue, consumer, ctx.connection_id) {
+        let q = match ctx.ops().consume(&m.queue, consumer) {
             Ok(q) => q,
             Err(e) => {
                 self.shared.st.lock().announcing = None;
@@ -980,8 +1063,8 @@ impl Channel {
         }
         let target: Arc<dyn DeliveryTarget> = self.shared.clone();
         let name = ctx
-            .vhost
-            .add_reply_consumer(Arc::downgrade(&target), tag.clone());
+            .ops()
+            .consume_replies(Arc::downgrade(&target), tag.clone())?;
         self.reply_to = Some(name);
         self.shared.st.lock().consumers.insert(
             tag.clone(),
@@ -997,28 +1080,27 @@ impl Channel {
         Ok(())
     }
 
-    fn cancel_consumer(&mut self, ctx: &Context, tag: &str) {
-        let info = self.shared.st.lock().consumers.remove(tag);
-        if let Some(info) = &info {
-            if Arc::ptr_eq(&info.queue, ctx.vhost.reply_queue()) {
-                if let Some(name) = self.reply_to.take() {
-                    ctx.vhost.remove_reply_consumer(&name);
-                }
-                return;
+    fn cancel_consumer(&mut self, ctx: &Context, tag: &str) -> MethodResult {
+        let ops = ctx.ops();
+        ops.authorize(&Operation::BasicCancel)?;
+        let Some(info) = self.shared.st.lock().consumers.remove(tag) else {
+            return Ok(());
+        };
+        if Arc::ptr_eq(&info.queue, ctx.vhost.reply_queue()) {
+            if let Some(name) = self.reply_to.take() {
+                ops.cancel_replies(&name)?;
             }
+            return Ok(());
         }
-        if let Some(info) = info {
-            if info.queue.remove_consumer(self.shared.key, tag) {
-                ctx.vhost.remove_queue(&info.queue);
-            }
-        }
+        ops.cancel(&info.queue, self.shared.key, tag)
     }
 
     fn basic_get(&mut self, ctx: &Context, m: BasicGet) -> MethodResult {
-        let q = ctx.vhost.queue(&m.queue, ctx.connection_id)?;
         // Pop under the queue lock alone, then take the channel lock: queues lock themselves
         // before channels, never after.
-        let Some((msg, remaining)) = q.get(m.no_ack) else {
+        let got = ctx.ops().get(&m.queue, m.no_ack)?;
+        let q = got.queue;
+        let Some((msg, remaining)) = got.message else {
             self.send(BasicGetEmpty {
                 cluster_id: String::new(),
             });
@@ -1043,9 +1125,9 @@ impl Channel {
         Ok(())
     }
 
-    fn ack_op(&mut self, limits: &ChannelLimits, op: AckOp) -> MethodResult {
+    fn ack_op(&mut self, ctx: &Context, op: AckOp) -> MethodResult {
         if let Some(tx) = self.tx.as_mut() {
-            tx.admit(limits, 0)?;
+            tx.admit(&ctx.limits, 0)?;
             let (tag, multiple) = match op {
                 AckOp::Ack { tag, multiple } | AckOp::Reject { tag, multiple, .. } => {
                     (tag, multiple)
@@ -1283,44 +1365,19 @@ impl Channel {
         let Some(content) = self.take_content(ctx) else {
             return Ok(());
         };
-        let (_, mut properties) = content.header.unwrap_or_default();
-        // Property values are opaque bytes; only the three the broker interprets are read
-        // as text here.
-        if properties.reply_to.as_ref().is_some_and(|r| r == REPLY_TO) {
-            match &self.reply_to {
-                Some(name) => properties.reply_to = Some(name.as_str().into()),
-                None => {
-                    return Err(BrokerError::precondition_failed(
-                        "fast reply consumer does not exist",
-                    ))
-                }
-            }
-        }
-        if let Some(claimed) = &properties.user_id {
-            if claimed.as_bytes() != ctx.user.as_bytes() {
-                return Err(BrokerError::precondition_failed(format!(
-                    "user_id property set to '{claimed}' but authenticated user was '{}'",
-                    ctx.user
-                )));
-            }
-        }
-        if let Some(e) = &properties.expiration {
-            if let Err(reason) = warren_broker::args::parse_expiration(&e.to_string_lossy()) {
-                return Err(BrokerError::precondition_failed(format!(
-                    "invalid expiration '{e}': {reason}"
-                )));
-            }
-        }
+        let (_, properties) = content.header.unwrap_or_default();
         let body = match content.single {
             Some(b) => b,
             None => content.body.freeze(),
         };
-        let msg = Arc::new(Message::new(
+        let msg = ctx.ops().prepare_message(
+            content.check,
             content.publish.exchange,
             content.publish.routing_key,
             properties,
             body,
-        ));
+            self.reply_to.as_deref(),
+        )?;
         if let Some(tx) = self.tx.as_mut() {
             let bytes = msg.body.len() as u64;
             tx.admit(&ctx.limits, bytes)?;
@@ -1365,7 +1422,7 @@ impl Channel {
         mandatory: bool,
         waiter: Option<(Arc<dyn Completion>, u64)>,
     ) -> Result<Option<Published>, BrokerError> {
-        let mut published = match ctx.vhost.publish(msg.clone(), waiter) {
+        let mut published = match ctx.ops().publish(msg.clone(), waiter) {
             Ok(p) => p,
             Err(PublishError::Broker(e)) => return Err(e),
             Err(PublishError::StoreUnavailable(reason)) => {
@@ -1410,8 +1467,10 @@ impl Channel {
     /// Releases everything the channel holds: consumers are cancelled (auto-delete queues that
     /// lose their last consumer are deleted) and unacked messages are requeued.
     pub fn cleanup(&mut self, ctx: &Context) {
+        // Releasing what the channel holds needs no permission: it cannot be refused.
+        let ops = ctx.ops();
         if let Some(name) = self.reply_to.take() {
-            ctx.vhost.remove_reply_consumer(&name);
+            let _ = ops.cancel_replies(&name);
         }
         let (consumers, unacked, paged, upto) = {
             let mut st = self.shared.st.lock();
@@ -1426,9 +1485,7 @@ impl Channel {
             )
         };
         for (tag, info) in consumers {
-            if info.queue.remove_consumer(self.shared.key, &tag) {
-                ctx.vhost.remove_queue(&info.queue);
-            }
+            let _ = ops.cancel(&info.queue, self.shared.key, &tag);
         }
         settle(
             self.shared.key,

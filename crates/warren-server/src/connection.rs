@@ -5,10 +5,10 @@
 //! Everything a connection does to the broker model runs on its own task, synchronously; only
 //! socket writes are left to the writer task that drains the [`Outbox`].
 
-use crate::channel::{Channel, ChannelLimits, Context, Outcome, BASIC_CLASS};
+use crate::channel::{Channel, ChannelLimits, Context, DurableReplies, Outcome, BASIC_CLASS};
 use crate::outbox::Outbox;
 use crate::sasl::{self, TransportSecurity};
-use crate::server::ServerState;
+use crate::state::ServerState;
 use bytes::{Bytes, BytesMut};
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -26,7 +26,8 @@ use warren_amqp::generated::*;
 use warren_amqp::table::{FieldTable, FieldValue};
 use warren_amqp::{constants, DecodeError, Method};
 use warren_broker::login::ConnectionSlot;
-use warren_broker::{BrokerError, Credentials, LoginSource, VHost};
+use warren_broker::vhost::log::DurableSink;
+use warren_broker::{Actor, BrokerError, Credentials, LoginSource, VHost};
 
 /// How long the server waits for connection.close-ok after sending connection.close.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -423,8 +424,24 @@ where
         })
     };
 
+    // Who works on this connection, for every operation of its channels.
+    let actor = Arc::new(Actor::new(
+        session.user.as_str(),
+        state
+            .broker
+            .access()
+            .user(&session.user)
+            .map(|u| u.tags.clone())
+            .unwrap_or_default(),
+        vhost.name.as_str(),
+        id,
+        Some(peer),
+    ));
+    let durable = Arc::new(DurableReplies::new(outbox.clone()));
     let mut conn = Conn {
         id,
+        state: state.clone(),
+        actor,
         vhost,
         outbox: outbox.clone(),
         channels: HashMap::new(),
@@ -438,9 +455,8 @@ where
             tx_max_operations: cfg.tx_max_operations,
         },
         incomplete_content: Cell::new(0),
-        user: session.user,
         slot: Some(session.slot),
-        state: state.clone(),
+        durable: durable.clone(),
         published: false,
     };
     // connection.blocked goes to connections that publish, as in RabbitMQ (a client such as
@@ -455,11 +471,11 @@ where
     let mut read_size = 4096;
     let who = format!(
         "{name}, vhost: '{}', user: '{}'",
-        conn.vhost.name, conn.user
+        conn.vhost.name, conn.actor.user
     );
     info!(
         "connection ({name}): user '{}' authenticated and granted access to vhost '{}'",
-        conn.user, conn.vhost.name
+        conn.actor.user, conn.vhost.name
     );
     // Why the peer went away, when it did without connection.close.
     let mut eof_reason = "client unexpectedly closed TCP connection".to_string();
@@ -488,6 +504,10 @@ where
             slot.set_channels(conn.channels.len() as u64);
         }
         conn.flush_confirms();
+        // Replies held behind durable topology changes go once those are on disk.
+        if let Some(e) = durable.settle().await {
+            break End::Error(ConnError::from_broker(e, 0, 0));
+        }
         if conn.published && session.blocked_notify && !blocked_listener {
             state.listen_blocked(&outbox);
             blocked_listener = true;
@@ -560,6 +580,9 @@ where
     };
 
     conn.cleanup();
+    // Nothing held behind a durable change leaves before that change is on disk (or is
+    // dropped, with the change rolled back).
+    let _ = durable.settle().await;
     let linger = close_linger(tuned.heartbeat);
     match end {
         End::Eof => {
@@ -597,7 +620,7 @@ where
             // publishing connection of a Celery worker, say) can never answer.
             let linger = if *shutdown.borrow() {
                 info!(
-                    user = %conn.user,
+                    user = %conn.actor.user,
                     timeout_ms = SHUTDOWN_CLOSE_TIMEOUT.as_millis() as u64,
                     "broker shutdown: waiting for connection.close-ok"
                 );
@@ -621,7 +644,7 @@ where
                 }
                 Err(_) => {
                     warn!(
-                        user = %conn.user,
+                        user = %conn.actor.user,
                         timeout_ms = linger.as_millis() as u64,
                         "no connection.close-ok in time (the client is not reading this \
                          connection); closing the socket"
@@ -908,11 +931,12 @@ struct Conn {
     limits: ChannelLimits,
     /// Content announced and not yet received over all channels, bytes.
     incomplete_content: Cell<u64>,
-    user: String,
     /// This connection's place in the vhost's and user's connection and channel counts;
     /// given up at cleanup, so that a closing connection no longer counts.
     slot: Option<ConnectionSlot>,
     state: Arc<ServerState>,
+    actor: Arc<Actor>,
+    durable: Arc<dyn DurableSink>,
     /// The client published since the last check (the memory alarm pauses publishers).
     published: bool,
 }
@@ -920,11 +944,12 @@ struct Conn {
 impl Conn {
     fn handle_frame(&mut self, frame: Frame) -> Option<End> {
         let ctx = Context {
-            connection_id: self.id,
+            broker: &self.state.broker,
+            actor: &self.actor,
             vhost: &self.vhost,
             limits: self.limits,
             incomplete_content: &self.incomplete_content,
-            user: &self.user,
+            durable: &self.durable,
         };
         match frame {
             Frame::Heartbeat { channel: 0 } => None,
@@ -1059,11 +1084,12 @@ impl Conn {
         }
         debug!(channel, code = e.code, text = %e.text, "closing channel");
         let ctx = Context {
-            connection_id: self.id,
+            broker: &self.state.broker,
+            actor: &self.actor,
             vhost: &self.vhost,
             limits: self.limits,
             incomplete_content: &self.incomplete_content,
-            user: &self.user,
+            durable: &self.durable,
         };
         if let Some(ch) = self.channels.get_mut(&channel) {
             ch.close_with_error(&ctx, &e, class_id, method_id);
@@ -1120,11 +1146,12 @@ impl Conn {
     /// exclusive queues. Idempotent.
     fn cleanup(&mut self) {
         let ctx = Context {
-            connection_id: self.id,
+            broker: &self.state.broker,
+            actor: &self.actor,
             vhost: &self.vhost,
             limits: self.limits,
             incomplete_content: &self.incomplete_content,
-            user: &self.user,
+            durable: &self.durable,
         };
         for (_, mut ch) in self.channels.drain() {
             ch.cleanup(&ctx);

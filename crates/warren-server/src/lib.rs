@@ -1,7 +1,8 @@
 //! Warren's server: AMQP 0-9-1 over TCP on tokio, configuration, and the embeddable
 //! [`Broker`].
 //!
-//! Layout: [`server`] accepts connections and owns the shared state; [`connection`] runs one
+//! Layout: [`server`] starts and stops the listeners and background tasks; [`state`] is what
+//! every connection shares; [`connection`] runs one
 //! client connection (handshake, frame loop, heartbeats, close); [`channel`] implements the
 //! channel-level methods on top of the `warren-broker` model; [`outbox`] batches outgoing
 //! frames into few socket writes; [`config`] loads settings; [`listen`] binds listen
@@ -18,8 +19,10 @@ pub mod outbox;
 pub mod provision;
 pub mod sasl;
 pub mod server;
+pub mod state;
 pub mod tls;
 mod unacked;
 
 pub use config::Config;
-pub use server::{Broker, BrokerBuilder, RunningBroker, ServerState};
+pub use server::{Broker, BrokerBuilder, RunningBroker};
+pub use state::ServerState;

@@ -39,6 +39,8 @@ pub struct Outbox {
     /// Queues that held back deliveries because the outbox was over its high-water mark; they
     /// are asked to dispatch again once the writer has drained it.
     parked: Mutex<Vec<Arc<Queue>>>,
+    /// Nothing is written while set: replies wait behind a durable change not yet on disk.
+    held: AtomicBool,
 }
 
 impl std::fmt::Debug for Outbox {
@@ -107,6 +109,30 @@ impl Outbox {
         self.drained.notify_waiters();
     }
 
+    /// Stops writing: what is queued from now on (and what was not written yet) stays until
+    /// [`Outbox::release`].
+    pub fn hold(&self) {
+        self.held.store(true, Ordering::Release);
+    }
+
+    /// Writes again.
+    pub fn release(&self) {
+        self.held.store(false, Ordering::Release);
+        self.notify.notify_one();
+    }
+
+    /// Drops what is queued and writes again (the connection is about to be closed with an
+    /// error, and the replies held must never reach the client).
+    pub fn discard(&self) {
+        self.buf.lock().clear();
+        self.release();
+    }
+
+    /// True while held.
+    pub fn is_held(&self) -> bool {
+        self.held.load(Ordering::Acquire)
+    }
+
     /// True once [`Outbox::close_after_flush`] was called.
     pub fn is_closing(&self) -> bool {
         self.closing.load(Ordering::Acquire)
@@ -149,6 +175,9 @@ impl Outbox {
                     false
                 }
             };
+            if self.is_held() && !self.is_closing() {
+                continue;
+            }
             if timed_out {
                 if !wrote_since_tick {
                     self.with(encode_heartbeat);

@@ -152,6 +152,41 @@ pub async fn publish_props(
         .expect("publisher confirm");
 }
 
+/// Puts the channel in confirm mode.
+pub async fn confirm_select(ch: &Channel) {
+    within(
+        "confirm.select",
+        ch.confirm_select(lapin::options::ConfirmSelectOptions::default()),
+    )
+    .await
+    .expect("confirm.select");
+}
+
+/// Publishes on a channel in confirm mode and waits for the confirm; a channel.close caused by
+/// the publish comes back as the error (lapin fails the publish or its pending confirm,
+/// whichever of its tasks sees the close first).
+pub async fn publish_outcome(
+    ch: &Channel,
+    exchange: &str,
+    key: &str,
+    body: &[u8],
+    props: BasicProperties,
+) -> lapin::Result<()> {
+    let published = ch
+        .basic_publish(
+            exchange.into(),
+            key.into(),
+            BasicPublishOptions::default(),
+            body,
+            props,
+        )
+        .await;
+    match published {
+        Ok(pc) => within("publisher confirm", pc).await.map(|_| ()),
+        Err(e) => Err(e),
+    }
+}
+
 /// basic.get with no-ack: the next message's body, or `None` on get-empty.
 pub async fn get(ch: &Channel, queue: &str) -> Option<Vec<u8>> {
     within(
