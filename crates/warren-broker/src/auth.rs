@@ -62,6 +62,11 @@ impl Users {
         self.users.insert(user.name.clone(), user);
     }
 
+    /// Every user's name, in no particular order.
+    pub fn names(&self) -> Vec<String> {
+        self.users.keys().cloned().collect()
+    }
+
     /// Looks a user up.
     pub fn get(&self, name: &str) -> Option<&User> {
         self.users.get(name)

@@ -43,5 +43,5 @@ pub use limits::Limits;
 pub use message::{Message, QueuedMessage};
 pub use persist::StorageOptions;
 pub use queue::{Consumer, DeliveryTarget, Queue};
-pub use vhost::{Broker, PublishError, Published, VHost};
+pub use vhost::{Broker, ExchangeSnapshot, PublishError, Published, VHost};
 pub use warren_store::{Completion, RecoveryReport};

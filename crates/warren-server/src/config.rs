@@ -27,6 +27,29 @@ pub struct Config {
     pub users: Vec<UserConfig>,
     /// Caps on what each vhost may hold.
     pub limits: LimitsConfig,
+    /// The management HTTP API.
+    pub management: ManagementConfig,
+}
+
+/// `[management]`: the management HTTP API (RabbitMQ's management plugin's paths and JSON,
+/// and Prometheus metrics on `/metrics`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ManagementConfig {
+    /// Serve the API (the `warren` binary does by default; an embedding program asks with
+    /// [`crate::BrokerBuilder::management`]).
+    pub enabled: bool,
+    /// Where it listens (RabbitMQ's `management.tcp.port`, default `0.0.0.0:15672`).
+    pub listen: ListenAddr,
+}
+
+impl Default for ManagementConfig {
+    fn default() -> Self {
+        ManagementConfig {
+            enabled: true,
+            listen: ListenAddr::Addr(std::net::SocketAddr::from(([0, 0, 0, 0], 15672))),
+        }
+    }
 }
 
 /// `[limits]`: caps per vhost on queues, exchanges and bindings (RabbitMQ's vhost limit
@@ -494,7 +517,7 @@ pub enum ConfigError {
     },
 }
 
-const SECTIONS: &[&str] = &["amqp", "storage", "log", "memory", "limits"];
+const SECTIONS: &[&str] = &["amqp", "storage", "log", "memory", "limits", "management"];
 
 /// `WARREN_*` variables that are not configuration: the scripts of this repository use them
 /// for themselves (the interop suite's broker binary, the benchmark's port), and a broker they
@@ -870,6 +893,11 @@ max_bindings = {max_bindings}
 # with 406 (real binding sets need tens to hundreds).
 topic_match_budget = {topic_match_budget}
 
+[management]
+# The management HTTP API (RabbitMQ's /api paths and JSON, Prometheus text on /metrics).
+enabled = {management_enabled}
+listen = "{management_listen}"
+
 # Users. With none listed, guest/guest is created and may only log in from localhost.
 # [[users]]
 # name = "admin"
@@ -882,6 +910,8 @@ topic_match_budget = {topic_match_budget}
                 other => format!("\"{other}\""),
             },
             frame_max = d.amqp.frame_max,
+            management_enabled = d.management.enabled,
+            management_listen = d.management.listen,
             channel_max = d.amqp.channel_max,
             heartbeat = d.amqp.heartbeat,
             max_message_size = d.amqp.max_message_size,

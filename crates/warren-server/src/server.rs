@@ -311,6 +311,7 @@ impl Broker {
     pub fn builder() -> BrokerBuilder {
         BrokerBuilder {
             config: Config::default(),
+            management: false,
         }
     }
 }
@@ -318,6 +319,7 @@ impl Broker {
 /// Configures and starts a broker.
 pub struct BrokerBuilder {
     config: Config,
+    management: bool,
 }
 
 impl BrokerBuilder {
@@ -345,6 +347,14 @@ impl BrokerBuilder {
         self
     }
 
+    /// Serves the management HTTP API on `config.management.listen` too (off by default for
+    /// an embedded broker; the `warren` binary turns it on unless `[management] enabled` is
+    /// false).
+    pub fn management(mut self, on: bool) -> Self {
+        self.management = on;
+        self
+    }
+
     /// Recovers durable state, binds the listeners and starts accepting connections on the
     /// current tokio runtime.
     ///
@@ -368,12 +378,26 @@ impl BrokerBuilder {
             .filter_map(|l| l.local_addr().ok())
             .collect();
         let (tx, rx) = watch::channel(false);
+        let (management_addrs, management_tasks) = if self.management {
+            let listen = state.config.management.listen.clone();
+            match crate::management::start(&listen, state.clone(), &addrs, rx.clone()).await {
+                Ok(m) => m,
+                Err(e) => {
+                    state.broker.close();
+                    return Err(e);
+                }
+            }
+        } else {
+            (Vec::new(), Vec::new())
+        };
         for a in &addrs {
             info!(addr = %a, "started TCP listener for AMQP 0-9-1");
         }
         let task = tokio::spawn(accept_loop(listeners, state.clone(), rx));
         Ok(RunningBroker {
             amqp_addrs: addrs,
+            management_addrs,
+            management_tasks,
             state,
             shutdown: tx,
             task,
@@ -390,6 +414,8 @@ pub fn listen_error(e: &std::io::Error) -> Option<&ListenError> {
 /// A running broker.
 pub struct RunningBroker {
     amqp_addrs: Vec<SocketAddr>,
+    management_addrs: Vec<SocketAddr>,
+    management_tasks: Vec<tokio::task::JoinHandle<()>>,
     state: Arc<ServerState>,
     shutdown: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
@@ -407,6 +433,12 @@ impl RunningBroker {
         &self.amqp_addrs
     }
 
+    /// The addresses of the management HTTP API's listeners (none unless
+    /// [`BrokerBuilder::management`] turned it on).
+    pub fn management_addrs(&self) -> &[SocketAddr] {
+        &self.management_addrs
+    }
+
     /// The shared state (broker model and configuration).
     pub fn state(&self) -> &Arc<ServerState> {
         &self.state
@@ -417,6 +449,9 @@ impl RunningBroker {
     pub async fn shutdown(self) {
         let _ = self.shutdown.send(true);
         let _ = tokio::time::timeout(Duration::from_secs(15), self.task).await;
+        for t in self.management_tasks {
+            let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
+        }
     }
 }
 
