@@ -1013,6 +1013,38 @@ mod tests {
     }
 
     #[test]
+    fn management_listen_from_env_and_flag() {
+        let d = Config::default().management;
+        assert!(d.enabled);
+        assert_eq!(d.listen.to_string(), "0.0.0.0:15672");
+        let c = Config::load(
+            None,
+            env(&[("WARREN_MANAGEMENT_LISTEN", "127.0.0.1:15999")]),
+        )
+        .unwrap();
+        assert_eq!(c.management.listen.to_string(), "127.0.0.1:15999");
+        let flag = Override {
+            section: "management",
+            key: "listen",
+            value: toml::Value::String("16000".into()),
+            flag: "--management-listen",
+        };
+        let c = Config::load_with(
+            None,
+            env(&[("WARREN_MANAGEMENT_LISTEN", "127.0.0.1:15999")]),
+            &[flag],
+        )
+        .unwrap();
+        assert_eq!(c.management.listen, ListenAddr::Port(16000));
+        let e = Config::load(None, env(&[("WARREN_MANAGEMENT_LISTEN", "nowhere")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("WARREN_MANAGEMENT_LISTEN"), "{e}");
+        let c = Config::load(None, env(&[("WARREN_MANAGEMENT_ENABLED", "false")])).unwrap();
+        assert!(!c.management.enabled);
+    }
+
+    #[test]
     fn env_overrides() {
         let c = Config::load(
             None,

@@ -3,6 +3,7 @@
 //! paths, JSON fields, status codes and error bodies both ways (declared over AMQP, read
 //! over HTTP; declared over HTTP, used over AMQP).
 
+mod binary_support;
 mod lapin_support;
 
 use lapin::options::{BasicGetOptions, BasicPublishOptions, QueueDeclareOptions};
@@ -107,6 +108,23 @@ impl Http {
         let (s, _, v) = self.call(Method::GET, path, Some("admin"), None).await;
         assert_eq!(s, StatusCode::OK, "GET {path}: {v}");
         v
+    }
+
+    /// Waits (bounded) until queue `q` of `/` has `n` ready messages: publishes over AMQP
+    /// without confirms are enqueued some time after lapin has sent them.
+    async fn wait_ready(&self, q: &str, n: u64) {
+        let deadline = std::time::Instant::now() + lapin_support::WAIT;
+        loop {
+            let v = self.get(&format!("/api/queues/%2F/{q}")).await;
+            if v["messages_ready"] == n {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "queue {q} never had {n} ready messages: {v}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
     }
 
     async fn stop(mut self) {
@@ -477,6 +495,7 @@ async fn writes_are_seen_over_amqp() {
             .await
         }
     };
+    h.wait_ready("jobs", 2).await;
     let (s, _, v) = get("ack_requeue_true").await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(v.as_array().unwrap().len(), 2);
@@ -507,7 +526,7 @@ async fn writes_are_seen_over_amqp() {
         .await
         .unwrap();
     }
-    assert_eq!(h.get("/api/queues/%2F/jobs").await["messages_ready"], 3);
+    h.wait_ready("jobs", 3).await;
     let (s, _, _) = h
         .call(
             Method::DELETE,
@@ -664,4 +683,45 @@ async fn definitions_and_metrics() {
         "{per}"
     );
     h.stop().await;
+}
+
+/// The `warren` binary serves the API on `--management-listen` next to AMQP, and SIGTERM
+/// stops it with the broker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_serves_the_api_until_sigterm() {
+    let dir = binary_support::tempdir("mgmt-binary");
+    let amqp = binary_support::free_port();
+    let http = binary_support::free_port();
+    let listen = format!("127.0.0.1:{http}");
+    let mut server = binary_support::Server::start_listening(
+        &format!("127.0.0.1:{amqp}"),
+        amqp,
+        &dir,
+        &[],
+        None,
+        &["--management-listen", &listen],
+    );
+    let client = reqwest::Client::new();
+    let url = format!("http://{listen}/api/overview");
+    let r = within(
+        "overview",
+        client.get(&url).basic_auth("guest", Some("guest")).send(),
+    )
+    .await
+    .expect("the management API answers");
+    assert_eq!(r.status(), StatusCode::OK);
+    let o: Value = r.json().await.unwrap();
+    assert_eq!(o["product_name"], "Warren");
+    let listeners = o["listeners"].as_array().unwrap();
+    assert!(
+        listeners.contains(&json!({"node": o["node"], "protocol": "amqp",
+        "ip_address": "127.0.0.1", "port": amqp}))
+    );
+    server.signal(libc::SIGTERM);
+    assert!(server.wait_exit().success());
+    assert!(
+        std::net::TcpStream::connect(&listen).is_err(),
+        "the management listener outlived the broker"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }
