@@ -675,8 +675,32 @@ async fn definitions_and_metrics() {
         assert!(agg.lines().any(|l| l == line), "{line} missing in:\n{agg}");
     }
     assert!(agg.contains("rabbitmq_identity_info{"), "{agg}");
+    // A Prometheus text parser reads it, with gauge types and the per-object labels.
+    let parsed = prometheus_parse::Scrape::parse(agg.lines().map(|l| Ok(l.to_string())))
+        .expect("parses as Prometheus text");
+    let ready = parsed
+        .samples
+        .iter()
+        .find(|s| s.metric == "rabbitmq_queue_messages_ready")
+        .expect("rabbitmq_queue_messages_ready sample");
+    assert!(matches!(ready.value, prometheus_parse::Value::Gauge(v) if v == 1.0));
+    assert_eq!(
+        parsed
+            .docs
+            .get("rabbitmq_queue_messages_ready")
+            .map(String::as_str),
+        Some("Messages ready to be delivered to consumers")
+    );
     assert!(agg.contains("rabbitmq_build_info{"), "{agg}");
     let per = text("/metrics/per-object").await;
+    let parsed = prometheus_parse::Scrape::parse(per.lines().map(|l| Ok(l.to_string())))
+        .expect("parses as Prometheus text");
+    let d1 = parsed
+        .samples
+        .iter()
+        .find(|s| s.metric == "rabbitmq_queue_messages" && s.labels.get("queue") == Some("d1"))
+        .expect("per-queue sample");
+    assert_eq!(d1.labels.get("vhost"), Some("/"));
     assert!(
         per.lines()
             .any(|l| l == "rabbitmq_queue_messages_ready{queue=\"d1\",vhost=\"/\"} 1"),
