@@ -59,8 +59,10 @@ fn authorize(
     need: Need,
     vhost: Option<&str>,
 ) -> Result<UserInfo, ApiError> {
-    let creds = headers
-        .get(header::AUTHORIZATION)
+    let Some(auth) = headers.get(header::AUTHORIZATION) else {
+        return Err(ApiError::credentials_required());
+    };
+    let creds = Some(auth)
         .and_then(|h| h.to_str().ok())
         .and_then(|h| {
             h.strip_prefix("Basic ")
@@ -526,15 +528,17 @@ async fn exchange_put(
     authorize(&app, &headers, peer, Need::Management, Some(&v))?;
     require_vhost(&app, &v)?;
     let b = body_json(&body)?;
-    let kind = b
-        .get("type")
-        .and_then(|t| t.as_str())
-        .ok_or_else(|| ApiError::bad_request("[{key_missing,type}]"))?;
+    // RabbitMQ's defaults for keys left out: a transient direct exchange.
+    let kind = match b.get("type") {
+        None | Some(Value::Null) => "direct",
+        Some(Value::String(t)) => t.as_str(),
+        Some(_) => return Err(ApiError::bad_request("type must be a string")),
+    };
     let created = app.backend.declare_exchange(&ExchangeInfo {
         name: exchange_name(&name).to_string(),
         vhost: v.clone(),
         kind: kind.to_string(),
-        durable: get_bool(&b, "durable", true)?,
+        durable: get_bool(&b, "durable", false)?,
         auto_delete: get_bool(&b, "auto_delete", false)?,
         internal: get_bool(&b, "internal", false)?,
         arguments: get_args(&b)?,
@@ -711,10 +715,11 @@ async fn queue_put(
     authorize(&app, &headers, peer, Need::Management, Some(&v))?;
     require_vhost(&app, &v)?;
     let b = body_json(&body)?;
+    // RabbitMQ's default for a left-out `durable`: a transient queue.
     let created = app.backend.declare_queue(
         &v,
         &name,
-        get_bool(&b, "durable", true)?,
+        get_bool(&b, "durable", false)?,
         get_bool(&b, "auto_delete", false)?,
         &get_args(&b)?,
     )?;
@@ -940,14 +945,8 @@ async fn bindings_create(
         routing_key: routing_key.to_string(),
         arguments: args,
     };
-    let location = format!(
-        "../../../../{}/e/{}/{}/{}/{}",
-        urlencode(&v),
-        urlencode(source),
-        kind,
-        urlencode(&dest),
-        urlencode(&properties_key(&info))
-    );
+    // Relative to the request path, as RabbitMQ gives it: `<destination>/<props>`.
+    let location = format!("{}/{}", urlencode(&dest), urlencode(&properties_key(&info)));
     let mut r = StatusCode::CREATED.into_response();
     if let Ok(h) = location.parse() {
         r.headers_mut().insert(header::LOCATION, h);
@@ -1038,7 +1037,7 @@ fn health_failed(body: Value) -> Reply {
 }
 
 async fn health_alarms(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap) -> Reply {
-    authorize(&app, &headers, peer, Need::Monitor, None)?;
+    authorize(&app, &headers, peer, Need::Management, None)?;
     let n = app.backend.node();
     let mut alarms = Vec::new();
     if n.memory_alarm() {
@@ -1056,7 +1055,7 @@ async fn health_alarms(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMa
 }
 
 async fn health_local_alarms(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap) -> Reply {
-    authorize(&app, &headers, peer, Need::Monitor, None)?;
+    authorize(&app, &headers, peer, Need::Management, None)?;
     let n = app.backend.node();
     let mut alarms = Vec::new();
     if n.memory_alarm() {
@@ -1076,7 +1075,7 @@ async fn health_local_alarms(State(app): S, ConnectInfo(peer): Peer, headers: He
 async fn health_simple(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap) -> Reply {
     // virtual-hosts (every vhost runs in this process), node-is-quorum-critical and
     // node-is-mirror-sync-critical (a single node has no replicas to lose).
-    authorize(&app, &headers, peer, Need::Monitor, None)?;
+    authorize(&app, &headers, peer, Need::Management, None)?;
     health_ok(json!({}))
 }
 
@@ -1086,7 +1085,7 @@ async fn health_port(
     headers: HeaderMap,
     Path(port): Path<String>,
 ) -> Reply {
-    authorize(&app, &headers, peer, Need::Monitor, None)?;
+    authorize(&app, &headers, peer, Need::Management, None)?;
     let port: u16 = port
         .parse()
         .map_err(|_| ApiError::bad_request(format!("Invalid port {port}")))?;
@@ -1111,7 +1110,7 @@ async fn health_protocol(
     headers: HeaderMap,
     Path(protocol): Path<String>,
 ) -> Reply {
-    authorize(&app, &headers, peer, Need::Monitor, None)?;
+    authorize(&app, &headers, peer, Need::Management, None)?;
     let protocols: Vec<String> = app
         .backend
         .node()

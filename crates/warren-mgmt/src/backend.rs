@@ -154,11 +154,24 @@ pub struct Backend {
     node: Arc<dyn Node>,
 }
 
+/// A refused declare, delete or bind as RabbitMQ's management API reports it: 404 for a
+/// missing object, 401 "Access refused." for 403 ACCESS_REFUSED, else 400 with the reply
+/// text (without its code).
 fn broker_error(e: BrokerError) -> ApiError {
     match e.code {
         404 => ApiError::not_found(),
-        // RabbitMQ answers 400 with the AMQP reply text for a refused declare or delete.
+        403 => ApiError::access_refused(),
         _ => ApiError::bad_request(e.text),
+    }
+}
+
+/// A refused publish, as RabbitMQ reports what its internal AMQP channel was closed with:
+/// 400 with `<code> <CODE_NAME> - <text>` (e.g. `404 NOT_FOUND - no exchange 'x' in vhost
+/// '/'`), or 401 for 403 ACCESS_REFUSED.
+fn channel_error(e: BrokerError) -> ApiError {
+    match e.code {
+        403 => ApiError::not_authorised(e.reply_text()),
+        _ => ApiError::bad_request(format!("{} {}", e.code, e.reply_text())),
     }
 }
 
@@ -481,9 +494,6 @@ impl Backend {
         payload: Bytes,
     ) -> Result<bool, ApiError> {
         let v = self.vhost(vhost)?;
-        if !exchange.is_empty() && !v.exchange_exists(exchange) {
-            return Err(ApiError::not_found());
-        }
         let props = properties_from_json(properties)?;
         let msg = Arc::new(Message::new(
             exchange.to_string(),
@@ -493,7 +503,7 @@ impl Backend {
         ));
         match v.publish(msg, None) {
             Ok(p) => Ok(p.routed && !p.rejected),
-            Err(warren_broker::PublishError::Broker(e)) => Err(broker_error(e)),
+            Err(warren_broker::PublishError::Broker(e)) => Err(channel_error(e)),
             Err(e) => Err(ApiError::bad_request(e.to_string())),
         }
     }

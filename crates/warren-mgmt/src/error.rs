@@ -42,7 +42,17 @@ impl ApiError {
         }
     }
 
-    /// 401 for missing or wrong credentials: `{"error":"not_authorized",
+    /// 401 for a request without credentials: `WWW-Authenticate` and no body, as RabbitMQ.
+    pub fn credentials_required() -> Self {
+        ApiError {
+            status: StatusCode::UNAUTHORIZED,
+            error: "",
+            reason: String::new(),
+            challenge: true,
+        }
+    }
+
+    /// 401 for wrong credentials: `{"error":"not_authorized",
     /// "reason":"Not_Authorized"}` with `WWW-Authenticate`.
     pub fn not_authenticated() -> Self {
         ApiError {
@@ -51,6 +61,12 @@ impl ApiError {
             reason: "Not_Authorized".into(),
             challenge: true,
         }
+    }
+
+    /// 401 for an operation the broker refused with 403 ACCESS_REFUSED (deleting a standard
+    /// exchange, ...): RabbitMQ answers `{"error":"not_authorised","reason":"Access refused."}`.
+    pub fn access_refused() -> Self {
+        Self::not_authorised("Access refused.")
     }
 
     /// 401 for a known user who may not do this (RabbitMQ answers 401, not 403, with
@@ -77,8 +93,12 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = serde_json::json!({"error": self.error, "reason": self.reason});
-        let mut r = (self.status, axum::Json(body)).into_response();
+        let mut r = if self.error.is_empty() {
+            self.status.into_response()
+        } else {
+            let body = serde_json::json!({"error": self.error, "reason": self.reason});
+            (self.status, axum::Json(body)).into_response()
+        };
         if self.challenge {
             r.headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(REALM));

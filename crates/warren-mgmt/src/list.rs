@@ -1,7 +1,8 @@
 //! The query parameters of list endpoints, as rabbit_mgmt_util applies them: `sort` (a
-//! dotted key), `sort_reverse`, `columns` (dotted keys to keep), and `name` (`use_regex`
-//! is not supported: a plain substring), `page` and `page_size` (1..=500) which turn the
-//! reply into a page object.
+//! dotted key), `sort_reverse`, `columns` (dotted keys to keep), and with `page` (and
+//! `page_size`, 1..=500, default 100) a page object instead of a list, filtered by `name`
+//! (a substring, or a regex with `use_regex=true`). Errors carry RabbitMQ's bodies
+//! (`invalid_pagination_parameters`, `page_out_of_range`, both 400).
 
 use crate::error::ApiError;
 use serde_json::{Map, Value};
@@ -49,25 +50,16 @@ fn keep_columns(item: &Value, columns: &[&str]) -> Value {
     out
 }
 
-fn param_u64(q: &HashMap<String, String>, key: &str, default: u64) -> Result<u64, ApiError> {
-    match q.get(key) {
-        None => Ok(default),
-        Some(s) => s
-            .parse::<u64>()
-            .map_err(|_| ApiError::bad_request(format!("{key} must be a positive integer"))),
+fn pagination_error(error: &'static str, reason: String) -> ApiError {
+    ApiError {
+        error,
+        ..ApiError::bad_request(reason)
     }
 }
 
 /// Applies the list parameters in `q` to `items` (already in their default order).
 pub fn apply(mut items: Vec<Value>, q: &HashMap<String, String>) -> Result<Value, ApiError> {
     let total = items.len() as u64;
-    if let Some(name) = q.get("name").filter(|n| !n.is_empty()) {
-        items.retain(|i| {
-            i.get("name")
-                .and_then(|n| n.as_str())
-                .is_some_and(|n| n.contains(name.as_str()))
-        });
-    }
     if let Some(sort) = q.get("sort").filter(|s| !s.is_empty()) {
         items.sort_by(|a, b| compare(dotted(a, sort), dotted(b, sort)));
     }
@@ -85,25 +77,41 @@ pub fn apply(mut items: Vec<Value>, q: &HashMap<String, String>) -> Result<Value
             items.iter().map(|i| keep_columns(i, &columns)).collect()
         }
     };
-    if !q.contains_key("page") {
+    let Some(page) = q.get("page") else {
         return Ok(Value::Array(keep(items)));
+    };
+    let invalid = || ApiError::bad_request("Pagination parameters are invalid");
+    let page: u64 = page.parse().map_err(|_| invalid())?;
+    let page_size: u64 = match q.get("page_size") {
+        Some(p) => p.parse().map_err(|_| invalid())?,
+        None => 100,
+    };
+    if page == 0 || page_size == 0 || page_size > MAX_PAGE_SIZE {
+        return Err(pagination_error(
+            "invalid_pagination_parameters",
+            format!(
+                "Invalid pagination parameters: page number {page}, page size {}",
+                q.get("page_size").map_or("undefined", |s| s.as_str())
+            ),
+        ));
     }
-    let page = param_u64(q, "page", 1)?;
-    let page_size = param_u64(q, "page_size", 100)?;
-    if page == 0 {
-        return Err(ApiError::bad_request("page must be a positive integer"));
-    }
-    if page_size == 0 || page_size > MAX_PAGE_SIZE {
-        return Err(ApiError::bad_request(format!(
-            "page_size must be between 1 and {MAX_PAGE_SIZE}"
-        )));
+    if let Some(name) = q.get("name").filter(|n| !n.is_empty()) {
+        let name_of = |i: &Value| i.get("name").and_then(|n| n.as_str()).map(str::to_string);
+        if q.get("use_regex").is_some_and(|v| v == "true") {
+            let re = regex::Regex::new(name)
+                .map_err(|e| ApiError::bad_request(format!("invalid regex '{name}': {e}")))?;
+            items.retain(|i| name_of(i).is_some_and(|n| re.is_match(&n)));
+        } else {
+            items.retain(|i| name_of(i).is_some_and(|n| n.contains(name.as_str())));
+        }
     }
     let filtered = items.len() as u64;
-    let page_count = filtered.div_ceil(page_size).max(1);
-    if page > page_count {
-        return Err(ApiError::bad_request(format!(
-            "page out of range: {page} of {page_count}"
-        )));
+    let page_count = filtered.div_ceil(page_size);
+    if page > page_count.max(1) {
+        return Err(pagination_error(
+            "page_out_of_range",
+            format!("Page out of range, page: {page} page size: {page_size}, len: {filtered}"),
+        ));
     }
     let start = ((page - 1) * page_size) as usize;
     let page_items: Vec<Value> = items
@@ -167,9 +175,27 @@ mod tests {
         );
         assert_eq!(r["page_count"], 2);
         assert_eq!(r["total_count"], 3);
-        assert!(apply(items.clone(), &q(&[("page", "3"), ("page_size", "2")])).is_err());
-        assert!(apply(items.clone(), &q(&[("page", "1"), ("page_size", "501")])).is_err());
-        let r = apply(items, &q(&[("name", "a")])).unwrap();
-        assert_eq!(r.as_array().unwrap().len(), 1);
+        let e = apply(items.clone(), &q(&[("page", "3"), ("page_size", "2")])).unwrap_err();
+        assert_eq!(e.error, "page_out_of_range");
+        assert_eq!(e.reason, "Page out of range, page: 3 page size: 2, len: 3");
+        let e = apply(items.clone(), &q(&[("page", "1"), ("page_size", "501")])).unwrap_err();
+        assert_eq!(e.error, "invalid_pagination_parameters");
+        assert_eq!(
+            e.reason,
+            "Invalid pagination parameters: page number 1, page size 501"
+        );
+        let e = apply(items.clone(), &q(&[("page", "x")])).unwrap_err();
+        assert_eq!(e.reason, "Pagination parameters are invalid");
+        // `name` filters pages only, as in RabbitMQ; `use_regex` makes it a regex.
+        let r = apply(items.clone(), &q(&[("name", "a")])).unwrap();
+        assert_eq!(r.as_array().unwrap().len(), 3);
+        let r = apply(items.clone(), &q(&[("page", "1"), ("name", "a")])).unwrap();
+        assert_eq!(r["filtered_count"], 1);
+        let r = apply(
+            items,
+            &q(&[("page", "1"), ("name", "^[bc]$"), ("use_regex", "true")]),
+        )
+        .unwrap();
+        assert_eq!(r["filtered_count"], 2);
     }
 }

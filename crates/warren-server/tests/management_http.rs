@@ -135,18 +135,16 @@ impl Http {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn basic_auth_and_tag_rules() {
     let h = Http::start().await;
-    // No credentials, then wrong ones: 401 with RabbitMQ's body and a challenge.
-    for who in [None, Some("nobody")] {
+    // No credentials, then wrong ones: 401 with a challenge; RabbitMQ's body for the latter.
+    let bad = json!({"error": "not_authorized", "reason": "Not_Authorized"});
+    for (who, body) in [(None, Value::Null), (Some("nobody"), bad)] {
         let (s, headers, v) = h.call(Method::GET, "/api/overview", who, None).await;
         assert_eq!(s, StatusCode::UNAUTHORIZED);
         assert_eq!(
             headers.get("www-authenticate").unwrap(),
             "Basic realm=\"RabbitMQ Management\""
         );
-        assert_eq!(
-            v,
-            json!({"error": "not_authorized", "reason": "Not_Authorized"})
-        );
+        assert_eq!(v, body);
     }
     // A user without a management tag, and tags too weak for the path: 401 not_authorised.
     let cases = [
@@ -154,7 +152,6 @@ async fn basic_auth_and_tag_rules() {
         ("mgmt", "/api/users", "Not administrator user"),
         ("mon", "/api/definitions", "Not administrator user"),
         ("mgmt", "/api/nodes", "Not monitor user"),
-        ("mgmt", "/api/health/checks/alarms", "Not monitor user"),
     ];
     for (who, path, reason) in cases {
         let (s, headers, v) = h.call(Method::GET, path, Some(who), None).await;
@@ -170,6 +167,7 @@ async fn basic_auth_and_tag_rules() {
     for (who, path) in [
         ("mgmt", "/api/overview"),
         ("mgmt", "/api/queues"),
+        ("mgmt", "/api/health/checks/alarms"),
         ("mon", "/api/nodes"),
         ("admin", "/api/users"),
     ] {
@@ -277,7 +275,11 @@ async fn reads_show_what_amqp_declared() {
         .call(Method::GET, "/api/queues?page=9", Some("admin"), None)
         .await;
     assert_eq!(s, StatusCode::BAD_REQUEST);
-    assert_eq!(v["error"], "bad_request");
+    assert_eq!(
+        v,
+        json!({"error": "page_out_of_range",
+            "reason": "Page out of range, page: 9 page size: 100, len: 2"})
+    );
 
     // 404 bodies: missing queue, vhost, exchange, user, path.
     for path in [
@@ -431,7 +433,31 @@ async fn writes_are_seen_over_amqp() {
         )
         .await;
     assert_eq!(s, StatusCode::CREATED);
-    assert!(headers.get("location").is_some());
+    assert_eq!(headers.get("location").unwrap(), "jobs/any");
+    // Keys left out declare a transient queue, and a transient direct exchange.
+    let (s, _, _) = put("/api/queues/%2F/bare", json!({})).await;
+    assert_eq!(s, StatusCode::CREATED);
+    assert_eq!(h.get("/api/queues/%2F/bare").await["durable"], false);
+    let (s, _, _) = put("/api/exchanges/%2F/bare", json!({})).await;
+    assert_eq!(s, StatusCode::CREATED);
+    let x = h.get("/api/exchanges/%2F/bare").await;
+    assert_eq!(
+        (&x["type"], &x["durable"]),
+        (&json!("direct"), &json!(false))
+    );
+    let (s, _, v) = h
+        .call(
+            Method::POST,
+            "/api/exchanges/%2F/nope/publish",
+            Some("mgmt"),
+            Some(json!({"routing_key": "", "payload": "x", "payload_encoding": "string", "properties": {}})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        v,
+        json!({"error": "bad_request", "reason": "404 NOT_FOUND - no exchange 'nope' in vhost '/'"})
+    );
 
     // Publish through HTTP, read over AMQP.
     let (s, _, v) = h
@@ -575,7 +601,11 @@ async fn writes_are_seen_over_amqp() {
             None,
         )
         .await;
-    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    assert_eq!(s, StatusCode::UNAUTHORIZED, "{v}");
+    assert_eq!(
+        v,
+        json!({"error": "not_authorised", "reason": "Access refused."})
+    );
     h.stop().await;
 }
 
@@ -595,7 +625,7 @@ async fn definitions_and_metrics() {
         Method::PUT,
         "/api/exchanges/%2F/dx",
         Some("admin"),
-        Some(json!({"type": "topic"})),
+        Some(json!({"type": "topic", "durable": true})),
     )
     .await;
     h.call(
