@@ -208,7 +208,6 @@ fn queue_json(app: &App, q: &QueueInfo) -> Value {
         "operator_policy": null,
         "effective_policy_definition": {},
         "exclusive_consumer_tag": null,
-        "message_stats": {"deliver_get": q.deliveries},
     })
 }
 

@@ -7,7 +7,9 @@
 
 use crate::api::{App, RABBITMQ_VERSION};
 use crate::backend::QueueInfo;
-use prometheus::{Encoder, Gauge, GaugeVec, Opts, Registry, TextEncoder};
+use prometheus::{
+    Encoder, Gauge, GaugeVec, IntCounter, IntCounterVec, Opts, Registry, TextEncoder,
+};
 
 fn gauge(r: &Registry, name: &str, help: &str, value: f64) -> Result<(), String> {
     let g = Gauge::with_opts(Opts::new(name, help)).map_err(|e| e.to_string())?;
@@ -93,7 +95,7 @@ pub fn render(app: &App, per_object: bool) -> Result<String, String> {
         )?;
     }
     type Series = (&'static str, &'static str, fn(&QueueInfo) -> u64);
-    let series: [Series; 5] = [
+    let series: [Series; 4] = [
         (
             "rabbitmq_queue_messages_ready",
             "Messages ready to be delivered to consumers",
@@ -112,11 +114,6 @@ pub fn render(app: &App, per_object: bool) -> Result<String, String> {
         ("rabbitmq_queue_consumers", "Consumers on a queue", |q| {
             q.consumers
         }),
-        (
-            "rabbitmq_queue_get_ack_total",
-            "Messages delivered to consumers or fetched with basic.get",
-            |q| q.deliveries,
-        ),
     ];
     for (name, help, f) in series {
         if per_object {
@@ -130,6 +127,25 @@ pub fn render(app: &App, per_object: bool) -> Result<String, String> {
         } else {
             gauge(&r, name, help, queues.iter().map(f).sum::<u64>() as f64)?;
         }
+    }
+    // Warren's own: deliveries to consumers (RabbitMQ's deliver plus deliver_no_ack; no
+    // rabbitmq_prometheus metric counts exactly these).
+    let (name, help) = (
+        "warren_queue_consumer_deliveries_total",
+        "Messages delivered to consumers since the queue was created",
+    );
+    if per_object {
+        let v = IntCounterVec::new(Opts::new(name, help), &["vhost", "queue"])
+            .map_err(|e| e.to_string())?;
+        for q in &queues {
+            v.with_label_values(&[q.vhost.as_str(), q.name.as_str()])
+                .inc_by(q.deliveries);
+        }
+        r.register(Box::new(v)).map_err(|e| e.to_string())?;
+    } else {
+        let c = IntCounter::with_opts(Opts::new(name, help)).map_err(|e| e.to_string())?;
+        c.inc_by(queues.iter().map(|q| q.deliveries).sum());
+        r.register(Box::new(c)).map_err(|e| e.to_string())?;
     }
     let mut out = Vec::new();
     TextEncoder::new()

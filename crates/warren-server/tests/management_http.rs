@@ -701,6 +701,8 @@ async fn definitions_and_metrics() {
         "rabbitmq_queues 1",
         "rabbitmq_connections 0",
         "rabbitmq_alarms_memory_used_watermark 0",
+        "# TYPE warren_queue_consumer_deliveries_total counter",
+        "warren_queue_consumer_deliveries_total 0",
     ] {
         assert!(agg.lines().any(|l| l == line), "{line} missing in:\n{agg}");
     }
