@@ -1,7 +1,13 @@
 //! The one place the management API calls into the broker (`warren_broker`): users,
 //! vhosts, queues, exchanges and bindings read as plain snapshots, and the writes the API
 //! offers (declare, delete, purge, bind, publish, get). Everything above this module works
-//! on these snapshots and on [`BackendError`], never on broker types.
+//! on these snapshots and on [`ApiError`], never on broker types.
+//!
+//! Users come from the broker's user table (`Broker::users`: plain passwords, tags, every
+//! vhost open to every user). With the access-control database
+//! (`warren_broker::access::AccessControl`) in its place, [`Backend::login`],
+//! [`Backend::users`], [`Backend::user_vhosts`] and [`Backend::permissions`] read it instead
+//! and nothing above this module changes.
 
 use crate::error::ApiError;
 use bytes::Bytes;
