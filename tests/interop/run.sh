@@ -9,6 +9,8 @@
 #   WARREN_BIN  broker binary, relative to the repo root (default target/debug/warren); the
 #               TLS tests start their own broker from it and are skipped without it
 #   PORT        port for the started broker (default 5679, or a free port if busy)
+#   MGMT_PORT   its management HTTP API port (default 15679, or a free port if busy); with
+#               AMQP_URL set, the rabbitmqadmin suite runs only when MGMT_PORT is given
 set -euo pipefail
 
 cd "$(dirname "$0")/../.."
@@ -113,9 +115,16 @@ else
     PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()')
     echo "port in use; using free port $PORT"
   fi
+  MGMT_PORT=${MGMT_PORT:-15679}
+  if ! port_free "$MGMT_PORT"; then
+    MGMT_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()')
+    echo "management port in use; using free port $MGMT_PORT"
+  fi
+  export MGMT_PORT
   DATA_DIR=$(mktemp -d -t warren-interop-data.XXXXXX)
   SERVER_LOG=$(mktemp -t warren-interop-log.XXXXXX)
-  "$WARREN_BIN" --amqp-listen "127.0.0.1:$PORT" --data-dir "$DATA_DIR" --log-level warn \
+  "$WARREN_BIN" --amqp-listen "127.0.0.1:$PORT" --management-listen "127.0.0.1:$MGMT_PORT" \
+    --data-dir "$DATA_DIR" --log-level warn \
     >"$SERVER_LOG" 2>&1 &
   SERVER_PID=$!
   echo "warren pid $SERVER_PID on 127.0.0.1:$PORT (data dir $DATA_DIR)"
@@ -143,6 +152,7 @@ export AMQP_URL
 # ---------------------------------------------------------------------------
 py_status=0
 node_status=0
+admin_status=0
 
 section "interop: python (pika)"
 start=$SECONDS
@@ -154,11 +164,21 @@ start=$SECONDS
 npm test --silent --prefix tests/interop/node || node_status=$?
 echo "node suite: exit $node_status in $((SECONDS - start)) s"
 
+section "interop: rabbitmqadmin (management HTTP API)"
+if [ -n "${MGMT_PORT:-}" ]; then
+  start=$SECONDS
+  bash tests/interop/rabbitmqadmin.sh || admin_status=$?
+  echo "rabbitmqadmin suite: exit $admin_status in $((SECONDS - start)) s"
+else
+  echo "skipped: no MGMT_PORT for the broker at AMQP_URL"
+fi
+
 section "interop: summary"
 echo "python (pika):   $([ "$py_status" -eq 0 ] && echo ok || echo "FAILED (exit $py_status)")"
 echo "node (amqplib):  $([ "$node_status" -eq 0 ] && echo ok || echo "FAILED (exit $node_status)")"
+echo "rabbitmqadmin:   $([ "$admin_status" -eq 0 ] && echo ok || echo "FAILED (exit $admin_status)")"
 
-if [ "$py_status" -ne 0 ] || [ "$node_status" -ne 0 ]; then
+if [ "$py_status" -ne 0 ] || [ "$node_status" -ne 0 ] || [ "$admin_status" -ne 0 ]; then
   if [ -n "$SERVER_PID" ] && ! kill -0 "$SERVER_PID" 2>/dev/null; then
     echo "warren is no longer running"
   fi

@@ -52,5 +52,5 @@ pub use message::{Message, QueuedMessage};
 pub use ops::{Actor, Ops};
 pub use persist::StorageOptions;
 pub use queue::{Consumer, DeliveryTarget, Queue};
-pub use vhost::{Broker, PublishError, Published, VHost};
+pub use vhost::{Broker, ExchangeSnapshot, PublishError, Published, VHost};
 pub use warren_store::{Completion, RecoveryReport};

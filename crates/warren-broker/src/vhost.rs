@@ -1482,6 +1482,47 @@ pub(crate) fn default_exchange_refused() -> BrokerError {
     BrokerError::access_refused("operation not permitted on the default exchange")
 }
 
+/// One exchange as read by the management API: its declared properties and its bindings as
+/// a source, copied under the topology's read lock.
+#[derive(Debug, Clone)]
+pub struct ExchangeSnapshot {
+    /// Name (`""` for the default exchange).
+    pub name: String,
+    /// Declared type.
+    pub kind: ExchangeKind,
+    /// Survives a restart.
+    pub durable: bool,
+    /// Deleted with its last binding.
+    pub auto_delete: bool,
+    /// Not publishable by clients.
+    pub internal: bool,
+    /// Declared arguments.
+    pub arguments: FieldTable,
+    /// Its bindings as a source, in binding order.
+    pub bindings: Vec<Binding>,
+}
+
+impl VHost {
+    /// Every exchange of the vhost with its bindings, in no particular order (the default
+    /// exchange's implicit bindings to every queue are not listed).
+    pub fn exchange_snapshots(&self) -> Vec<ExchangeSnapshot> {
+        self.topology
+            .read()
+            .exchanges
+            .values()
+            .map(|x| ExchangeSnapshot {
+                name: x.name.clone(),
+                kind: x.kind,
+                durable: x.durable,
+                auto_delete: x.auto_delete,
+                internal: x.internal,
+                arguments: x.arguments.clone(),
+                bindings: x.bindings().to_vec(),
+            })
+            .collect()
+    }
+}
+
 #[cfg(test)]
 #[path = "vhost_tests.rs"]
 mod tests;

@@ -42,6 +42,29 @@ pub struct Config {
     pub permissions: Vec<PermissionConfig>,
     /// Topic permissions (`[[topic_permissions]]`).
     pub topic_permissions: Vec<TopicPermissionConfig>,
+    /// The management HTTP API.
+    pub management: ManagementConfig,
+}
+
+/// `[management]`: the management HTTP API (RabbitMQ's management plugin's paths and JSON,
+/// and Prometheus metrics on `/metrics`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ManagementConfig {
+    /// Serve the API (the `warren` binary does by default; an embedding program asks with
+    /// [`crate::BrokerBuilder::management`]).
+    pub enabled: bool,
+    /// Where it listens (RabbitMQ's `management.tcp.port`, default `0.0.0.0:15672`).
+    pub listen: ListenAddr,
+}
+
+impl Default for ManagementConfig {
+    fn default() -> Self {
+        ManagementConfig {
+            enabled: true,
+            listen: ListenAddr::Addr(std::net::SocketAddr::from(([0, 0, 0, 0], 15672))),
+        }
+    }
 }
 
 /// `[auth]`: how clients log in (RabbitMQ's `auth_mechanisms`, `loopback_users`,
@@ -691,6 +714,7 @@ const SECTIONS: &[&str] = &[
     "tls",
     "auth",
     "definitions",
+    "management",
 ];
 
 /// `WARREN_*` variables that are not configuration: the scripts of this repository use them
@@ -1175,6 +1199,11 @@ max_bindings = {max_bindings}
 # with 406 (real binding sets need tens to hundreds).
 topic_match_budget = {topic_match_budget}
 
+[management]
+# The management HTTP API (RabbitMQ's /api paths and JSON, Prometheus text on /metrics).
+enabled = {management_enabled}
+listen = "{management_listen}"
+
 
 {tls}
 [auth]
@@ -1238,6 +1267,8 @@ login_failure_delay_ms = {login_failure_delay_ms}
                 other => format!("\"{other}\""),
             },
             frame_max = d.amqp.frame_max,
+            management_enabled = d.management.enabled,
+            management_listen = d.management.listen,
             channel_max = d.amqp.channel_max,
             heartbeat = d.amqp.heartbeat,
             max_message_size = d.amqp.max_message_size,
@@ -1338,6 +1369,38 @@ mod tests {
         let c = Config::load(Some(&p), Vec::new()).unwrap();
         assert_eq!(c, Config::default());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn management_listen_from_env_and_flag() {
+        let d = Config::default().management;
+        assert!(d.enabled);
+        assert_eq!(d.listen.to_string(), "0.0.0.0:15672");
+        let c = Config::load(
+            None,
+            env(&[("WARREN_MANAGEMENT_LISTEN", "127.0.0.1:15999")]),
+        )
+        .unwrap();
+        assert_eq!(c.management.listen.to_string(), "127.0.0.1:15999");
+        let flag = Override {
+            section: "management",
+            key: "listen",
+            value: toml::Value::String("16000".into()),
+            flag: "--management-listen",
+        };
+        let c = Config::load_with(
+            None,
+            env(&[("WARREN_MANAGEMENT_LISTEN", "127.0.0.1:15999")]),
+            &[flag],
+        )
+        .unwrap();
+        assert_eq!(c.management.listen, ListenAddr::Port(16000));
+        let e = Config::load(None, env(&[("WARREN_MANAGEMENT_LISTEN", "nowhere")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("WARREN_MANAGEMENT_LISTEN"), "{e}");
+        let c = Config::load(None, env(&[("WARREN_MANAGEMENT_ENABLED", "false")])).unwrap();
+        assert!(!c.management.enabled);
     }
 
     #[test]

@@ -6,7 +6,8 @@
 //! client connection (handshake, frame loop, heartbeats, close); [`channel`] implements the
 //! channel-level methods on top of the `warren-broker` model; [`outbox`] batches outgoing
 //! frames into few socket writes; [`config`] loads settings; [`listen`] binds listen
-//! addresses; [`logging`] sets up the `warren` binary's log; [`tls`] accepts TLS connections
+//! addresses; [`logging`] sets up the `warren` binary's log; `management` serves the management HTTP
+//! API of `warren-mgmt`; [`tls`] accepts TLS connections
 //! (AMQPS, HTTPS) and reloads certificates; `unacked` holds a channel's unacknowledged
 //! deliveries beyond its in-memory bound by their store location.
 
@@ -15,6 +16,7 @@ pub mod config;
 pub mod connection;
 pub mod listen;
 pub mod logging;
+mod management;
 pub mod outbox;
 pub mod provision;
 pub mod sasl;

@@ -38,6 +38,9 @@ struct Args {
     /// HOST:PORT [default: 5672].
     #[arg(long, value_name = "ADDR")]
     amqp_listen: Option<String>,
+    /// Management HTTP API listen address, as --amqp-listen [default: 0.0.0.0:15672].
+    #[arg(long, value_name = "ADDR")]
+    management_listen: Option<String>,
     /// Data directory [default: ./warren-data].
     #[arg(long, value_name = "DIR")]
     data_dir: Option<PathBuf>,
@@ -68,6 +71,14 @@ impl Args {
                 key: "listen",
                 value: s(a),
                 flag: "--amqp-listen",
+            });
+        }
+        if let Some(a) = &self.management_listen {
+            out.push(Override {
+                section: "management",
+                key: "listen",
+                value: s(a),
+                flag: "--management-listen",
             });
         }
         if let Some(d) = &self.data_dir {
@@ -247,7 +258,13 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        let broker = match Broker::builder().config(config).start().await {
+        let management = config.management.enabled;
+        let broker = match Broker::builder()
+            .config(config)
+            .management(management)
+            .start()
+            .await
+        {
             Ok(b) => b,
             Err(e) => {
                 tracing::error!("cannot start: {e}");
@@ -256,9 +273,15 @@ fn main() -> ExitCode {
             }
         };
         let addrs: Vec<String> = broker.amqp_addrs().iter().map(|a| a.to_string()).collect();
+        let http: Vec<String> = broker
+            .management_addrs()
+            .iter()
+            .map(|a| a.to_string())
+            .collect();
         tracing::info!(
             amqp = %addrs.join(", "),
             amqps = %broker.amqps_addr().map(|a| a.to_string()).unwrap_or_default(),
+            management = %http.join(", "),
             data_dir = %data_dir.display(),
             log_file = %log.file().map(|p| p.display().to_string()).unwrap_or_default(),
             version = env!("CARGO_PKG_VERSION"),

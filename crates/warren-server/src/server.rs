@@ -28,6 +28,7 @@ impl Broker {
     pub fn builder() -> BrokerBuilder {
         BrokerBuilder {
             config: Config::default(),
+            management: false,
         }
     }
 }
@@ -35,6 +36,7 @@ impl Broker {
 /// Configures and starts a broker.
 pub struct BrokerBuilder {
     config: Config,
+    management: bool,
 }
 
 impl BrokerBuilder {
@@ -59,6 +61,14 @@ impl BrokerBuilder {
         self.config.amqp.listen = addr
             .parse()
             .unwrap_or_else(|e: String| panic!("bind(): {e}"));
+        self
+    }
+
+    /// Serves the management HTTP API on `config.management.listen` too (off by default for
+    /// an embedded broker; the `warren` binary turns it on unless `[management] enabled` is
+    /// false).
+    pub fn management(mut self, on: bool) -> Self {
+        self.management = on;
         self
     }
 
@@ -92,6 +102,18 @@ impl BrokerBuilder {
             .filter_map(|l| l.local_addr().ok())
             .collect();
         let (tx, rx) = watch::channel(false);
+        let (management_addrs, management_tasks) = if self.management {
+            let listen = state.config.management.listen.clone();
+            match crate::management::start(&listen, state.clone(), &addrs, rx.clone()).await {
+                Ok(m) => m,
+                Err(e) => {
+                    state.broker.close();
+                    return Err(e);
+                }
+            }
+        } else {
+            (Vec::new(), Vec::new())
+        };
         for a in &addrs {
             info!(addr = %a, "started TCP listener for AMQP 0-9-1");
         }
@@ -109,6 +131,8 @@ impl BrokerBuilder {
             amqp_addrs: addrs,
             amqps_addr,
             tls_acceptor,
+            management_addrs,
+            management_tasks,
             state,
             shutdown: tx,
             task,
@@ -151,6 +175,8 @@ pub struct RunningBroker {
     amqp_addrs: Vec<SocketAddr>,
     amqps_addr: Option<SocketAddr>,
     tls_acceptor: Option<crate::tls::TlsAcceptorHandle>,
+    management_addrs: Vec<SocketAddr>,
+    management_tasks: Vec<tokio::task::JoinHandle<()>>,
     state: Arc<ServerState>,
     shutdown: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
@@ -180,6 +206,12 @@ impl RunningBroker {
         self.tls_acceptor.as_ref()
     }
 
+    /// The addresses of the management HTTP API's listeners (none unless
+    /// [`BrokerBuilder::management`] turned it on).
+    pub fn management_addrs(&self) -> &[SocketAddr] {
+        &self.management_addrs
+    }
+
     /// The shared state (broker model and configuration).
     pub fn state(&self) -> &Arc<ServerState> {
         &self.state
@@ -190,6 +222,9 @@ impl RunningBroker {
     pub async fn shutdown(self) {
         let _ = self.shutdown.send(true);
         let _ = tokio::time::timeout(Duration::from_secs(15), self.task).await;
+        for t in self.management_tasks {
+            let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
+        }
     }
 }
 

@@ -44,6 +44,10 @@ pub fn run_warren(
 ) -> (std::process::ExitStatus, String, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_warren"));
     cmd.args(args);
+    // Tests run side by side: the management API must not take the fixed port 15672.
+    if !args.contains(&"--management-listen") {
+        cmd.args(["--management-listen", "127.0.0.1:0"]);
+    }
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -93,8 +97,11 @@ impl Server {
         extra: &[&str],
     ) -> Server {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_warren"));
-        cmd.args(extra)
-            .arg("--amqp-listen")
+        cmd.args(extra);
+        if !extra.contains(&"--management-listen") {
+            cmd.args(["--management-listen", "127.0.0.1:0"]);
+        }
+        cmd.arg("--amqp-listen")
             .arg(listen)
             .arg("--data-dir")
             .arg(data)

@@ -1,0 +1,1238 @@
+//! The HTTP handlers: RabbitMQ management API paths, JSON shapes and status codes
+//! (rabbitmq.com/docs/management, deps/rabbitmq_management in rabbitmq-server).
+
+use crate::backend::{
+    AckMode, Backend, BindingInfo, ExchangeInfo, LoginError, QueueInfo, UserInfo,
+};
+use crate::error::ApiError;
+use crate::list;
+use axum::body::Bytes;
+use axum::extract::{ConnectInfo, Path, Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use base64::Engine;
+use serde_json::{json, Map, Value};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The RabbitMQ version whose management API Warren answers as (`rabbitmq_version`,
+/// `management_version`); `product_name` / `product_version` say what it really is.
+pub const RABBITMQ_VERSION: &str = "4.0.0";
+
+/// State shared by the handlers.
+pub struct App {
+    pub(crate) backend: Backend,
+    pub(crate) node: String,
+    pub(crate) started: Instant,
+}
+
+type S = State<Arc<App>>;
+type Peer = ConnectInfo<SocketAddr>;
+type Q = Query<HashMap<String, String>>;
+type Reply = Result<Response, ApiError>;
+
+/// What a path needs of the caller's tags (rabbit_mgmt_util's `is_authorized_*`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Need {
+    /// Any management user (management, policymaker, monitoring, administrator).
+    Management,
+    /// monitoring or administrator.
+    Monitor,
+    /// administrator.
+    Admin,
+}
+
+fn has(tags: &[String], any: &[&str]) -> bool {
+    tags.iter().any(|t| any.contains(&t.as_str()))
+}
+
+/// Authenticates the request's basic credentials and checks its tags, and, with `vhost`,
+/// that the vhost is one the user may use (administrators may use all).
+fn authorize(
+    app: &App,
+    headers: &HeaderMap,
+    peer: SocketAddr,
+    need: Need,
+    vhost: Option<&str>,
+) -> Result<UserInfo, ApiError> {
+    let Some(auth) = headers.get(header::AUTHORIZATION) else {
+        return Err(ApiError::credentials_required());
+    };
+    let creds = Some(auth)
+        .and_then(|h| h.to_str().ok())
+        .and_then(|h| {
+            h.strip_prefix("Basic ")
+                .or_else(|| h.strip_prefix("basic "))
+        })
+        .and_then(|b| {
+            base64::engine::general_purpose::STANDARD
+                .decode(b.trim())
+                .ok()
+        })
+        .and_then(|b| String::from_utf8(b).ok())
+        .ok_or_else(ApiError::not_authenticated)?;
+    let (name, password) = creds
+        .split_once(':')
+        .ok_or_else(ApiError::not_authenticated)?;
+    let user = match app.backend.login(name, password, peer) {
+        Ok(u) => u,
+        Err(LoginError::BadCredentials) => {
+            tracing::warn!(user = name, %peer, "HTTP access denied: invalid credentials");
+            return Err(ApiError::not_authenticated());
+        }
+        Err(LoginError::NotLoopback) => {
+            return Err(ApiError::not_authorised(
+                "User can only log in via localhost",
+            ))
+        }
+    };
+    if !has(
+        &user.tags,
+        &["administrator", "monitoring", "policymaker", "management"],
+    ) {
+        return Err(ApiError::not_authorised("Not management user"));
+    }
+    match need {
+        Need::Admin if !has(&user.tags, &["administrator"]) => {
+            return Err(ApiError::not_authorised("Not administrator user"))
+        }
+        Need::Monitor if !has(&user.tags, &["administrator", "monitoring"]) => {
+            return Err(ApiError::not_authorised("Not monitor user"))
+        }
+        _ => {}
+    }
+    if let Some(v) = vhost {
+        if !has(&user.tags, &["administrator"])
+            && app.backend.vhost_exists(v)
+            && !app.backend.user_vhosts(&user.name).iter().any(|x| x == v)
+        {
+            return Err(ApiError::not_authorised(
+                "User not authorised to access virtual host",
+            ));
+        }
+    }
+    Ok(user)
+}
+
+/// The vhosts a user sees in lists: all for monitors and administrators.
+fn visible_vhosts(app: &App, user: &UserInfo) -> Vec<String> {
+    if has(&user.tags, &["administrator", "monitoring"]) {
+        app.backend.vhosts()
+    } else {
+        app.backend.user_vhosts(&user.name)
+    }
+}
+
+fn require_vhost(app: &App, v: &str) -> Result<(), ApiError> {
+    if app.backend.vhost_exists(v) {
+        Ok(())
+    } else {
+        Err(ApiError::not_found())
+    }
+}
+
+fn ok_json(v: Value) -> Reply {
+    Ok(Json(v).into_response())
+}
+
+fn listed(items: Vec<Value>, q: &HashMap<String, String>) -> Reply {
+    ok_json(list::apply(items, q)?)
+}
+
+/// `amq.default` in a path names the default exchange, as in RabbitMQ.
+fn exchange_name(name: &str) -> &str {
+    if name == "amq.default" {
+        ""
+    } else {
+        name
+    }
+}
+
+fn body_json(body: &Bytes) -> Result<Map<String, Value>, ApiError> {
+    if body.is_empty() {
+        return Ok(Map::new());
+    }
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err(ApiError::bad_request("not_json")),
+        Err(_) => Err(ApiError::bad_request("not_json")),
+    }
+}
+
+fn get_bool(m: &Map<String, Value>, key: &str, default: bool) -> Result<bool, ApiError> {
+    match m.get(key) {
+        None | Some(Value::Null) => Ok(default),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(Value::String(s)) if s == "true" => Ok(true),
+        Some(Value::String(s)) if s == "false" => Ok(false),
+        Some(_) => Err(ApiError::bad_request(format!("{key} must be a boolean"))),
+    }
+}
+
+fn get_args(m: &Map<String, Value>) -> Result<Map<String, Value>, ApiError> {
+    match m.get("arguments") {
+        None | Some(Value::Null) => Ok(Map::new()),
+        Some(Value::Object(a)) => Ok(a.clone()),
+        // rabbitmqadmin sends "" for no arguments.
+        Some(Value::String(s)) if s.is_empty() => Ok(Map::new()),
+        Some(_) => Err(ApiError::bad_request("arguments must be an object")),
+    }
+}
+
+fn query_flag(q: &HashMap<String, String>, key: &str) -> bool {
+    q.get(key).is_some_and(|v| v == "true")
+}
+
+// ---- JSON shapes ---------------------------------------------------------------------
+
+fn queue_json(app: &App, q: &QueueInfo) -> Value {
+    json!({
+        "name": q.name,
+        "vhost": q.vhost,
+        "durable": q.durable,
+        "auto_delete": q.auto_delete,
+        "exclusive": q.exclusive,
+        "arguments": q.arguments,
+        "node": app.node,
+        "type": "classic",
+        "state": "running",
+        "messages": q.ready + q.unacked,
+        "messages_ready": q.ready,
+        "messages_unacknowledged": q.unacked,
+        "consumers": q.consumers,
+        "policy": null,
+        "operator_policy": null,
+        "effective_policy_definition": {},
+        "exclusive_consumer_tag": null,
+    })
+}
+
+fn exchange_json(x: &ExchangeInfo) -> Value {
+    json!({
+        "name": x.name,
+        "vhost": x.vhost,
+        "type": x.kind,
+        "durable": x.durable,
+        "auto_delete": x.auto_delete,
+        "internal": x.internal,
+        "arguments": x.arguments,
+        "user_who_performed_action": "rmq-internal",
+    })
+}
+
+/// RabbitMQ's `properties_key`: the binding's id in paths (`~` for an empty key without
+/// arguments; the key then `~` and a hash of the arguments otherwise).
+fn properties_key(b: &BindingInfo) -> String {
+    if b.arguments.is_empty() {
+        if b.routing_key.is_empty() {
+            "~".into()
+        } else {
+            b.routing_key.clone()
+        }
+    } else {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        Value::Object(b.arguments.clone()).to_string().hash(&mut h);
+        let hash = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .encode(((h.finish() & 0xffff_ffff) as u32).to_be_bytes());
+        format!("{}~{hash}", b.routing_key)
+    }
+}
+
+fn binding_json(b: &BindingInfo) -> Value {
+    json!({
+        "source": b.source,
+        "vhost": b.vhost,
+        "destination": b.destination,
+        "destination_type": b.destination_type,
+        "routing_key": b.routing_key,
+        "arguments": b.arguments,
+        "properties_key": properties_key(b),
+    })
+}
+
+fn user_json(u: &UserInfo) -> Value {
+    json!({
+        "name": u.name,
+        "tags": u.tags,
+        "password_hash": u.password_hash,
+        "hashing_algorithm": u.hashing_algorithm,
+        "limits": {},
+    })
+}
+
+fn resident_memory() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
+}
+
+fn node_json(app: &App) -> Value {
+    let n = app.backend.node();
+    json!({
+        "name": app.node,
+        "type": "disc",
+        "running": true,
+        "being_drained": false,
+        "mem_used": resident_memory(),
+        "mem_alarm": n.memory_alarm(),
+        "disk_free_alarm": n.disk_alarm(),
+        "uptime": app.started.elapsed().as_millis() as u64,
+        "processors": std::thread::available_parallelism().map(|p| p.get()).unwrap_or(1),
+        "os_pid": std::process::id().to_string(),
+        "partitions": [],
+        "rates_mode": "none",
+        "product_name": "Warren",
+        "product_version": env!("CARGO_PKG_VERSION"),
+    })
+}
+
+// ---- handlers ------------------------------------------------------------------------
+
+async fn overview(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap) -> Reply {
+    let user = authorize(&app, &headers, peer, Need::Management, None)?;
+    let vhosts = visible_vhosts(&app, &user);
+    let mut queues = Vec::new();
+    let mut exchanges = 0usize;
+    for v in &vhosts {
+        queues.extend(app.backend.queues(Some(v)));
+        exchanges += app.backend.exchanges(Some(v)).len();
+    }
+    let ready: u64 = queues.iter().map(|q| q.ready).sum();
+    let unacked: u64 = queues.iter().map(|q| q.unacked).sum();
+    let consumers: u64 = queues.iter().map(|q| q.consumers).sum();
+    let n = app.backend.node();
+    let listeners: Vec<Value> = n
+        .listeners()
+        .into_iter()
+        .map(|(protocol, a)| {
+            json!({"node": app.node, "protocol": protocol, "ip_address": a.ip().to_string(),
+                   "port": a.port()})
+        })
+        .collect();
+    ok_json(json!({
+        "management_version": RABBITMQ_VERSION,
+        "rabbitmq_version": RABBITMQ_VERSION,
+        "product_name": "Warren",
+        "product_version": env!("CARGO_PKG_VERSION"),
+        "erlang_version": "none",
+        "erlang_full_version": "none",
+        "rates_mode": "none",
+        "disable_stats": false,
+        "enable_queue_totals": true,
+        "cluster_name": "warren",
+        "node": app.node,
+        "exchange_types": [
+            {"name": "direct", "description": "AMQP direct exchange, as per the AMQP specification", "enabled": true},
+            {"name": "fanout", "description": "AMQP fanout exchange, as per the AMQP specification", "enabled": true},
+            {"name": "headers", "description": "AMQP headers exchange, as per the AMQP specification", "enabled": true},
+            {"name": "topic", "description": "AMQP topic exchange, as per the AMQP specification", "enabled": true},
+            {"name": "x-delayed-message", "description": "Delayed Message Exchange", "enabled": true},
+        ],
+        "message_stats": {},
+        "queue_totals": {
+            "messages": ready + unacked,
+            "messages_ready": ready,
+            "messages_unacknowledged": unacked,
+        },
+        "object_totals": {
+            "connections": n.connection_count(),
+            "consumers": consumers,
+            "exchanges": exchanges,
+            "queues": queues.len(),
+        },
+        "listeners": listeners,
+        "contexts": [],
+    }))
+}
+
+async fn whoami(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap) -> Reply {
+    let user = authorize(&app, &headers, peer, Need::Management, None)?;
+    ok_json(json!({"name": user.name, "tags": user.tags}))
+}
+
+async fn nodes(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap, q: Q) -> Reply {
+    authorize(&app, &headers, peer, Need::Monitor, None)?;
+    listed(vec![node_json(&app)], &q)
+}
+
+async fn node(
+    State(app): S,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Reply {
+    authorize(&app, &headers, peer, Need::Monitor, None)?;
+    if name != app.node {
+        return Err(ApiError::not_found());
+    }
+    ok_json(node_json(&app))
+}
+
+fn vhost_json(app: &App, v: &str) -> Value {
+    let queues = app.backend.queues(Some(v));
+    let ready: u64 = queues.iter().map(|q| q.ready).sum();
+    let unacked: u64 = queues.iter().map(|q| q.unacked).sum();
+    json!({
+        "name": v,
+        "description": "",
+        "tags": [],
+        "metadata": {"description": "", "tags": []},
+        "tracing": false,
+        "cluster_state": {app.node.clone(): "running"},
+        "messages": ready + unacked,
+        "messages_ready": ready,
+        "messages_unacknowledged": unacked,
+    })
+}
+
+async fn vhosts(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap, q: Q) -> Reply {
+    let user = authorize(&app, &headers, peer, Need::Management, None)?;
+    let items = visible_vhosts(&app, &user)
+        .iter()
+        .map(|v| vhost_json(&app, v))
+        .collect();
+    listed(items, &q)
+}
+
+async fn vhost(
+    State(app): S,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path(v): Path<String>,
+) -> Reply {
+    authorize(&app, &headers, peer, Need::Management, Some(&v))?;
+    require_vhost(&app, &v)?;
+    ok_json(vhost_json(&app, &v))
+}
+
+async fn users(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap, q: Q) -> Reply {
+    authorize(&app, &headers, peer, Need::Admin, None)?;
+    listed(app.backend.users().iter().map(user_json).collect(), &q)
+}
+
+async fn user(
+    State(app): S,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Reply {
+    authorize(&app, &headers, peer, Need::Admin, None)?;
+    let u = app
+        .backend
+        .users()
+        .into_iter()
+        .find(|u| u.name == name)
+        .ok_or_else(ApiError::not_found)?;
+    ok_json(user_json(&u))
+}
+
+fn permission_items(app: &App) -> Vec<Value> {
+    app.backend
+        .permissions()
+        .into_iter()
+        .map(|(user, vhost, configure, write, read)| {
+            json!({"user": user, "vhost": vhost, "configure": configure, "write": write, "read": read})
+        })
+        .collect()
+}
+
+async fn permissions(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap, q: Q) -> Reply {
+    authorize(&app, &headers, peer, Need::Admin, None)?;
+    listed(permission_items(&app), &q)
+}
+
+async fn permission(
+    State(app): S,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path((v, u)): Path<(String, String)>,
+) -> Reply {
+    authorize(&app, &headers, peer, Need::Admin, None)?;
+    permission_items(&app)
+        .into_iter()
+        .find(|p| p["vhost"] == v.as_str() && p["user"] == u.as_str())
+        .map_or_else(|| Err(ApiError::not_found()), ok_json)
+}
+
+async fn topic_permissions(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap) -> Reply {
+    authorize(&app, &headers, peer, Need::Admin, None)?;
+    ok_json(json!([]))
+}
+
+fn sorted<T>(mut items: Vec<T>, key: impl Fn(&T) -> (String, String)) -> Vec<T> {
+    items.sort_by_key(|i| key(i));
+    items
+}
+
+async fn exchanges_all(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap, q: Q) -> Reply {
+    let user = authorize(&app, &headers, peer, Need::Management, None)?;
+    let mut items = Vec::new();
+    for v in visible_vhosts(&app, &user) {
+        items.extend(app.backend.exchanges(Some(&v)));
+    }
+    let items = sorted(items, |x| (x.vhost.clone(), x.name.clone()));
+    listed(items.iter().map(exchange_json).collect(), &q)
+}
+
+async fn exchanges_vhost(
+    State(app): S,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path(v): Path<String>,
+    q: Q,
+) -> Reply {
+    authorize(&app, &headers, peer, Need::Management, Some(&v))?;
+    require_vhost(&app, &v)?;
+    let items = sorted(app.backend.exchanges(Some(&v)), |x| {
+        (x.vhost.clone(), x.name.clone())
+    });
+    listed(items.iter().map(exchange_json).collect(), &q)
+}
+
+fn find_exchange(app: &App, v: &str, name: &str) -> Result<ExchangeInfo, ApiError> {
+    require_vhost(app, v)?;
+    app.backend
+        .exchanges(Some(v))
+        .into_iter()
+        .find(|x| x.name == name)
+        .ok_or_else(ApiError::not_found)
+}
+
+async fn exchange_get(
+    State(app): S,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path((v, name)): Path<(String, String)>,
+) -> Reply {
+    authorize(&app, &headers, peer, Need::Management, Some(&v))?;
+    ok_json(exchange_json(&find_exchange(
+        &app,
+        &v,
+        exchange_name(&name),
+    )?))
+}
+
+async fn exchange_put(
+    State(app): S,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path((v, name)): Path<(String, String)>,
+    body: Bytes,
+) -> Reply {
+    authorize(&app, &headers, peer, Need::Management, Some(&v))?;
+    require_vhost(&app, &v)?;
+    let b = body_json(&body)?;
+    // RabbitMQ's defaults for keys left out: a transient direct exchange.
+    let kind = match b.get("type") {
+        None | Some(Value::Null) => "direct",
+        Some(Value::String(t)) => t.as_str(),
+        Some(_) => return Err(ApiError::bad_request("type must be a string")),
+    };
+    let created = app.backend.declare_exchange(&ExchangeInfo {
+        name: exchange_name(&name).to_string(),
+        vhost: v.clone(),
+        kind: kind.to_string(),
+        durable: get_bool(&b, "durable", false)?,
+        auto_delete: get_bool(&b, "auto_delete", false)?,
+        internal: get_bool(&b, "internal", false)?,
+        arguments: get_args(&b)?,
+    })?;
+    Ok(created_or_not(created))
+}
+
+fn created_or_not(created: bool) -> Response {
+    if created {
+        StatusCode::CREATED.into_response()
+    } else {
+        StatusCode::NO_CONTENT.into_response()
+    }
+}
+
+async fn exchange_delete(
+    State(app): S,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path((v, name)): Path<(String, String)>,
+    q: Q,
+) -> Reply {
+    authorize(&app, &headers, peer, Need::Management, Some(&v))?;
+    require_vhost(&app, &v)?;
+    app.backend
+        .delete_exchange(&v, exchange_name(&name), query_flag(&q, "if-unused"))?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+async fn exchange_publish(
+    State(app): S,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path((v, name)): Path<(String, String)>,
+    body: Bytes,
+) -> Reply {
+    authorize(&app, &headers, peer, Need::Management, Some(&v))?;
+    require_vhost(&app, &v)?;
+    let b = body_json(&body)?;
+    let missing = |k: &str| ApiError::bad_request(format!("[{{key_missing,{k}}}]"));
+    let routing_key = b
+        .get("routing_key")
+        .and_then(|r| r.as_str())
+        .ok_or_else(|| missing("routing_key"))?;
+    let payload = b
+        .get("payload")
+        .and_then(|p| p.as_str())
+        .ok_or_else(|| missing("payload"))?;
+    let encoding = b
+        .get("payload_encoding")
+        .and_then(|e| e.as_str())
+        .ok_or_else(|| missing("payload_encoding"))?;
+    let payload = match encoding {
+        "string" => Bytes::from(payload.to_string()),
+        "base64" => Bytes::from(
+            base64::engine::general_purpose::STANDARD
+                .decode(payload)
+                .map_err(|_| ApiError::bad_request("payload is not valid base64"))?,
+        ),
+        _ => {
+            return Err(ApiError::bad_request(format!(
+                "Unsupported payload_encoding {encoding}"
+            )))
+        }
+    };
+    let props = match b.get("properties") {
+        None | Some(Value::Null) => Map::new(),
+        Some(Value::Object(p)) => p.clone(),
+        Some(_) => return Err(ApiError::bad_request("properties must be an object")),
+    };
+    let routed = app
+        .backend
+        .publish(&v, exchange_name(&name), routing_key, &props, payload)?;
+    ok_json(json!({"routed": routed}))
+}
+
+async fn exchange_bindings(
+    app: &App,
+    v: &str,
+    name: &str,
+    as_source: bool,
+    q: &HashMap<String, String>,
+) -> Reply {
+    let x = find_exchange(app, v, exchange_name(name))?;
+    let items: Vec<Value> = app
+        .backend
+        .bindings(Some(v))
+        .iter()
+        .filter(|b| {
+            if as_source {
+                b.source == x.name
+            } else {
+                b.destination_type == "exchange" && b.destination == x.name
+            }
+        })
+        .map(binding_json)
+        .collect();
+    listed(items, q)
+}
+
+async fn exchange_bindings_source(
+    State(app): S,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path((v, name)): Path<(String, String)>,
+    q: Q,
+) -> Reply {
+    authorize(&app, &headers, peer, Need::Management, Some(&v))?;
+    exchange_bindings(&app, &v, &name, true, &q).await
+}
+
+async fn exchange_bindings_destination(
+    State(app): S,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path((v, name)): Path<(String, String)>,
+    q: Q,
+) -> Reply {
+    authorize(&app, &headers, peer, Need::Management, Some(&v))?;
+    exchange_bindings(&app, &v, &name, false, &q).await
+}
+
+async fn queues_all(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap, q: Q) -> Reply {
+    let user = authorize(&app, &headers, peer, Need::Management, None)?;
+    let mut items = Vec::new();
+    for v in visible_vhosts(&app, &user) {
+        items.extend(app.backend.queues(Some(&v)));
+    }
+    let items = sorted(items, |x| (x.vhost.clone(), x.name.clone()));
+    listed(items.iter().map(|x| queue_json(&app, x)).collect(), &q)
+}
+
+async fn queues_vhost(
+    State(app): S,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path(v): Path<String>,
+    q: Q,
+) -> Reply {
+    authorize(&app, &headers, peer, Need::Management, Some(&v))?;
+    require_vhost(&app, &v)?;
+    let items = sorted(app.backend.queues(Some(&v)), |x| {
+        (x.vhost.clone(), x.name.clone())
+    });
+    listed(items.iter().map(|x| queue_json(&app, x)).collect(), &q)
+}
+
+fn find_queue(app: &App, v: &str, name: &str) -> Result<QueueInfo, ApiError> {
+    require_vhost(app, v)?;
+    app.backend
+        .queues(Some(v))
+        .into_iter()
+        .find(|x| x.name == name)
+        .ok_or_else(ApiError::not_found)
+}
+
+async fn queue_get(
+    State(app): S,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path((v, name)): Path<(String, String)>,
+) -> Reply {
+    authorize(&app, &headers, peer, Need::Management, Some(&v))?;
+    ok_json(queue_json(&app, &find_queue(&app, &v, &name)?))
+}
+
+async fn queue_put(
+    State(app): S,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path((v, name)): Path<(String, String)>,
+    body: Bytes,
+) -> Reply {
+    authorize(&app, &headers, peer, Need::Management, Some(&v))?;
+    require_vhost(&app, &v)?;
+    let b = body_json(&body)?;
+    // RabbitMQ's default for a left-out `durable`: a transient queue.
+    let created = app.backend.declare_queue(
+        &v,
+        &name,
+        get_bool(&b, "durable", false)?,
+        get_bool(&b, "auto_delete", false)?,
+        &get_args(&b)?,
+    )?;
+    Ok(created_or_not(created))
+}
+
+async fn queue_delete(
+    State(app): S,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path((v, name)): Path<(String, String)>,
+    q: Q,
+) -> Reply {
+    authorize(&app, &headers, peer, Need::Management, Some(&v))?;
+    require_vhost(&app, &v)?;
+    app.backend.delete_queue(
+        &v,
+        &name,
+        query_flag(&q, "if-unused"),
+        query_flag(&q, "if-empty"),
+    )?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+async fn queue_purge(
+    State(app): S,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path((v, name)): Path<(String, String)>,
+) -> Reply {
+    authorize(&app, &headers, peer, Need::Management, Some(&v))?;
+    find_queue(&app, &v, &name)?;
+    app.backend.purge_queue(&v, &name)?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+async fn queue_get_messages(
+    State(app): S,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path((v, name)): Path<(String, String)>,
+    body: Bytes,
+) -> Reply {
+    authorize(&app, &headers, peer, Need::Management, Some(&v))?;
+    find_queue(&app, &v, &name)?;
+    let b = body_json(&body)?;
+    let missing = |k: &str| ApiError::bad_request(format!("[{{key_missing,{k}}}]"));
+    let count = b
+        .get("count")
+        .and_then(|c| {
+            c.as_u64()
+                .or_else(|| c.as_str().and_then(|s| s.parse().ok()))
+        })
+        .ok_or_else(|| missing("count"))?;
+    let mode = match b.get("ackmode").and_then(|a| a.as_str()) {
+        Some("ack_requeue_true") => AckMode::AckRequeue,
+        Some("ack_requeue_false") => AckMode::Ack,
+        Some("reject_requeue_true") => AckMode::RejectRequeue,
+        Some("reject_requeue_false") => AckMode::Reject,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!("Invalid ackmode: {other}")));
+        }
+        None => return Err(missing("ackmode")),
+    };
+    let encoding = b
+        .get("encoding")
+        .and_then(|e| e.as_str())
+        .ok_or_else(|| missing("encoding"))?;
+    if encoding != "auto" && encoding != "base64" {
+        return Err(ApiError::bad_request(format!(
+            "Unsupported encoding {encoding}"
+        )));
+    }
+    let truncate = b.get("truncate").and_then(|t| {
+        t.as_u64()
+            .or_else(|| t.as_str().and_then(|s| s.parse().ok()))
+    });
+    let count = usize::try_from(count).unwrap_or(usize::MAX).min(100_000);
+    let msgs = app.backend.get(&v, &name, count, mode)?;
+    let items: Vec<Value> = msgs
+        .into_iter()
+        .map(|m| {
+            let bytes = m.payload.len();
+            let body = match truncate {
+                Some(t) if (t as usize) < bytes => m.payload.slice(..t as usize),
+                _ => m.payload.clone(),
+            };
+            let (payload, payload_encoding) = match (encoding, std::str::from_utf8(&body)) {
+                ("auto", Ok(s)) => (s.to_string(), "string"),
+                _ => (
+                    base64::engine::general_purpose::STANDARD.encode(&body),
+                    "base64",
+                ),
+            };
+            json!({
+                "payload_bytes": bytes,
+                "redelivered": m.redelivered,
+                "exchange": m.exchange,
+                "routing_key": m.routing_key,
+                "message_count": m.message_count,
+                "properties": m.properties,
+                "payload": payload,
+                "payload_encoding": payload_encoding,
+            })
+        })
+        .collect();
+    ok_json(Value::Array(items))
+}
+
+async fn queue_bindings(
+    State(app): S,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path((v, name)): Path<(String, String)>,
+    q: Q,
+) -> Reply {
+    authorize(&app, &headers, peer, Need::Management, Some(&v))?;
+    find_queue(&app, &v, &name)?;
+    let items = app
+        .backend
+        .bindings(Some(&v))
+        .iter()
+        .filter(|b| b.destination_type == "queue" && b.destination == name)
+        .map(binding_json)
+        .collect();
+    listed(items, &q)
+}
+
+async fn bindings_all(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap, q: Q) -> Reply {
+    let user = authorize(&app, &headers, peer, Need::Management, None)?;
+    let mut items = Vec::new();
+    for v in visible_vhosts(&app, &user) {
+        items.extend(app.backend.bindings(Some(&v)).iter().map(binding_json));
+    }
+    listed(items, &q)
+}
+
+async fn bindings_vhost(
+    State(app): S,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path(v): Path<String>,
+    q: Q,
+) -> Reply {
+    authorize(&app, &headers, peer, Need::Management, Some(&v))?;
+    require_vhost(&app, &v)?;
+    let items = app
+        .backend
+        .bindings(Some(&v))
+        .iter()
+        .map(binding_json)
+        .collect();
+    listed(items, &q)
+}
+
+fn between(
+    app: &App,
+    v: &str,
+    source: &str,
+    dest: &str,
+    to_queue: bool,
+) -> Result<Vec<BindingInfo>, ApiError> {
+    find_exchange(app, v, source)?;
+    if to_queue {
+        find_queue(app, v, dest)?;
+    } else {
+        find_exchange(app, v, dest)?;
+    }
+    let kind = if to_queue { "queue" } else { "exchange" };
+    Ok(app
+        .backend
+        .bindings(Some(v))
+        .into_iter()
+        .filter(|b| b.source == source && b.destination == dest && b.destination_type == kind)
+        .collect())
+}
+
+fn dest_kind(kind: &str) -> Result<bool, ApiError> {
+    match kind {
+        "q" => Ok(true),
+        "e" => Ok(false),
+        _ => Err(ApiError::not_found()),
+    }
+}
+
+async fn bindings_between(
+    State(app): S,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path((v, source, kind, dest)): Path<(String, String, String, String)>,
+    q: Q,
+) -> Reply {
+    authorize(&app, &headers, peer, Need::Management, Some(&v))?;
+    let to_queue = dest_kind(&kind)?;
+    let items = between(&app, &v, exchange_name(&source), &dest, to_queue)?
+        .iter()
+        .map(binding_json)
+        .collect();
+    listed(items, &q)
+}
+
+async fn bindings_create(
+    State(app): S,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path((v, source, kind, dest)): Path<(String, String, String, String)>,
+    body: Bytes,
+) -> Reply {
+    authorize(&app, &headers, peer, Need::Management, Some(&v))?;
+    let to_queue = dest_kind(&kind)?;
+    let source = exchange_name(&source);
+    between(&app, &v, source, &dest, to_queue)?;
+    let b = body_json(&body)?;
+    let routing_key = b.get("routing_key").and_then(|r| r.as_str()).unwrap_or("");
+    let args = get_args(&b)?;
+    app.backend
+        .bind(&v, source, &dest, to_queue, routing_key, &args)?;
+    let info = BindingInfo {
+        source: source.to_string(),
+        vhost: v.clone(),
+        destination: dest.clone(),
+        destination_type: if to_queue { "queue" } else { "exchange" },
+        routing_key: routing_key.to_string(),
+        arguments: args,
+    };
+    // Relative to the request path, as RabbitMQ gives it: `<destination>/<props>`.
+    let location = format!("{}/{}", urlencode(&dest), urlencode(&properties_key(&info)));
+    let mut r = StatusCode::CREATED.into_response();
+    if let Ok(h) = location.parse() {
+        r.headers_mut().insert(header::LOCATION, h);
+    }
+    Ok(r)
+}
+
+fn urlencode(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+async fn binding_one(
+    State(app): S,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path((v, source, kind, dest, props)): Path<(String, String, String, String, String)>,
+) -> Reply {
+    authorize(&app, &headers, peer, Need::Management, Some(&v))?;
+    let to_queue = dest_kind(&kind)?;
+    between(&app, &v, exchange_name(&source), &dest, to_queue)?
+        .iter()
+        .find(|b| properties_key(b) == props)
+        .map_or_else(|| Err(ApiError::not_found()), |b| ok_json(binding_json(b)))
+}
+
+async fn binding_delete(
+    State(app): S,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path((v, source, kind, dest, props)): Path<(String, String, String, String, String)>,
+) -> Reply {
+    authorize(&app, &headers, peer, Need::Management, Some(&v))?;
+    let to_queue = dest_kind(&kind)?;
+    let source = exchange_name(&source);
+    let b = between(&app, &v, source, &dest, to_queue)?
+        .into_iter()
+        .find(|b| properties_key(b) == props)
+        .ok_or_else(ApiError::not_found)?;
+    app.backend
+        .unbind(&v, source, &dest, to_queue, &b.routing_key, &b.arguments)?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+async fn aliveness(
+    State(app): S,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path(v): Path<String>,
+) -> Reply {
+    authorize(&app, &headers, peer, Need::Management, Some(&v))?;
+    require_vhost(&app, &v)?;
+    // As RabbitMQ: declare `aliveness-test`, publish to it and get the message back.
+    let q = "aliveness-test";
+    app.backend
+        .declare_queue(&v, q, false, false, &Map::new())?;
+    app.backend
+        .publish(&v, "", q, &Map::new(), Bytes::from_static(b"test_message"))?;
+    let got = app.backend.get(&v, q, 1, AckMode::Ack)?;
+    if got.iter().any(|m| &m.payload[..] == b"test_message") {
+        ok_json(json!({"status": "ok"}))
+    } else {
+        Ok((
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "failed", "reason": "aliveness test message not received"})),
+        )
+            .into_response())
+    }
+}
+
+fn health_ok(extra: Value) -> Reply {
+    let mut v = json!({"status": "ok"});
+    if let (Some(o), Value::Object(e)) = (v.as_object_mut(), extra) {
+        o.extend(e);
+    }
+    ok_json(v)
+}
+
+fn health_failed(body: Value) -> Reply {
+    Ok((StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response())
+}
+
+async fn health_alarms(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap) -> Reply {
+    authorize(&app, &headers, peer, Need::Management, None)?;
+    let n = app.backend.node();
+    let mut alarms = Vec::new();
+    if n.memory_alarm() {
+        alarms.push(json!({"node": app.node, "resource": "memory"}));
+    }
+    if n.disk_alarm() {
+        alarms.push(json!({"node": app.node, "resource": "disk"}));
+    }
+    if alarms.is_empty() {
+        health_ok(json!({}))
+    } else {
+        health_failed(json!({"status": "failed",
+            "reason": "There are alarms in effect in the cluster", "alarms": alarms}))
+    }
+}
+
+async fn health_local_alarms(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap) -> Reply {
+    authorize(&app, &headers, peer, Need::Management, None)?;
+    let n = app.backend.node();
+    let mut alarms = Vec::new();
+    if n.memory_alarm() {
+        alarms.push(json!({"node": app.node, "resource": "memory"}));
+    }
+    if n.disk_alarm() {
+        alarms.push(json!({"node": app.node, "resource": "disk"}));
+    }
+    if alarms.is_empty() {
+        health_ok(json!({}))
+    } else {
+        health_failed(json!({"status": "failed",
+            "reason": "There are alarms in effect on the node", "alarms": alarms}))
+    }
+}
+
+async fn health_simple(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap) -> Reply {
+    // virtual-hosts (every vhost runs in this process), node-is-quorum-critical and
+    // node-is-mirror-sync-critical (a single node has no replicas to lose).
+    authorize(&app, &headers, peer, Need::Management, None)?;
+    health_ok(json!({}))
+}
+
+async fn health_port(
+    State(app): S,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path(port): Path<String>,
+) -> Reply {
+    authorize(&app, &headers, peer, Need::Management, None)?;
+    let port: u16 = port
+        .parse()
+        .map_err(|_| ApiError::bad_request(format!("Invalid port {port}")))?;
+    let ports: Vec<u16> = app
+        .backend
+        .node()
+        .listeners()
+        .iter()
+        .map(|(_, a)| a.port())
+        .collect();
+    if ports.contains(&port) {
+        health_ok(json!({"port": port}))
+    } else {
+        health_failed(json!({"status": "failed", "reason": "No active listener",
+            "missing": port, "ports": ports}))
+    }
+}
+
+async fn health_protocol(
+    State(app): S,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path(protocol): Path<String>,
+) -> Reply {
+    authorize(&app, &headers, peer, Need::Management, None)?;
+    let protocols: Vec<String> = app
+        .backend
+        .node()
+        .listeners()
+        .into_iter()
+        .map(|(p, _)| p)
+        .collect();
+    if protocols.contains(&protocol) {
+        health_ok(json!({"protocol": protocol}))
+    } else {
+        health_failed(json!({"status": "failed", "reason": "No active listener",
+            "missing": protocol, "protocols": protocols}))
+    }
+}
+
+async fn definitions(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap) -> Reply {
+    authorize(&app, &headers, peer, Need::Admin, None)?;
+    ok_json(app.backend.definitions(RABBITMQ_VERSION))
+}
+
+async fn metrics(State(app): S) -> Reply {
+    text_metrics(crate::metrics::render(&app, false))
+}
+
+async fn metrics_per_object(State(app): S) -> Reply {
+    text_metrics(crate::metrics::render(&app, true))
+}
+
+fn text_metrics(r: Result<String, String>) -> Reply {
+    match r {
+        Ok(text) => Ok((
+            [(
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response()),
+        Err(e) => Err(ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            error: "internal_server_error",
+            reason: e,
+            challenge: false,
+        }),
+    }
+}
+
+async fn not_found() -> ApiError {
+    ApiError::not_found()
+}
+
+/// Every route of the API.
+pub fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/api/overview", get(overview))
+        .route("/api/whoami", get(whoami))
+        .route("/api/nodes", get(nodes))
+        .route("/api/nodes/{node}", get(node))
+        .route("/api/vhosts", get(vhosts))
+        .route("/api/vhosts/{v}", get(vhost))
+        .route("/api/users", get(users))
+        .route("/api/users/{u}", get(user))
+        .route("/api/permissions", get(permissions))
+        .route("/api/permissions/{v}/{u}", get(permission))
+        .route("/api/topic-permissions", get(topic_permissions))
+        .route("/api/exchanges", get(exchanges_all))
+        .route("/api/exchanges/{v}", get(exchanges_vhost))
+        .route(
+            "/api/exchanges/{v}/{name}",
+            get(exchange_get).put(exchange_put).delete(exchange_delete),
+        )
+        .route("/api/exchanges/{v}/{name}/publish", post(exchange_publish))
+        .route(
+            "/api/exchanges/{v}/{name}/bindings/source",
+            get(exchange_bindings_source),
+        )
+        .route(
+            "/api/exchanges/{v}/{name}/bindings/destination",
+            get(exchange_bindings_destination),
+        )
+        .route("/api/queues", get(queues_all))
+        .route("/api/queues/{v}", get(queues_vhost))
+        .route(
+            "/api/queues/{v}/{name}",
+            get(queue_get).put(queue_put).delete(queue_delete),
+        )
+        .route(
+            "/api/queues/{v}/{name}/contents",
+            axum::routing::delete(queue_purge),
+        )
+        .route("/api/queues/{v}/{name}/get", post(queue_get_messages))
+        .route("/api/queues/{v}/{name}/bindings", get(queue_bindings))
+        .route("/api/bindings", get(bindings_all))
+        .route("/api/bindings/{v}", get(bindings_vhost))
+        .route(
+            "/api/bindings/{v}/e/{source}/{kind}/{dest}",
+            get(bindings_between).post(bindings_create),
+        )
+        .route(
+            "/api/bindings/{v}/e/{source}/{kind}/{dest}/{props}",
+            get(binding_one).delete(binding_delete),
+        )
+        .route("/api/aliveness-test/{v}", get(aliveness))
+        .route("/api/health/checks/alarms", get(health_alarms))
+        .route("/api/health/checks/local-alarms", get(health_local_alarms))
+        .route("/api/health/checks/virtual-hosts", get(health_simple))
+        .route(
+            "/api/health/checks/node-is-quorum-critical",
+            get(health_simple),
+        )
+        .route(
+            "/api/health/checks/node-is-mirror-sync-critical",
+            get(health_simple),
+        )
+        .route("/api/health/checks/port-listener/{port}", get(health_port))
+        .route(
+            "/api/health/checks/protocol-listener/{protocol}",
+            get(health_protocol),
+        )
+        .route("/api/definitions", get(definitions))
+        .route("/metrics", get(metrics))
+        .route("/metrics/per-object", get(metrics_per_object))
+        .fallback(not_found)
+        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
+        .with_state(app)
+}

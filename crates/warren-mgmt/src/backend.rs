@@ -1,0 +1,731 @@
+//! The one place the management API calls into the broker (`warren_broker`): users,
+//! vhosts, queues, exchanges and bindings read as plain snapshots, and the writes the API
+//! offers (declare, delete, purge, bind, publish, get). Everything above this module works
+//! on these snapshots and on [`ApiError`], never on broker types.
+//!
+//! Users, their tags, password hashes and permissions come from the broker's access-control
+//! database (`warren_broker::access::AccessControl`); logins go through `Broker::login`, the
+//! same check as AMQP's (with the loopback rule).
+
+use crate::error::ApiError;
+use bytes::Bytes;
+use serde_json::{Map, Value};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use warren_amqp::properties::BasicProperties;
+use warren_amqp::table::FieldTable;
+use warren_broker::definitions::{json_to_table, table_to_json};
+use warren_broker::queue::Settlement;
+use warren_broker::vhost::{ExchangeDeclare, QueueDeclare};
+use warren_broker::{BrokerError, Destination, Message};
+
+/// What the server that embeds the management API tells it besides the broker model: its
+/// connections, alarms and listeners. Implemented by `warren-server` for its shared state.
+pub trait Node: Send + Sync + 'static {
+    /// The broker model.
+    fn broker(&self) -> &warren_broker::Broker;
+    /// Client connections open now.
+    fn connection_count(&self) -> usize;
+    /// True while the memory alarm is on.
+    fn memory_alarm(&self) -> bool;
+    /// True while the disk alarm is on.
+    fn disk_alarm(&self) -> bool;
+    /// The broker's listeners: (protocol as RabbitMQ names it, e.g. `amqp`, address).
+    fn listeners(&self) -> Vec<(String, SocketAddr)>;
+    /// Users that may only log in from a loopback address (`[auth] loopback_users`).
+    fn loopback_users(&self) -> Vec<String>;
+}
+
+/// The connection id the management API uses for broker calls: it owns no exclusive queue,
+/// so exclusive queues of clients are refused to it with 405 (as to any other connection).
+const API_CONNECTION: u64 = u64::MAX;
+
+/// A user as the API shows it.
+#[derive(Debug, Clone)]
+pub struct UserInfo {
+    /// Login name.
+    pub name: String,
+    /// Tags (`administrator`, `monitoring`, `policymaker`, `management`, ...).
+    pub tags: Vec<String>,
+    /// The password hash as RabbitMQ stores it (base64 of a 4-byte salt and the salted hash),
+    /// empty for a login; see `hashing_algorithm`.
+    pub password_hash: String,
+    /// RabbitMQ's name of the hashing algorithm (`rabbit_password_hashing_sha256`, ...).
+    pub hashing_algorithm: String,
+}
+
+/// Why a login over HTTP failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LoginError {
+    /// Unknown user or wrong password.
+    BadCredentials,
+    /// A loopback-only user from another address.
+    NotLoopback,
+}
+
+/// A queue as the API shows it.
+#[derive(Debug, Clone)]
+pub struct QueueInfo {
+    /// Name.
+    pub name: String,
+    /// Virtual host.
+    pub vhost: String,
+    /// Survives a restart.
+    pub durable: bool,
+    /// Deleted when its last consumer goes.
+    pub auto_delete: bool,
+    /// Owned by one connection.
+    pub exclusive: bool,
+    /// Declared arguments as JSON.
+    pub arguments: Map<String, Value>,
+    /// Ready messages.
+    pub ready: u64,
+    /// Delivered, not yet acknowledged messages.
+    pub unacked: u64,
+    /// Consumers.
+    pub consumers: u64,
+    /// Messages delivered to consumers and basic.get since the queue was created.
+    pub deliveries: u64,
+}
+
+/// An exchange as the API shows it.
+#[derive(Debug, Clone)]
+pub struct ExchangeInfo {
+    /// Name (`""` for the default exchange).
+    pub name: String,
+    /// Virtual host.
+    pub vhost: String,
+    /// Type name (`direct`, `x-delayed-message`, ...).
+    pub kind: String,
+    /// Survives a restart.
+    pub durable: bool,
+    /// Deleted with its last binding.
+    pub auto_delete: bool,
+    /// Not publishable by clients.
+    pub internal: bool,
+    /// Declared arguments as JSON.
+    pub arguments: Map<String, Value>,
+}
+
+/// A binding as the API shows it.
+#[derive(Debug, Clone)]
+pub struct BindingInfo {
+    /// Source exchange (`""` for the default exchange's implicit bindings).
+    pub source: String,
+    /// Virtual host.
+    pub vhost: String,
+    /// Destination queue or exchange.
+    pub destination: String,
+    /// `queue` or `exchange`.
+    pub destination_type: &'static str,
+    /// Binding key.
+    pub routing_key: String,
+    /// Binding arguments as JSON.
+    pub arguments: Map<String, Value>,
+}
+
+/// A message taken by `POST /api/queues/v/q/get`.
+#[derive(Debug, Clone)]
+pub struct GotMessage {
+    /// Exchange it was published to.
+    pub exchange: String,
+    /// Routing key it was published with.
+    pub routing_key: String,
+    /// Delivered before.
+    pub redelivered: bool,
+    /// Ready messages left in the queue after this one was taken.
+    pub message_count: u64,
+    /// Basic properties as RabbitMQ's management API shows them.
+    pub properties: Map<String, Value>,
+    /// The body.
+    pub payload: Bytes,
+}
+
+/// What to do with the messages of a get (RabbitMQ's `ackmode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AckMode {
+    /// `ack_requeue_true`: put back, marked redelivered.
+    AckRequeue,
+    /// `ack_requeue_false`: acknowledged (gone).
+    Ack,
+    /// `reject_requeue_true`: rejected and put back.
+    RejectRequeue,
+    /// `reject_requeue_false`: rejected (dead-lettered where the queue says so).
+    Reject,
+}
+
+/// The broker as the management API sees it.
+#[derive(Clone)]
+pub struct Backend {
+    node: Arc<dyn Node>,
+}
+
+/// A refused declare, delete or bind as RabbitMQ's management API reports it: 404 for a
+/// missing object, 401 "Access refused." for 403 ACCESS_REFUSED, else 400 with the reply
+/// text (without its code).
+fn broker_error(e: BrokerError) -> ApiError {
+    match e.code {
+        404 => ApiError::not_found(),
+        403 => ApiError::access_refused(),
+        _ => ApiError::bad_request(e.text),
+    }
+}
+
+/// A refused publish, as RabbitMQ reports what its internal AMQP channel was closed with:
+/// 400 with `<code> <CODE_NAME> - <text>` (e.g. `404 NOT_FOUND - no exchange 'x' in vhost
+/// '/'`), or 401 for 403 ACCESS_REFUSED.
+fn channel_error(e: BrokerError) -> ApiError {
+    match e.code {
+        403 => ApiError::not_authorised(e.reply_text()),
+        _ => ApiError::bad_request(format!("{} {}", e.code, e.reply_text())),
+    }
+}
+
+impl Backend {
+    /// The backend of `node`.
+    pub fn new(node: Arc<dyn Node>) -> Self {
+        Backend { node }
+    }
+
+    /// The embedding server.
+    pub fn node(&self) -> &dyn Node {
+        &*self.node
+    }
+
+    fn broker(&self) -> &warren_broker::Broker {
+        self.node.broker()
+    }
+
+    // ---- users and permissions -------------------------------------------------------
+
+    /// Checks a basic-auth login from `peer` against the access-control database, with the
+    /// loopback rule ([`Node::loopback_users`]).
+    pub fn login(
+        &self,
+        name: &str,
+        password: &str,
+        peer: SocketAddr,
+    ) -> Result<UserInfo, LoginError> {
+        let loopback_users = self.node.loopback_users();
+        let source = warren_broker::LoginSource {
+            from_loopback: peer.ip().is_loopback(),
+            loopback_users: &loopback_users,
+        };
+        let credentials = warren_broker::Credentials::Password {
+            user: name,
+            password,
+        };
+        match self.broker().login(credentials, source) {
+            Ok(u) => Ok(UserInfo {
+                name: u.user,
+                tags: u.tags.iter().map(|t| t.to_string()).collect(),
+                password_hash: String::new(),
+                hashing_algorithm: String::new(),
+            }),
+            Err(warren_broker::LoginRefused::NotLoopback(_)) => Err(LoginError::NotLoopback),
+            Err(_) => Err(LoginError::BadCredentials),
+        }
+    }
+
+    /// Every user, by name.
+    pub fn users(&self) -> Vec<UserInfo> {
+        let access = self.broker().access();
+        let mut out: Vec<UserInfo> = access
+            .users()
+            .map(|u| UserInfo {
+                name: u.name.clone(),
+                tags: u.tags.iter().map(|t| t.to_string()).collect(),
+                password_hash: u.password.to_base64(),
+                hashing_algorithm: u.password.algorithm.module_name().to_string(),
+            })
+            .collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
+    }
+
+    /// The vhosts `user` may use: those where it has permissions.
+    pub fn user_vhosts(&self, user: &str) -> Vec<String> {
+        let access = self.broker().access();
+        self.vhosts()
+            .into_iter()
+            .filter(|v| access.has_vhost_access(user, v))
+            .collect()
+    }
+
+    /// Permissions as (user, vhost, configure, write, read) regexes, sorted.
+    pub fn permissions(&self) -> Vec<(String, String, String, String, String)> {
+        use warren_broker::access::Permission;
+        let access = self.broker().access();
+        let mut out: Vec<_> = access
+            .all_permissions()
+            .map(|(user, vhost, p)| {
+                (
+                    user.to_string(),
+                    vhost.to_string(),
+                    p.pattern(Permission::Configure).source().to_string(),
+                    p.pattern(Permission::Write).source().to_string(),
+                    p.pattern(Permission::Read).source().to_string(),
+                )
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    // ---- topology reads --------------------------------------------------------------
+
+    /// Every vhost name, sorted.
+    pub fn vhosts(&self) -> Vec<String> {
+        let mut v = self.broker().vhost_names();
+        v.sort();
+        v
+    }
+
+    /// True when vhost `name` exists.
+    pub fn vhost_exists(&self, name: &str) -> bool {
+        self.broker().vhost(name).is_some()
+    }
+
+    fn vhost_list(&self, vhost: Option<&str>) -> Vec<Arc<warren_broker::VHost>> {
+        match vhost {
+            Some(v) => self.broker().vhost(v).into_iter().collect(),
+            None => self
+                .vhosts()
+                .iter()
+                .filter_map(|v| self.broker().vhost(v))
+                .collect(),
+        }
+    }
+
+    /// Queues of `vhost` (every vhost when `None`).
+    pub fn queues(&self, vhost: Option<&str>) -> Vec<QueueInfo> {
+        let mut out = Vec::new();
+        for v in self.vhost_list(vhost) {
+            for q in v.queues() {
+                if q.is_deleted() {
+                    continue;
+                }
+                let c = q.counts();
+                out.push(QueueInfo {
+                    name: q.name.clone(),
+                    vhost: q.vhost.clone(),
+                    durable: q.durable,
+                    auto_delete: q.auto_delete,
+                    exclusive: q.exclusive_owner.is_some(),
+                    arguments: table_to_json(&q.arguments),
+                    ready: c.ready.into(),
+                    unacked: c.unacked.into(),
+                    consumers: c.consumers.into(),
+                    deliveries: q.deliveries(),
+                });
+            }
+        }
+        out
+    }
+
+    /// Exchanges of `vhost` (every vhost when `None`).
+    pub fn exchanges(&self, vhost: Option<&str>) -> Vec<ExchangeInfo> {
+        let mut out = Vec::new();
+        for v in self.vhost_list(vhost) {
+            for x in v.exchange_snapshots() {
+                out.push(ExchangeInfo {
+                    name: x.name,
+                    vhost: v.name.clone(),
+                    kind: x.kind.as_str().to_string(),
+                    durable: x.durable,
+                    auto_delete: x.auto_delete,
+                    internal: x.internal,
+                    arguments: table_to_json(&x.arguments),
+                });
+            }
+        }
+        out
+    }
+
+    /// Bindings of `vhost` (every vhost when `None`), the default exchange's implicit
+    /// binding to each queue included, as RabbitMQ lists them.
+    pub fn bindings(&self, vhost: Option<&str>) -> Vec<BindingInfo> {
+        let mut out = Vec::new();
+        for v in self.vhost_list(vhost) {
+            let mut queues: Vec<String> = v.queues().iter().map(|q| q.name.clone()).collect();
+            queues.sort();
+            for q in queues {
+                out.push(BindingInfo {
+                    source: String::new(),
+                    vhost: v.name.clone(),
+                    destination: q.clone(),
+                    destination_type: "queue",
+                    routing_key: q,
+                    arguments: Map::new(),
+                });
+            }
+            let mut xs = v.exchange_snapshots();
+            xs.sort_by(|a, b| a.name.cmp(&b.name));
+            for x in xs {
+                for b in &x.bindings {
+                    let (destination, destination_type) = match &b.destination {
+                        Destination::Queue(q) => (q.clone(), "queue"),
+                        Destination::Exchange(e) => (e.clone(), "exchange"),
+                    };
+                    out.push(BindingInfo {
+                        source: x.name.clone(),
+                        vhost: v.name.clone(),
+                        destination,
+                        destination_type,
+                        routing_key: b.routing_key.clone(),
+                        arguments: table_to_json(&b.arguments),
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    // ---- writes ------------------------------------------------------------------------
+
+    fn vhost(&self, name: &str) -> Result<Arc<warren_broker::VHost>, ApiError> {
+        self.broker().vhost(name).ok_or_else(ApiError::not_found)
+    }
+
+    /// Declares queue `name`; true when it was created, false when an equivalent one
+    /// existed. Errors: 404 (no vhost), 400 with the broker's reason (inequivalent,
+    /// invalid arguments, reserved name, exclusive to a client).
+    pub fn declare_queue(
+        &self,
+        vhost: &str,
+        name: &str,
+        durable: bool,
+        auto_delete: bool,
+        arguments: &Map<String, Value>,
+    ) -> Result<bool, ApiError> {
+        let v = self.vhost(vhost)?;
+        let existed = v.queue(name, API_CONNECTION).is_ok();
+        let d = QueueDeclare {
+            name: name.to_string(),
+            passive: false,
+            durable,
+            exclusive: false,
+            auto_delete,
+            arguments: args(arguments)?,
+        };
+        v.declare_queue(&d, API_CONNECTION).map_err(broker_error)?;
+        Ok(!existed)
+    }
+
+    /// Deletes queue `name`. Errors: 404 when it does not exist, 400 for `if_unused` /
+    /// `if_empty` refusals.
+    pub fn delete_queue(
+        &self,
+        vhost: &str,
+        name: &str,
+        if_unused: bool,
+        if_empty: bool,
+    ) -> Result<(), ApiError> {
+        let v = self.vhost(vhost)?;
+        v.queue(name, API_CONNECTION).map_err(broker_error)?;
+        v.delete_queue(name, if_unused, if_empty, API_CONNECTION)
+            .map_err(broker_error)?;
+        Ok(())
+    }
+
+    /// Purges queue `name`; returns how many messages went.
+    pub fn purge_queue(&self, vhost: &str, name: &str) -> Result<u64, ApiError> {
+        let v = self.vhost(vhost)?;
+        Ok(v.purge_queue(name, API_CONNECTION)
+            .map_err(broker_error)?
+            .into())
+    }
+
+    /// Declares exchange `x.name` in `x.vhost`; true when it was created. Errors: 404 (no
+    /// vhost), 400 with the broker's reason (inequivalent, unknown type, reserved name).
+    pub fn declare_exchange(&self, x: &ExchangeInfo) -> Result<bool, ApiError> {
+        let v = self.vhost(&x.vhost)?;
+        let existed = v.exchange_exists(&x.name);
+        let d = ExchangeDeclare {
+            name: x.name.clone(),
+            kind: x.kind.clone(),
+            passive: false,
+            durable: x.durable,
+            auto_delete: x.auto_delete,
+            internal: x.internal,
+            arguments: args(&x.arguments)?,
+        };
+        v.declare_exchange(&d).map_err(broker_error)?;
+        Ok(!existed)
+    }
+
+    /// Deletes exchange `name`. Errors: 404 when missing, 400 for `if_unused` and the
+    /// standard exchanges.
+    pub fn delete_exchange(
+        &self,
+        vhost: &str,
+        name: &str,
+        if_unused: bool,
+    ) -> Result<(), ApiError> {
+        let v = self.vhost(vhost)?;
+        if !v.exchange_exists(name) {
+            return Err(ApiError::not_found());
+        }
+        v.delete_exchange(name, if_unused).map_err(broker_error)
+    }
+
+    /// Binds `destination` (a queue when `to_queue`, else an exchange) to `source`.
+    pub fn bind(
+        &self,
+        vhost: &str,
+        source: &str,
+        destination: &str,
+        to_queue: bool,
+        routing_key: &str,
+        arguments: &Map<String, Value>,
+    ) -> Result<(), ApiError> {
+        let v = self.vhost(vhost)?;
+        let d = if to_queue {
+            Destination::Queue(destination.to_string())
+        } else {
+            Destination::Exchange(destination.to_string())
+        };
+        v.bind(source, d, routing_key, &args(arguments)?, API_CONNECTION)
+            .map_err(broker_error)
+    }
+
+    /// Removes a binding.
+    pub fn unbind(
+        &self,
+        vhost: &str,
+        source: &str,
+        destination: &str,
+        to_queue: bool,
+        routing_key: &str,
+        arguments: &Map<String, Value>,
+    ) -> Result<(), ApiError> {
+        let v = self.vhost(vhost)?;
+        let d = if to_queue {
+            Destination::Queue(destination.to_string())
+        } else {
+            Destination::Exchange(destination.to_string())
+        };
+        v.unbind(source, d, routing_key, &args(arguments)?, API_CONNECTION)
+            .map_err(broker_error)
+    }
+
+    /// Publishes a message through `exchange`; true when it reached a queue.
+    pub fn publish(
+        &self,
+        vhost: &str,
+        exchange: &str,
+        routing_key: &str,
+        properties: &Map<String, Value>,
+        payload: Bytes,
+    ) -> Result<bool, ApiError> {
+        let v = self.vhost(vhost)?;
+        let props = properties_from_json(properties)?;
+        let msg = Arc::new(Message::new(
+            exchange.to_string(),
+            routing_key.to_string(),
+            props,
+            payload,
+        ));
+        match v.publish(msg, None) {
+            Ok(p) => Ok(p.routed && !p.rejected),
+            Err(warren_broker::PublishError::Broker(e)) => Err(channel_error(e)),
+            Err(e) => Err(ApiError::bad_request(e.to_string())),
+        }
+    }
+
+    /// Takes up to `count` messages from queue `name`, settling them as `mode` says once
+    /// all are taken (so that requeued messages are not taken twice).
+    pub fn get(
+        &self,
+        vhost: &str,
+        name: &str,
+        count: usize,
+        mode: AckMode,
+    ) -> Result<Vec<GotMessage>, ApiError> {
+        let v = self.vhost(vhost)?;
+        let q = v.queue(name, API_CONNECTION).map_err(broker_error)?;
+        let mut taken = Vec::new();
+        let mut out = Vec::new();
+        for _ in 0..count {
+            let Some((m, remaining)) = q.get(false) else {
+                break;
+            };
+            out.push(GotMessage {
+                exchange: m.message.exchange.clone(),
+                routing_key: m.message.routing_key.clone(),
+                redelivered: m.redelivered,
+                message_count: remaining.into(),
+                properties: properties_to_json(&m.message.properties),
+                payload: m.message.body.clone(),
+            });
+            taken.push(m);
+        }
+        let (requeue, rejected) = match mode {
+            AckMode::AckRequeue | AckMode::RejectRequeue => (true, false),
+            AckMode::Ack => (false, false),
+            AckMode::Reject => (false, true),
+        };
+        let settlements = taken
+            .into_iter()
+            .map(|message| Settlement {
+                consumer_tag: None,
+                message,
+                requeue,
+                rejected,
+            })
+            .collect();
+        q.settle(API_CONNECTION, settlements);
+        Ok(out)
+    }
+
+    /// The definitions of the whole broker in RabbitMQ's export shape
+    /// (`GET /api/definitions`): users (with RabbitMQ SHA-256 password hashes, so that the
+    /// file imports into RabbitMQ with working logins), vhosts, permissions, queues (not the
+    /// exclusive ones),
+    /// exchanges (the standard ones left out, as RabbitMQ does) and bindings.
+    pub fn definitions(&self, rabbit_version: &str) -> Value {
+        let users: Vec<Value> = self
+            .users()
+            .into_iter()
+            .map(|u| {
+                serde_json::json!({
+                    "name": u.name,
+                    "password_hash": u.password_hash,
+                    "hashing_algorithm": u.hashing_algorithm,
+                    "tags": u.tags,
+                    "limits": {},
+                })
+            })
+            .collect();
+        let vhosts: Vec<Value> = self
+            .vhosts()
+            .into_iter()
+            .map(|v| serde_json::json!({"name": v, "limits": [], "metadata": {"description": "", "tags": []}}))
+            .collect();
+        let permissions: Vec<Value> = self
+            .permissions()
+            .into_iter()
+            .map(|(user, vhost, configure, write, read)| {
+                serde_json::json!({"user": user, "vhost": vhost, "configure": configure, "write": write, "read": read})
+            })
+            .collect();
+        let queues: Vec<Value> = self
+            .queues(None)
+            .into_iter()
+            .filter(|q| !q.exclusive)
+            .map(|q| {
+                serde_json::json!({"name": q.name, "vhost": q.vhost, "durable": q.durable,
+                    "auto_delete": q.auto_delete, "arguments": q.arguments})
+            })
+            .collect();
+        let exchanges: Vec<Value> = self
+            .exchanges(None)
+            .into_iter()
+            .filter(|x| !x.name.is_empty() && !x.name.starts_with("amq."))
+            .map(|x| {
+                serde_json::json!({"name": x.name, "vhost": x.vhost, "type": x.kind,
+                    "durable": x.durable, "auto_delete": x.auto_delete, "internal": x.internal,
+                    "arguments": x.arguments})
+            })
+            .collect();
+        let bindings: Vec<Value> = self
+            .bindings(None)
+            .into_iter()
+            .filter(|b| !b.source.is_empty())
+            .map(|b| {
+                serde_json::json!({"source": b.source, "vhost": b.vhost,
+                    "destination": b.destination, "destination_type": b.destination_type,
+                    "routing_key": b.routing_key, "arguments": b.arguments})
+            })
+            .collect();
+        serde_json::json!({
+            "rabbit_version": rabbit_version,
+            "rabbitmq_version": rabbit_version,
+            "product_name": "Warren",
+            "product_version": env!("CARGO_PKG_VERSION"),
+            "users": users,
+            "vhosts": vhosts,
+            "permissions": permissions,
+            "topic_permissions": [],
+            "parameters": [],
+            "global_parameters": [],
+            "policies": [],
+            "queues": queues,
+            "exchanges": exchanges,
+            "bindings": bindings,
+        })
+    }
+}
+
+fn args(object: &Map<String, Value>) -> Result<FieldTable, ApiError> {
+    json_to_table(object).map_err(|e| ApiError::bad_request(e.to_string()))
+}
+
+/// Basic properties from the management API's JSON (`content_type`, `headers`,
+/// `delivery_mode`, ...); unknown keys are refused with 400 as RabbitMQ does.
+fn properties_from_json(p: &Map<String, Value>) -> Result<BasicProperties, ApiError> {
+    let mut out = BasicProperties::default();
+    let bad = |k: &str| ApiError::bad_request(format!("invalid value for property '{k}'"));
+    for (k, v) in p {
+        let text = || v.as_str().map(|s| s.into()).ok_or_else(|| bad(k));
+        let int = || {
+            v.as_u64()
+                .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
+                .ok_or_else(|| bad(k))
+        };
+        match k.as_str() {
+            "content_type" => out.content_type = Some(text()?),
+            "content_encoding" => out.content_encoding = Some(text()?),
+            "correlation_id" => out.correlation_id = Some(text()?),
+            "reply_to" => out.reply_to = Some(text()?),
+            "expiration" => out.expiration = Some(text()?),
+            "message_id" => out.message_id = Some(text()?),
+            "type" => out.kind = Some(text()?),
+            "user_id" => out.user_id = Some(text()?),
+            "app_id" => out.app_id = Some(text()?),
+            "cluster_id" => out.cluster_id = Some(text()?),
+            "delivery_mode" => out.delivery_mode = Some(u8::try_from(int()?).map_err(|_| bad(k))?),
+            "priority" => out.priority = Some(u8::try_from(int()?).map_err(|_| bad(k))?),
+            "timestamp" => out.timestamp = Some(int()?),
+            "headers" => {
+                let h = v.as_object().ok_or_else(|| bad(k))?;
+                out.headers = Some(args(h)?);
+            }
+            _ => return Err(ApiError::bad_request(format!("[{{invalid_property,{k}}}]"))),
+        }
+    }
+    Ok(out)
+}
+
+/// Basic properties as the management API shows them (only the properties that are set).
+fn properties_to_json(p: &BasicProperties) -> Map<String, Value> {
+    let mut m = Map::new();
+    let mut s = |k: &str, v: &Option<warren_amqp::shortstr::ShortStr>| {
+        if let Some(v) = v {
+            m.insert(k.into(), Value::String(v.to_string_lossy().into_owned()));
+        }
+    };
+    s("content_type", &p.content_type);
+    s("content_encoding", &p.content_encoding);
+    s("correlation_id", &p.correlation_id);
+    s("reply_to", &p.reply_to);
+    s("expiration", &p.expiration);
+    s("message_id", &p.message_id);
+    s("type", &p.kind);
+    s("user_id", &p.user_id);
+    s("app_id", &p.app_id);
+    s("cluster_id", &p.cluster_id);
+    if let Some(d) = p.delivery_mode {
+        m.insert("delivery_mode".into(), d.into());
+    }
+    if let Some(d) = p.priority {
+        m.insert("priority".into(), d.into());
+    }
+    if let Some(t) = p.timestamp {
+        m.insert("timestamp".into(), t.into());
+    }
+    if let Some(h) = &p.headers {
+        m.insert("headers".into(), Value::Object(table_to_json(h)));
+    }
+    m
+}

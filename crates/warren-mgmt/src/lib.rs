@@ -1,0 +1,70 @@
+//! Warren's management HTTP API: RabbitMQ's management plugin paths, JSON shapes, status
+//! codes and basic authentication with its tag rules, so that `rabbitmqadmin`, scripts and
+//! monitoring written for RabbitMQ work unchanged; and Prometheus metrics with
+//! rabbitmq_prometheus's names on `/metrics`.
+//!
+//! - [`backend`]: the only module that calls into the broker model; the embedding server
+//!   implements [`Node`] for what lies outside it (connections, alarms, listeners).
+//! - `api`: the routes and JSON shapes; `list`: `sort`, `columns`, `page`...;
+//!   `metrics`: the Prometheus text; `error`: RabbitMQ's error bodies.
+//!
+//! ```no_run
+//! # async fn demo(node: std::sync::Arc<dyn warren_mgmt::Node>) -> std::io::Result<()> {
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:15672").await?;
+//! let (_stop, stopped) = tokio::sync::watch::channel(false);
+//! warren_mgmt::serve(listener, node, stopped).await?;
+//! # Ok(()) }
+//! ```
+
+mod api;
+pub mod backend;
+mod error;
+mod list;
+mod metrics;
+
+pub use api::RABBITMQ_VERSION;
+pub use backend::Node;
+pub use error::ApiError;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The node name shown in `node` fields: `warren@<host name>`.
+pub fn node_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into());
+    format!("warren@{host}")
+}
+
+/// The API's router for `node` (for tests and for embedding under another server).
+pub fn router(node: Arc<dyn Node>) -> axum::Router {
+    api::router(Arc::new(api::App {
+        backend: backend::Backend::new(node),
+        node: node_name(),
+        started: Instant::now(),
+    }))
+}
+
+/// Serves the API on `listener` until `shutdown` turns true (requests in progress finish).
+///
+/// Errors: the listener failed.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    node: Arc<dyn Node>,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    let app = router(node).into_make_service_with_connect_info::<SocketAddr>();
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            while !*shutdown.borrow() {
+                if shutdown.changed().await.is_err() {
+                    return;
+                }
+            }
+        })
+        .await
+}

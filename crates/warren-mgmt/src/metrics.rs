@@ -1,0 +1,161 @@
+//! `GET /metrics` and `GET /metrics/per-object` in the Prometheus text format, with
+//! rabbitmq_prometheus's metric names, types and labels where Warren has the equivalent
+//! (rabbitmq.com/docs/prometheus): aggregated over all queues on `/metrics` as its default
+//! endpoint does, one series per queue (labels `vhost`, `queue`) on `/metrics/per-object`.
+//! Built with the `prometheus` crate's registry and text encoder on each scrape, from the
+//! same snapshots the JSON API reads.
+
+use crate::api::{App, RABBITMQ_VERSION};
+use crate::backend::QueueInfo;
+use prometheus::{
+    Encoder, Gauge, GaugeVec, IntCounter, IntCounterVec, Opts, Registry, TextEncoder,
+};
+
+fn gauge(r: &Registry, name: &str, help: &str, value: f64) -> Result<(), String> {
+    let g = Gauge::with_opts(Opts::new(name, help)).map_err(|e| e.to_string())?;
+    g.set(value);
+    r.register(Box::new(g)).map_err(|e| e.to_string())
+}
+
+fn info(r: &Registry, name: &str, help: &str, labels: &[(&str, &str)]) -> Result<(), String> {
+    let mut opts = Opts::new(name, help);
+    for (k, v) in labels {
+        opts = opts.const_label(*k, *v);
+    }
+    let g = Gauge::with_opts(opts).map_err(|e| e.to_string())?;
+    g.set(1.0);
+    r.register(Box::new(g)).map_err(|e| e.to_string())
+}
+
+/// Renders the metrics; `per_object` gives one series per queue.
+pub fn render(app: &App, per_object: bool) -> Result<String, String> {
+    let r = Registry::new();
+    let b = &app.backend;
+    let n = b.node();
+    let queues = b.queues(None);
+    info(
+        &r,
+        "rabbitmq_build_info",
+        "RabbitMQ & Erlang/OTP version info",
+        &[
+            ("rabbitmq_version", RABBITMQ_VERSION),
+            ("product_name", "Warren"),
+            ("product_version", env!("CARGO_PKG_VERSION")),
+            ("prometheus_plugin_version", env!("CARGO_PKG_VERSION")),
+            ("prometheus_client_version", "rust-prometheus-0.14"),
+            ("erlang_version", "none"),
+        ],
+    )?;
+    info(
+        &r,
+        "rabbitmq_identity_info",
+        "RabbitMQ node & cluster identity info",
+        &[
+            ("rabbitmq_node", &app.node),
+            ("rabbitmq_cluster", "warren"),
+            ("rabbitmq_cluster_permanent_id", "warren"),
+        ],
+    )?;
+    gauge(
+        &r,
+        "rabbitmq_connections",
+        "Connections currently open",
+        n.connection_count() as f64,
+    )?;
+    gauge(
+        &r,
+        "rabbitmq_queues",
+        "Queues available",
+        queues.len() as f64,
+    )?;
+    gauge(
+        &r,
+        "rabbitmq_consumers",
+        "Consumers currently connected",
+        queues.iter().map(|q| q.consumers).sum::<u64>() as f64,
+    )?;
+    gauge(
+        &r,
+        "rabbitmq_alarms_memory_used_watermark",
+        "is 1 if VM memory watermark alarm is in effect",
+        u8::from(n.memory_alarm()).into(),
+    )?;
+    gauge(
+        &r,
+        "rabbitmq_alarms_free_disk_space_watermark",
+        "is 1 if free disk space watermark alarm is in effect",
+        u8::from(n.disk_alarm()).into(),
+    )?;
+    if let Some(rss) = resident_memory() {
+        gauge(
+            &r,
+            "rabbitmq_process_resident_memory_bytes",
+            "Memory used in bytes",
+            rss as f64,
+        )?;
+    }
+    type Series = (&'static str, &'static str, fn(&QueueInfo) -> u64);
+    let series: [Series; 4] = [
+        (
+            "rabbitmq_queue_messages_ready",
+            "Messages ready to be delivered to consumers",
+            |q| q.ready,
+        ),
+        (
+            "rabbitmq_queue_messages_unacked",
+            "Messages delivered to consumers but not yet acknowledged",
+            |q| q.unacked,
+        ),
+        (
+            "rabbitmq_queue_messages",
+            "Sum of ready and unacknowledged messages - total queue depth",
+            |q| q.ready + q.unacked,
+        ),
+        ("rabbitmq_queue_consumers", "Consumers on a queue", |q| {
+            q.consumers
+        }),
+    ];
+    for (name, help, f) in series {
+        if per_object {
+            let v = GaugeVec::new(Opts::new(name, help), &["vhost", "queue"])
+                .map_err(|e| e.to_string())?;
+            for q in &queues {
+                v.with_label_values(&[q.vhost.as_str(), q.name.as_str()])
+                    .set(f(q) as f64);
+            }
+            r.register(Box::new(v)).map_err(|e| e.to_string())?;
+        } else {
+            gauge(&r, name, help, queues.iter().map(f).sum::<u64>() as f64)?;
+        }
+    }
+    // Warren's own: deliveries to consumers (RabbitMQ's deliver plus deliver_no_ack; no
+    // rabbitmq_prometheus metric counts exactly these).
+    let (name, help) = (
+        "warren_queue_consumer_deliveries_total",
+        "Messages delivered to consumers since the queue was created",
+    );
+    if per_object {
+        let v = IntCounterVec::new(Opts::new(name, help), &["vhost", "queue"])
+            .map_err(|e| e.to_string())?;
+        for q in &queues {
+            v.with_label_values(&[q.vhost.as_str(), q.name.as_str()])
+                .inc_by(q.deliveries);
+        }
+        r.register(Box::new(v)).map_err(|e| e.to_string())?;
+    } else {
+        let c = IntCounter::with_opts(Opts::new(name, help)).map_err(|e| e.to_string())?;
+        c.inc_by(queues.iter().map(|q| q.deliveries).sum());
+        r.register(Box::new(c)).map_err(|e| e.to_string())?;
+    }
+    let mut out = Vec::new();
+    TextEncoder::new()
+        .encode(&r.gather(), &mut out)
+        .map_err(|e| e.to_string())?;
+    String::from_utf8(out).map_err(|e| e.to_string())
+}
+
+fn resident_memory() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
+}

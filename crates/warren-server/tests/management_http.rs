@@ -1,0 +1,787 @@
+//! The management HTTP API over real sockets: an embedded broker with its management
+//! listener, a real HTTP client (reqwest), and lapin on the AMQP side, checking RabbitMQ's
+//! paths, JSON fields, status codes and error bodies both ways (declared over AMQP, read
+//! over HTTP; declared over HTTP, used over AMQP).
+
+mod binary_support;
+mod lapin_support;
+
+use lapin::options::{BasicGetOptions, BasicPublishOptions, QueueDeclareOptions};
+use lapin::types::FieldTable;
+use lapin::{BasicProperties, Connection, ConnectionProperties};
+use lapin_support::within;
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+use warren_server::config::{ManagementConfig, UserConfig};
+use warren_server::{Config, RunningBroker};
+
+struct Http {
+    base: String,
+    client: reqwest::Client,
+    broker: Option<RunningBroker>,
+}
+
+fn user(name: &str, tags: &[&str]) -> UserConfig {
+    UserConfig {
+        name: name.into(),
+        password: Some(warren_broker::access::Cleartext::new(format!("{name}-pw"))),
+        password_hash: None,
+        hashing_algorithm: None,
+        tags: tags.iter().map(|t| t.to_string()).collect(),
+        loopback_only: false,
+        max_connections: None,
+        max_channels: None,
+    }
+}
+
+impl Http {
+    async fn start() -> Http {
+        let config = Config {
+            users: vec![
+                user("admin", &["administrator"]),
+                user("mon", &["monitoring"]),
+                user("mgmt", &["management"]),
+                user("plain", &[]),
+            ],
+            management: ManagementConfig {
+                enabled: true,
+                listen: "127.0.0.1:0".parse().unwrap(),
+            },
+            ..Config::default()
+        };
+        let broker = within(
+            "broker start",
+            warren_server::Broker::builder()
+                .config(config)
+                .bind("127.0.0.1:0")
+                .management(true)
+                .start(),
+        )
+        .await
+        .expect("broker starts");
+        let base = format!("http://{}", broker.management_addrs()[0]);
+        Http {
+            base,
+            client: reqwest::Client::new(),
+            broker: Some(broker),
+        }
+    }
+
+    async fn amqp(&self) -> Connection {
+        let addr = self.broker.as_ref().unwrap().amqp_addr();
+        within(
+            "connect",
+            Connection::connect(
+                &format!("amqp://admin:admin-pw@{addr}/%2f"),
+                ConnectionProperties::default(),
+            ),
+        )
+        .await
+        .expect("AMQP connection")
+    }
+
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        who: Option<&str>,
+        body: Option<Value>,
+    ) -> (StatusCode, reqwest::header::HeaderMap, Value) {
+        let mut req = self.client.request(method, format!("{}{path}", self.base));
+        if let Some(u) = who {
+            req = req.basic_auth(u, Some(format!("{u}-pw")));
+        }
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let resp = within("HTTP request", req.send())
+            .await
+            .expect("HTTP reply");
+        let status = resp.status();
+        let headers = resp.headers().clone();
+        let text = within("HTTP body", resp.text()).await.expect("body");
+        let v = if text.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).unwrap_or(Value::String(text))
+        };
+        (status, headers, v)
+    }
+
+    async fn get(&self, path: &str) -> Value {
+        let (s, _, v) = self.call(Method::GET, path, Some("admin"), None).await;
+        assert_eq!(s, StatusCode::OK, "GET {path}: {v}");
+        v
+    }
+
+    /// Waits (bounded) until queue `q` of `/` has `n` ready messages: publishes over AMQP
+    /// without confirms are enqueued some time after lapin has sent them.
+    async fn wait_ready(&self, q: &str, n: u64) {
+        let deadline = std::time::Instant::now() + lapin_support::WAIT;
+        loop {
+            let v = self.get(&format!("/api/queues/%2F/{q}")).await;
+            if v["messages_ready"] == n {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "queue {q} never had {n} ready messages: {v}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+
+    async fn stop(mut self) {
+        self.broker.take().unwrap().shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn basic_auth_and_tag_rules() {
+    let h = Http::start().await;
+    // No credentials, then wrong ones: 401 with a challenge; RabbitMQ's body for the latter.
+    let bad = json!({"error": "not_authorized", "reason": "Not_Authorized"});
+    for (who, body) in [(None, Value::Null), (Some("nobody"), bad)] {
+        let (s, headers, v) = h.call(Method::GET, "/api/overview", who, None).await;
+        assert_eq!(s, StatusCode::UNAUTHORIZED);
+        assert_eq!(
+            headers.get("www-authenticate").unwrap(),
+            "Basic realm=\"RabbitMQ Management\""
+        );
+        assert_eq!(v, body);
+    }
+    // A user without a management tag, and tags too weak for the path: 401 not_authorised.
+    let cases = [
+        ("plain", "/api/overview", "Not management user"),
+        ("mgmt", "/api/users", "Not administrator user"),
+        ("mon", "/api/definitions", "Not administrator user"),
+        ("mgmt", "/api/nodes", "Not monitor user"),
+    ];
+    for (who, path, reason) in cases {
+        let (s, headers, v) = h.call(Method::GET, path, Some(who), None).await;
+        assert_eq!(s, StatusCode::UNAUTHORIZED, "{who} {path}");
+        assert!(headers.get("www-authenticate").is_none());
+        assert_eq!(
+            v,
+            json!({"error": "not_authorised", "reason": reason}),
+            "{who} {path}"
+        );
+    }
+    // What each tag may do.
+    for (who, path) in [
+        ("mgmt", "/api/overview"),
+        ("mgmt", "/api/queues"),
+        ("mgmt", "/api/health/checks/alarms"),
+        ("mon", "/api/nodes"),
+        ("admin", "/api/users"),
+    ] {
+        let (s, _, v) = h.call(Method::GET, path, Some(who), None).await;
+        assert_eq!(s, StatusCode::OK, "{who} {path}: {v}");
+    }
+    let (_, _, v) = h.call(Method::GET, "/api/whoami", Some("mon"), None).await;
+    assert_eq!(v, json!({"name": "mon", "tags": ["monitoring"]}));
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_show_what_amqp_declared() {
+    let h = Http::start().await;
+    let conn = h.amqp().await;
+    let ch = within("channel", conn.create_channel()).await.unwrap();
+    for q in ["orders", "audit"] {
+        within(
+            "declare",
+            ch.queue_declare(
+                q.into(),
+                QueueDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            ),
+        )
+        .await
+        .unwrap();
+    }
+    within(
+        "bind",
+        ch.queue_bind(
+            "audit".into(),
+            "amq.topic".into(),
+            "order.*".into(),
+            Default::default(),
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .unwrap();
+    for i in 0..3 {
+        within(
+            "publish",
+            ch.basic_publish(
+                "".into(),
+                "orders".into(),
+                BasicPublishOptions::default(),
+                format!("m{i}").as_bytes(),
+                BasicProperties::default(),
+            ),
+        )
+        .await
+        .unwrap();
+    }
+    // One message delivered and not acked.
+    let got = within(
+        "get",
+        ch.basic_get("orders".into(), BasicGetOptions { no_ack: false }),
+    )
+    .await
+    .unwrap();
+    assert!(got.is_some());
+
+    let q = h.get("/api/queues/%2F/orders").await;
+    assert_eq!(q["name"], "orders");
+    assert_eq!(q["vhost"], "/");
+    assert_eq!(q["durable"], true);
+    assert_eq!(q["auto_delete"], false);
+    assert_eq!(q["exclusive"], false);
+    assert_eq!(q["arguments"], json!({}));
+    assert_eq!(q["state"], "running");
+    assert_eq!(q["messages_ready"], 2);
+    assert_eq!(q["messages_unacknowledged"], 1);
+    assert_eq!(q["messages"], 3);
+    assert_eq!(q["consumers"], 0);
+    assert!(q["node"].as_str().unwrap().starts_with("warren@"));
+
+    // Lists: default order by name, `columns`, `sort`, `sort_reverse`, pages, `name`.
+    let all = h.get("/api/queues").await;
+    let names: Vec<&str> = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|q| q["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["audit", "orders"]);
+    let cols = h
+        .get("/api/queues/%2F?columns=name,messages&sort=messages&sort_reverse=true")
+        .await;
+    assert_eq!(
+        cols,
+        json!([{"name": "orders", "messages": 3}, {"name": "audit", "messages": 0}])
+    );
+    let page = h.get("/api/queues?page=2&page_size=1&columns=name").await;
+    assert_eq!(page["items"], json!([{"name": "orders"}]));
+    assert_eq!(page["page_count"], 2);
+    assert_eq!(page["total_count"], 2);
+    assert_eq!(page["filtered_count"], 2);
+    let named = h.get("/api/queues?page=1&name=aud&columns=name").await;
+    assert_eq!(named["items"], json!([{"name": "audit"}]));
+    let (s, _, v) = h
+        .call(Method::GET, "/api/queues?page=9", Some("admin"), None)
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        v,
+        json!({"error": "page_out_of_range",
+            "reason": "Page out of range, page: 9 page size: 100, len: 2"})
+    );
+
+    // 404 bodies: missing queue, vhost, exchange, user, path.
+    for path in [
+        "/api/queues/%2F/nope",
+        "/api/queues/nope",
+        "/api/exchanges/%2F/nope",
+        "/api/vhosts/nope",
+        "/api/users/nope",
+        "/api/no-such-thing",
+    ] {
+        let (s, _, v) = h.call(Method::GET, path, Some("admin"), None).await;
+        assert_eq!(s, StatusCode::NOT_FOUND, "{path}");
+        assert_eq!(
+            v,
+            json!({"error": "Object Not Found", "reason": "Not Found"}),
+            "{path}"
+        );
+    }
+
+    // Exchanges: the standard ones; `amq.default` names the default exchange.
+    let xs = h.get("/api/exchanges/%2F?columns=name,type,durable").await;
+    assert!(xs
+        .as_array()
+        .unwrap()
+        .contains(&json!({"name": "amq.topic", "type": "topic", "durable": true})));
+    let d = h.get("/api/exchanges/%2F/amq.default").await;
+    assert_eq!(d["name"], "");
+    assert_eq!(d["type"], "direct");
+
+    // Bindings: the default exchange's implicit ones and the declared one.
+    let b = h.get("/api/bindings/%2F").await;
+    let b = b.as_array().unwrap();
+    assert!(
+        b.contains(&json!({"source": "", "vhost": "/", "destination": "orders",
+        "destination_type": "queue", "routing_key": "orders", "arguments": {},
+        "properties_key": "orders"}))
+    );
+    assert!(b.contains(
+        &json!({"source": "amq.topic", "vhost": "/", "destination": "audit",
+        "destination_type": "queue", "routing_key": "order.*", "arguments": {},
+        "properties_key": "order.*"})
+    ));
+    let src = h.get("/api/exchanges/%2F/amq.topic/bindings/source").await;
+    assert_eq!(src.as_array().unwrap().len(), 1);
+    let qb = h.get("/api/queues/%2F/audit/bindings").await;
+    assert_eq!(qb.as_array().unwrap().len(), 2);
+
+    // Overview totals.
+    let o = h.get("/api/overview").await;
+    assert_eq!(o["product_name"], "Warren");
+    assert_eq!(o["management_version"], o["rabbitmq_version"]);
+    assert_eq!(o["queue_totals"]["messages"], 3);
+    assert_eq!(o["queue_totals"]["messages_ready"], 2);
+    assert_eq!(o["queue_totals"]["messages_unacknowledged"], 1);
+    assert_eq!(o["object_totals"]["queues"], 2);
+    assert_eq!(o["object_totals"]["connections"], 1);
+    assert_eq!(o["object_totals"]["exchanges"], 6);
+
+    // Vhosts, users, permissions, nodes, health checks, aliveness.
+    let v = h.get("/api/vhosts/%2F").await;
+    assert_eq!(v["name"], "/");
+    assert_eq!(v["messages"], 3);
+    let users = h.get("/api/users?columns=name,tags").await;
+    assert_eq!(
+        users[0],
+        json!({"name": "admin", "tags": ["administrator"]})
+    );
+    let p = h.get("/api/permissions/%2F/mgmt").await;
+    assert_eq!(
+        p,
+        json!({"user": "mgmt", "vhost": "/", "configure": ".*", "write": ".*", "read": ".*"})
+    );
+    let nodes = h.get("/api/nodes").await;
+    assert_eq!(nodes[0]["running"], true);
+    assert_eq!(nodes[0]["mem_alarm"], false);
+    assert_eq!(
+        h.get("/api/health/checks/alarms").await,
+        json!({"status": "ok"})
+    );
+    let amqp_port = h.broker.as_ref().unwrap().amqp_addr().port();
+    assert_eq!(
+        h.get(&format!("/api/health/checks/port-listener/{amqp_port}"))
+            .await,
+        json!({"status": "ok", "port": amqp_port})
+    );
+    let (s, _, v) = h
+        .call(
+            Method::GET,
+            "/api/health/checks/protocol-listener/stomp",
+            Some("admin"),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(v["status"], "failed");
+    assert_eq!(
+        h.get("/api/aliveness-test/%2F").await,
+        json!({"status": "ok"})
+    );
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_are_seen_over_amqp() {
+    let h = Http::start().await;
+    let put = |path: &'static str, body: Value| {
+        let h = &h;
+        async move { h.call(Method::PUT, path, Some("mgmt"), Some(body)).await }
+    };
+    // Declare: 201, then 204 for an equivalent redeclare, 400 for an inequivalent one.
+    let (s, _, _) = put(
+        "/api/queues/%2F/jobs",
+        json!({"durable": true, "arguments": {"x-max-length": 10}}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED);
+    let (s, _, _) = put(
+        "/api/queues/%2F/jobs",
+        json!({"durable": true, "arguments": {"x-max-length": 10}}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    let (s, _, v) = put(
+        "/api/queues/%2F/jobs",
+        json!({"durable": false, "arguments": {"x-max-length": 10}}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        v,
+        json!({"error": "bad_request", "reason": "inequivalent arg 'durable' for queue 'jobs' in vhost '/': received 'false' but current is 'true'"})
+    );
+    let (s, _, _) = put(
+        "/api/exchanges/%2F/work",
+        json!({"type": "fanout", "durable": false}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED);
+    let (s, _, v) = put(
+        "/api/exchanges/%2F/work",
+        json!({"type": "direct", "durable": false}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    let (s, headers, _) = h
+        .call(
+            Method::POST,
+            "/api/bindings/%2F/e/work/q/jobs",
+            Some("mgmt"),
+            Some(json!({"routing_key": "any", "arguments": {}})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED);
+    assert_eq!(headers.get("location").unwrap(), "jobs/any");
+    // Keys left out declare a transient queue, and a transient direct exchange.
+    let (s, _, _) = put("/api/queues/%2F/bare", json!({})).await;
+    assert_eq!(s, StatusCode::CREATED);
+    assert_eq!(h.get("/api/queues/%2F/bare").await["durable"], false);
+    let (s, _, _) = put("/api/exchanges/%2F/bare", json!({})).await;
+    assert_eq!(s, StatusCode::CREATED);
+    let x = h.get("/api/exchanges/%2F/bare").await;
+    assert_eq!(
+        (&x["type"], &x["durable"]),
+        (&json!("direct"), &json!(false))
+    );
+    let (s, _, v) = h
+        .call(
+            Method::POST,
+            "/api/exchanges/%2F/nope/publish",
+            Some("mgmt"),
+            Some(json!({"routing_key": "", "payload": "x", "payload_encoding": "string", "properties": {}})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        v,
+        json!({"error": "bad_request", "reason": "404 NOT_FOUND - no exchange 'nope' in vhost '/'"})
+    );
+
+    // Publish through HTTP, read over AMQP.
+    let (s, _, v) = h
+        .call(
+            Method::POST,
+            "/api/exchanges/%2F/work/publish",
+            Some("mgmt"),
+            Some(
+                json!({"routing_key": "", "payload": "hello", "payload_encoding": "string",
+                "properties": {"delivery_mode": 2, "headers": {"k": "v"}}}),
+            ),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(v, json!({"routed": true}));
+    let (_, _, v) = h
+        .call(
+            Method::POST,
+            "/api/exchanges/%2F/amq.default/publish",
+            Some("mgmt"),
+            Some(json!({"routing_key": "nowhere", "payload": "aGk=", "payload_encoding": "base64", "properties": {}})),
+        )
+        .await;
+    assert_eq!(v, json!({"routed": false}));
+    let conn = h.amqp().await;
+    let ch = within("channel", conn.create_channel()).await.unwrap();
+    let m = within(
+        "get",
+        ch.basic_get("jobs".into(), BasicGetOptions { no_ack: true }),
+    )
+    .await
+    .unwrap()
+    .expect("message published over HTTP");
+    assert_eq!(m.delivery.data, b"hello");
+    assert_eq!(m.delivery.properties.delivery_mode(), &Some(2));
+
+    // Publish over AMQP, get over HTTP: requeue keeps it, ack takes it.
+    for body in ["one", "two"] {
+        within(
+            "publish",
+            ch.basic_publish(
+                "".into(),
+                "jobs".into(),
+                BasicPublishOptions::default(),
+                body.as_bytes(),
+                BasicProperties::default().with_content_type("text/plain".into()),
+            ),
+        )
+        .await
+        .unwrap();
+    }
+    let get = |ackmode: &'static str| {
+        let h = &h;
+        async move {
+            h.call(
+                Method::POST,
+                "/api/queues/%2F/jobs/get",
+                Some("mgmt"),
+                Some(json!({"count": 5, "ackmode": ackmode, "encoding": "auto", "truncate": 2})),
+            )
+            .await
+        }
+    };
+    h.wait_ready("jobs", 2).await;
+    let (s, _, v) = get("ack_requeue_true").await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(v.as_array().unwrap().len(), 2);
+    assert_eq!(v[0]["payload"], "on");
+    assert_eq!(v[0]["payload_bytes"], 3);
+    assert_eq!(v[0]["payload_encoding"], "string");
+    assert_eq!(v[0]["properties"]["content_type"], "text/plain");
+    assert_eq!(v[0]["exchange"], "");
+    assert_eq!(v[0]["routing_key"], "jobs");
+    assert_eq!(v[0]["message_count"], 1);
+    assert_eq!(h.get("/api/queues/%2F/jobs").await["messages_ready"], 2);
+    let (_, _, v) = get("ack_requeue_false").await;
+    assert_eq!(v[0]["redelivered"], true);
+    assert_eq!(h.get("/api/queues/%2F/jobs").await["messages_ready"], 0);
+
+    // Purge and delete.
+    for _ in 0..3 {
+        within(
+            "publish",
+            ch.basic_publish(
+                "".into(),
+                "jobs".into(),
+                BasicPublishOptions::default(),
+                b"x",
+                BasicProperties::default(),
+            ),
+        )
+        .await
+        .unwrap();
+    }
+    h.wait_ready("jobs", 3).await;
+    let (s, _, _) = h
+        .call(
+            Method::DELETE,
+            "/api/queues/%2F/jobs/contents",
+            Some("mgmt"),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    assert_eq!(h.get("/api/queues/%2F/jobs").await["messages_ready"], 0);
+    let (s, _, _) = h
+        .call(Method::DELETE, "/api/queues/%2F/jobs", Some("mgmt"), None)
+        .await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    let (s, _, _) = h
+        .call(Method::DELETE, "/api/queues/%2F/jobs", Some("mgmt"), None)
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let passive = within(
+        "passive declare",
+        ch.queue_declare(
+            "jobs".into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        ),
+    )
+    .await;
+    assert!(passive.is_err(), "queue deleted over HTTP still exists");
+    let (s, _, _) = h
+        .call(
+            Method::DELETE,
+            "/api/exchanges/%2F/work",
+            Some("mgmt"),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    let (s, _, v) = h
+        .call(
+            Method::DELETE,
+            "/api/exchanges/%2F/amq.direct",
+            Some("mgmt"),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED, "{v}");
+    assert_eq!(
+        v,
+        json!({"error": "not_authorised", "reason": "Access refused."})
+    );
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn definitions_and_metrics() {
+    let h = Http::start().await;
+    let (s, _, _) = h
+        .call(
+            Method::PUT,
+            "/api/queues/%2F/d1",
+            Some("admin"),
+            Some(json!({"durable": true, "arguments": {"x-message-ttl": 5000}})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED);
+    h.call(
+        Method::PUT,
+        "/api/exchanges/%2F/dx",
+        Some("admin"),
+        Some(json!({"type": "topic", "durable": true})),
+    )
+    .await;
+    h.call(
+        Method::POST,
+        "/api/bindings/%2F/e/dx/q/d1",
+        Some("admin"),
+        Some(json!({"routing_key": "a.#"})),
+    )
+    .await;
+    h.call(
+        Method::POST,
+        "/api/exchanges/%2F/dx/publish",
+        Some("admin"),
+        Some(json!({"routing_key": "a.b", "payload": "p", "payload_encoding": "string", "properties": {}})),
+    )
+    .await;
+    let d = h.get("/api/definitions").await;
+    assert_eq!(
+        d["queues"],
+        json!([{"name": "d1", "vhost": "/", "durable": true, "auto_delete": false,
+            "arguments": {"x-message-ttl": 5000}}])
+    );
+    assert_eq!(
+        d["exchanges"],
+        json!([{"name": "dx", "vhost": "/", "type": "topic", "durable": true,
+            "auto_delete": false, "internal": false, "arguments": {}}])
+    );
+    assert_eq!(
+        d["bindings"],
+        json!([{"source": "dx", "vhost": "/", "destination": "d1", "destination_type": "queue",
+            "routing_key": "a.#", "arguments": {}}])
+    );
+    assert_eq!(d["vhosts"][0]["name"], "/");
+    // Users carry RabbitMQ SHA-256 password hashes that verify against their passwords.
+    use warren_broker::access::password::{decode_hash, verify_password, HashingAlgorithm};
+    let admin = d["users"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|u| u["name"] == "admin")
+        .unwrap();
+    assert_eq!(admin["hashing_algorithm"], "rabbit_password_hashing_sha256");
+    let hash = decode_hash(admin["password_hash"].as_str().unwrap()).unwrap();
+    assert!(verify_password(&hash, HashingAlgorithm::Sha256, "admin-pw"));
+    assert!(!verify_password(&hash, HashingAlgorithm::Sha256, "other"));
+    // The export reads back with the broker's own definitions parser.
+    let parsed = warren_broker::definitions::Definitions::from_json(&d.to_string()).unwrap();
+    assert_eq!(parsed.queues().len(), 1);
+
+    // Prometheus text, aggregated and per object.
+    let text = |path: &'static str| {
+        let h = &h;
+        async move {
+            let r = h
+                .client
+                .get(format!("{}{path}", h.base))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), StatusCode::OK);
+            assert!(r.headers()["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with("text/plain; version=0.0.4"));
+            r.text().await.unwrap()
+        }
+    };
+    let agg = text("/metrics").await;
+    for line in [
+        "# TYPE rabbitmq_queue_messages_ready gauge",
+        "rabbitmq_queue_messages_ready 1",
+        "rabbitmq_queue_messages 1",
+        "rabbitmq_queues 1",
+        "rabbitmq_connections 0",
+        "rabbitmq_alarms_memory_used_watermark 0",
+        "# TYPE warren_queue_consumer_deliveries_total counter",
+        "warren_queue_consumer_deliveries_total 0",
+    ] {
+        assert!(agg.lines().any(|l| l == line), "{line} missing in:\n{agg}");
+    }
+    assert!(agg.contains("rabbitmq_identity_info{"), "{agg}");
+    // A Prometheus text parser reads it, with gauge types and the per-object labels.
+    let parsed = prometheus_parse::Scrape::parse(agg.lines().map(|l| Ok(l.to_string())))
+        .expect("parses as Prometheus text");
+    let ready = parsed
+        .samples
+        .iter()
+        .find(|s| s.metric == "rabbitmq_queue_messages_ready")
+        .expect("rabbitmq_queue_messages_ready sample");
+    assert!(matches!(ready.value, prometheus_parse::Value::Gauge(v) if v == 1.0));
+    assert_eq!(
+        parsed
+            .docs
+            .get("rabbitmq_queue_messages_ready")
+            .map(String::as_str),
+        Some("Messages ready to be delivered to consumers")
+    );
+    assert!(agg.contains("rabbitmq_build_info{"), "{agg}");
+    let per = text("/metrics/per-object").await;
+    let parsed = prometheus_parse::Scrape::parse(per.lines().map(|l| Ok(l.to_string())))
+        .expect("parses as Prometheus text");
+    let d1 = parsed
+        .samples
+        .iter()
+        .find(|s| s.metric == "rabbitmq_queue_messages" && s.labels.get("queue") == Some("d1"))
+        .expect("per-queue sample");
+    assert_eq!(d1.labels.get("vhost"), Some("/"));
+    assert!(
+        per.lines()
+            .any(|l| l == "rabbitmq_queue_messages_ready{queue=\"d1\",vhost=\"/\"} 1"),
+        "{per}"
+    );
+    h.stop().await;
+}
+
+/// The `warren` binary serves the API on `--management-listen` next to AMQP, and SIGTERM
+/// stops it with the broker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_serves_the_api_until_sigterm() {
+    let dir = binary_support::tempdir("mgmt-binary");
+    let amqp = binary_support::free_port();
+    let http = binary_support::free_port();
+    let listen = format!("127.0.0.1:{http}");
+    let mut server = binary_support::Server::start_listening(
+        &format!("127.0.0.1:{amqp}"),
+        amqp,
+        &dir,
+        &[],
+        None,
+        &["--management-listen", &listen],
+    );
+    let client = reqwest::Client::new();
+    let url = format!("http://{listen}/api/overview");
+    let r = within(
+        "overview",
+        client.get(&url).basic_auth("guest", Some("guest")).send(),
+    )
+    .await
+    .expect("the management API answers");
+    assert_eq!(r.status(), StatusCode::OK);
+    let o: Value = r.json().await.unwrap();
+    assert_eq!(o["product_name"], "Warren");
+    let listeners = o["listeners"].as_array().unwrap();
+    assert!(
+        listeners.contains(&json!({"node": o["node"], "protocol": "amqp",
+        "ip_address": "127.0.0.1", "port": amqp}))
+    );
+    server.signal(libc::SIGTERM);
+    assert!(server.wait_exit().success());
+    assert!(
+        std::net::TcpStream::connect(&listen).is_err(),
+        "the management listener outlived the broker"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# RabbitMQ's own command-line tool, rabbitmqadmin (the Python script Debian's rabbitmq-server
+# package ships), run unchanged against a broker's management HTTP API.
+#
+# Usage: bash tests/interop/rabbitmqadmin.sh
+#
+# Environment:
+#   MGMT_PORT       management API port on 127.0.0.1 (default 15672)
+#   MGMT_USER       user (default guest), MGMT_PASSWORD (default guest)
+#   RABBITMQADMIN   the tool (default: rabbitmqadmin on PATH; otherwise it is extracted from
+#                   Debian's rabbitmq-server package without installing or starting RabbitMQ)
+set -uo pipefail
+
+PORT=${MGMT_PORT:-15672}
+USER_=${MGMT_USER:-guest}
+PASS=${MGMT_PASSWORD:-guest}
+
+tool=${RABBITMQADMIN:-}
+if [ -z "$tool" ]; then
+  if command -v rabbitmqadmin >/dev/null 2>&1; then
+    tool=$(command -v rabbitmqadmin)
+  else
+    dir=$(mktemp -d -t rabbitmqadmin.XXXXXX)
+    echo "extracting rabbitmqadmin from Debian's rabbitmq-server package into $dir"
+    (cd "$dir" && apt-get download rabbitmq-server >/dev/null 2>&1 \
+      || { apt-get update -q >/dev/null && apt-get download rabbitmq-server >/dev/null; })
+    dpkg -x "$dir"/rabbitmq-server_*.deb "$dir/root"
+    tool=$(find "$dir/root" -name rabbitmqadmin -type f | head -n 1)
+    if [ -z "$tool" ]; then
+      echo "error: rabbitmqadmin not found in the rabbitmq-server package" >&2
+      exit 1
+    fi
+  fi
+fi
+echo "rabbitmqadmin: $tool"
+
+admin() { python3 "$tool" -H 127.0.0.1 -P "$PORT" -u "$USER_" -p "$PASS" "$@"; }
+
+passed=0
+failed=0
+OUT=""
+
+# run NAME EXPECTED_REGEX ARGS...: runs rabbitmqadmin ARGS, expects exit 0 and output
+# matching EXPECTED_REGEX.
+run() {
+  local name=$1 want=$2
+  shift 2
+  local status=0
+  OUT=$(admin "$@" 2>&1) || status=$?
+  if [ "$status" -eq 0 ] && printf '%s\n' "$OUT" | grep -Eq -- "$want"; then
+    passed=$((passed + 1))
+    echo "ok   $name"
+  else
+    failed=$((failed + 1))
+    echo "FAIL $name (exit $status): rabbitmqadmin $*"
+    printf '%s\n' "$OUT" | sed 's/^/     | /'
+  fi
+}
+
+# refuse NAME EXPECTED_REGEX ARGS...: expects a non-zero exit and the server's reason.
+refuse() {
+  local name=$1 want=$2
+  shift 2
+  local status=0
+  OUT=$(admin "$@" 2>&1) || status=$?
+  if [ "$status" -ne 0 ] && printf '%s\n' "$OUT" | grep -Eq -- "$want"; then
+    passed=$((passed + 1))
+    echo "ok   $name"
+  else
+    failed=$((failed + 1))
+    echo "FAIL $name (exit $status, expected a refusal): rabbitmqadmin $*"
+    printf '%s\n' "$OUT" | sed 's/^/     | /'
+  fi
+}
+
+q=radmin-q-$$
+x=radmin-x-$$
+
+run "show overview" "rabbitmq_version" show overview
+run "list vhosts" "\| / " list vhosts
+run "list users" "\| $USER_ " list users
+run "declare queue" "queue declared" declare queue name="$q" durable=true
+run "declare queue again (equivalent)" "queue declared" declare queue name="$q" durable=true
+refuse "declare queue inequivalent" "inequivalent arg 'durable'" declare queue name="$q" durable=false
+run "declare exchange" "exchange declared" declare exchange name="$x" type=topic
+run "declare binding" "binding declared" declare binding source="$x" destination="$q" routing_key="k.*"
+run "list queues" "\| $q " list queues
+run "list exchanges" "\| $x +\| topic" list exchanges name type
+run "list bindings" "\| $x +\| $q +\| k\.\* " list bindings source destination routing_key
+run "publish routed" "Message published$" publish exchange="$x" routing_key=k.one payload=hello
+run "publish unroutable" "but NOT routed" publish exchange="$x" routing_key=nowhere payload=lost
+run "list queues shows depth" "\| $q +\| 1 " list queues name messages
+run "get with requeue" "\| k\.one +\| $x +\| 0 +\| hello " get queue="$q" ackmode=ack_requeue_true
+run "message still there" "\| $q +\| 1 " list queues name messages
+run "get with ack" "\| hello " get queue="$q" ackmode=ack_requeue_false
+run "queue empty after ack" "\| $q +\| 0 " list queues name messages
+run "publish again" "Message published" publish exchange="$x" routing_key=k.two payload=again
+run "purge" "queue purged" purge queue name="$q"
+run "queue empty after purge" "\| $q +\| 0 " list queues name messages
+export_file=$(mktemp -t radmin-export.XXXXXX)
+run "export" "Exported definitions" export "$export_file"
+if python3 - "$export_file" "$q" "$x" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert any(q["name"] == sys.argv[2] and q["durable"] for q in d["queues"]), d["queues"]
+assert any(x["name"] == sys.argv[3] and x["type"] == "topic" for x in d["exchanges"]), d["exchanges"]
+assert any(b["source"] == sys.argv[3] and b["destination"] == sys.argv[2] for b in d["bindings"])
+assert d["vhosts"] and d["users"]
+PY
+then
+  passed=$((passed + 1)); echo "ok   export holds the queue, exchange and binding"
+else
+  failed=$((failed + 1)); echo "FAIL export holds the queue, exchange and binding"
+fi
+rm -f "$export_file"
+run "delete queue" "queue deleted" delete queue name="$q"
+run "delete exchange" "exchange deleted" delete exchange name="$x"
+run "queue gone" "^" list queues name
+if printf '%s\n' "$OUT" | grep -q -- "$q"; then
+  failed=$((failed + 1)); echo "FAIL queue still listed after delete"
+fi
+refuse "bad credentials" "Access refused|401|not_authorized|Not_Authorized" -u nobody -p wrong list queues
+
+echo "rabbitmqadmin: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
