@@ -524,7 +524,7 @@ async fn exchange_put(
     Path((v, name)): Path<(String, String)>,
     body: Bytes,
 ) -> Reply {
-    authorize(&app, &headers, peer, Need::Management, Some(&v))?;
+    let user = authorize(&app, &headers, peer, Need::Management, Some(&v))?;
     require_vhost(&app, &v)?;
     let b = body_json(&body)?;
     // RabbitMQ's defaults for keys left out: a transient direct exchange.
@@ -533,15 +533,18 @@ async fn exchange_put(
         Some(Value::String(t)) => t.as_str(),
         Some(_) => return Err(ApiError::bad_request("type must be a string")),
     };
-    let created = app.backend.declare_exchange(&ExchangeInfo {
-        name: exchange_name(&name).to_string(),
-        vhost: v.clone(),
-        kind: kind.to_string(),
-        durable: get_bool(&b, "durable", false)?,
-        auto_delete: get_bool(&b, "auto_delete", false)?,
-        internal: get_bool(&b, "internal", false)?,
-        arguments: get_args(&b)?,
-    })?;
+    let created = app.backend.declare_exchange(
+        &user,
+        &ExchangeInfo {
+            name: exchange_name(&name).to_string(),
+            vhost: v.clone(),
+            kind: kind.to_string(),
+            durable: get_bool(&b, "durable", false)?,
+            auto_delete: get_bool(&b, "auto_delete", false)?,
+            internal: get_bool(&b, "internal", false)?,
+            arguments: get_args(&b)?,
+        },
+    )?;
     Ok(created_or_not(created))
 }
 
@@ -560,10 +563,10 @@ async fn exchange_delete(
     Path((v, name)): Path<(String, String)>,
     q: Q,
 ) -> Reply {
-    authorize(&app, &headers, peer, Need::Management, Some(&v))?;
+    let user = authorize(&app, &headers, peer, Need::Management, Some(&v))?;
     require_vhost(&app, &v)?;
     app.backend
-        .delete_exchange(&v, exchange_name(&name), query_flag(&q, "if-unused"))?;
+        .delete_exchange(&user, &v, exchange_name(&name), query_flag(&q, "if-unused"))?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -574,7 +577,7 @@ async fn exchange_publish(
     Path((v, name)): Path<(String, String)>,
     body: Bytes,
 ) -> Reply {
-    authorize(&app, &headers, peer, Need::Management, Some(&v))?;
+    let user = authorize(&app, &headers, peer, Need::Management, Some(&v))?;
     require_vhost(&app, &v)?;
     let b = body_json(&body)?;
     let missing = |k: &str| ApiError::bad_request(format!("[{{key_missing,{k}}}]"));
@@ -608,9 +611,14 @@ async fn exchange_publish(
         Some(Value::Object(p)) => p.clone(),
         Some(_) => return Err(ApiError::bad_request("properties must be an object")),
     };
-    let routed = app
-        .backend
-        .publish(&v, exchange_name(&name), routing_key, &props, payload)?;
+    let routed = app.backend.publish(
+        &user,
+        &v,
+        exchange_name(&name),
+        routing_key,
+        &props,
+        payload,
+    )?;
     ok_json(json!({"routed": routed}))
 }
 
@@ -711,11 +719,12 @@ async fn queue_put(
     Path((v, name)): Path<(String, String)>,
     body: Bytes,
 ) -> Reply {
-    authorize(&app, &headers, peer, Need::Management, Some(&v))?;
+    let user = authorize(&app, &headers, peer, Need::Management, Some(&v))?;
     require_vhost(&app, &v)?;
     let b = body_json(&body)?;
     // RabbitMQ's default for a left-out `durable`: a transient queue.
     let created = app.backend.declare_queue(
+        &user,
         &v,
         &name,
         get_bool(&b, "durable", false)?,
@@ -732,9 +741,10 @@ async fn queue_delete(
     Path((v, name)): Path<(String, String)>,
     q: Q,
 ) -> Reply {
-    authorize(&app, &headers, peer, Need::Management, Some(&v))?;
+    let user = authorize(&app, &headers, peer, Need::Management, Some(&v))?;
     require_vhost(&app, &v)?;
     app.backend.delete_queue(
+        &user,
         &v,
         &name,
         query_flag(&q, "if-unused"),
@@ -749,9 +759,9 @@ async fn queue_purge(
     headers: HeaderMap,
     Path((v, name)): Path<(String, String)>,
 ) -> Reply {
-    authorize(&app, &headers, peer, Need::Management, Some(&v))?;
+    let user = authorize(&app, &headers, peer, Need::Management, Some(&v))?;
     find_queue(&app, &v, &name)?;
-    app.backend.purge_queue(&v, &name)?;
+    app.backend.purge_queue(&user, &v, &name)?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -762,7 +772,7 @@ async fn queue_get_messages(
     Path((v, name)): Path<(String, String)>,
     body: Bytes,
 ) -> Reply {
-    authorize(&app, &headers, peer, Need::Management, Some(&v))?;
+    let user = authorize(&app, &headers, peer, Need::Management, Some(&v))?;
     find_queue(&app, &v, &name)?;
     let b = body_json(&body)?;
     let missing = |k: &str| ApiError::bad_request(format!("[{{key_missing,{k}}}]"));
@@ -797,7 +807,7 @@ async fn queue_get_messages(
             .or_else(|| t.as_str().and_then(|s| s.parse().ok()))
     });
     let count = usize::try_from(count).unwrap_or(usize::MAX).min(100_000);
-    let msgs = app.backend.get(&v, &name, count, mode)?;
+    let msgs = app.backend.get(&user, &v, &name, count, mode)?;
     let items: Vec<Value> = msgs
         .into_iter()
         .map(|m| {
@@ -927,7 +937,7 @@ async fn bindings_create(
     Path((v, source, kind, dest)): Path<(String, String, String, String)>,
     body: Bytes,
 ) -> Reply {
-    authorize(&app, &headers, peer, Need::Management, Some(&v))?;
+    let user = authorize(&app, &headers, peer, Need::Management, Some(&v))?;
     let to_queue = dest_kind(&kind)?;
     let source = exchange_name(&source);
     between(&app, &v, source, &dest, to_queue)?;
@@ -935,7 +945,7 @@ async fn bindings_create(
     let routing_key = b.get("routing_key").and_then(|r| r.as_str()).unwrap_or("");
     let args = get_args(&b)?;
     app.backend
-        .bind(&v, source, &dest, to_queue, routing_key, &args)?;
+        .bind(&user, &v, source, &dest, to_queue, routing_key, &args)?;
     let info = BindingInfo {
         source: source.to_string(),
         vhost: v.clone(),
@@ -985,15 +995,22 @@ async fn binding_delete(
     headers: HeaderMap,
     Path((v, source, kind, dest, props)): Path<(String, String, String, String, String)>,
 ) -> Reply {
-    authorize(&app, &headers, peer, Need::Management, Some(&v))?;
+    let user = authorize(&app, &headers, peer, Need::Management, Some(&v))?;
     let to_queue = dest_kind(&kind)?;
     let source = exchange_name(&source);
     let b = between(&app, &v, source, &dest, to_queue)?
         .into_iter()
         .find(|b| properties_key(b) == props)
         .ok_or_else(ApiError::not_found)?;
-    app.backend
-        .unbind(&v, source, &dest, to_queue, &b.routing_key, &b.arguments)?;
+    app.backend.unbind(
+        &user,
+        &v,
+        source,
+        &dest,
+        to_queue,
+        &b.routing_key,
+        &b.arguments,
+    )?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -1003,15 +1020,21 @@ async fn aliveness(
     headers: HeaderMap,
     Path(v): Path<String>,
 ) -> Reply {
-    authorize(&app, &headers, peer, Need::Management, Some(&v))?;
+    let user = authorize(&app, &headers, peer, Need::Management, Some(&v))?;
     require_vhost(&app, &v)?;
     // As RabbitMQ: declare `aliveness-test`, publish to it and get the message back.
     let q = "aliveness-test";
     app.backend
-        .declare_queue(&v, q, false, false, &Map::new())?;
-    app.backend
-        .publish(&v, "", q, &Map::new(), Bytes::from_static(b"test_message"))?;
-    let got = app.backend.get(&v, q, 1, AckMode::Ack)?;
+        .declare_queue(&user, &v, q, false, false, &Map::new())?;
+    app.backend.publish(
+        &user,
+        &v,
+        "",
+        q,
+        &Map::new(),
+        Bytes::from_static(b"test_message"),
+    )?;
+    let got = app.backend.get(&user, &v, q, 1, AckMode::Ack)?;
     if got.iter().any(|m| &m.payload[..] == b"test_message") {
         ok_json(json!({"status": "ok"}))
     } else {

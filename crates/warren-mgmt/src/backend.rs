@@ -17,7 +17,8 @@ use warren_amqp::table::FieldTable;
 use warren_broker::definitions::{json_to_table, table_to_json};
 use warren_broker::queue::Settlement;
 use warren_broker::vhost::{ExchangeDeclare, QueueDeclare};
-use warren_broker::{BrokerError, Destination, Message};
+use warren_broker::{Actor, Ops};
+use warren_broker::{BrokerError, Destination};
 
 /// What the server that embeds the management API tells it besides the broker model: its
 /// connections, alarms and listeners. Implemented by `warren-server` for its shared state.
@@ -387,11 +388,25 @@ impl Backend {
         self.broker().vhost(name).ok_or_else(ApiError::not_found)
     }
 
+    /// The actor of a request by `user` in `vhost`: every write goes through the broker's
+    /// operations layer with it, so that the user's configure / write / read permissions and
+    /// topic permissions are checked exactly as for AMQP.
+    fn actor(&self, user: &UserInfo, vhost: &str) -> Actor {
+        let tags: Vec<warren_broker::access::UserTag> = self
+            .broker()
+            .access()
+            .user(&user.name)
+            .map(|u| u.tags.clone())
+            .unwrap_or_default();
+        Actor::new(user.name.as_str(), tags, vhost, API_CONNECTION, None)
+    }
+
     /// Declares queue `name`; true when it was created, false when an equivalent one
     /// existed. Errors: 404 (no vhost), 400 with the broker's reason (inequivalent,
     /// invalid arguments, reserved name, exclusive to a client).
     pub fn declare_queue(
         &self,
+        user: &UserInfo,
         vhost: &str,
         name: &str,
         durable: bool,
@@ -408,7 +423,10 @@ impl Backend {
             auto_delete,
             arguments: args(arguments)?,
         };
-        v.declare_queue(&d, API_CONNECTION).map_err(broker_error)?;
+        let actor = self.actor(user, vhost);
+        Ops::new(self.broker(), &v, &actor)
+            .declare_queue(&d)
+            .map_err(broker_error)?;
         Ok(!existed)
     }
 
@@ -416,6 +434,7 @@ impl Backend {
     /// `if_empty` refusals.
     pub fn delete_queue(
         &self,
+        user: &UserInfo,
         vhost: &str,
         name: &str,
         if_unused: bool,
@@ -423,22 +442,26 @@ impl Backend {
     ) -> Result<(), ApiError> {
         let v = self.vhost(vhost)?;
         v.queue(name, API_CONNECTION).map_err(broker_error)?;
-        v.delete_queue(name, if_unused, if_empty, API_CONNECTION)
+        let actor = self.actor(user, vhost);
+        Ops::new(self.broker(), &v, &actor)
+            .delete_queue(name, if_unused, if_empty)
             .map_err(broker_error)?;
         Ok(())
     }
 
     /// Purges queue `name`; returns how many messages went.
-    pub fn purge_queue(&self, vhost: &str, name: &str) -> Result<u64, ApiError> {
+    pub fn purge_queue(&self, user: &UserInfo, vhost: &str, name: &str) -> Result<u64, ApiError> {
         let v = self.vhost(vhost)?;
-        Ok(v.purge_queue(name, API_CONNECTION)
+        let actor = self.actor(user, vhost);
+        Ok(Ops::new(self.broker(), &v, &actor)
+            .purge_queue(name)
             .map_err(broker_error)?
             .into())
     }
 
     /// Declares exchange `x.name` in `x.vhost`; true when it was created. Errors: 404 (no
     /// vhost), 400 with the broker's reason (inequivalent, unknown type, reserved name).
-    pub fn declare_exchange(&self, x: &ExchangeInfo) -> Result<bool, ApiError> {
+    pub fn declare_exchange(&self, user: &UserInfo, x: &ExchangeInfo) -> Result<bool, ApiError> {
         let v = self.vhost(&x.vhost)?;
         let existed = v.exchange_exists(&x.name);
         let d = ExchangeDeclare {
@@ -450,7 +473,10 @@ impl Backend {
             internal: x.internal,
             arguments: args(&x.arguments)?,
         };
-        v.declare_exchange(&d).map_err(broker_error)?;
+        let actor = self.actor(user, &x.vhost);
+        Ops::new(self.broker(), &v, &actor)
+            .declare_exchange(&d)
+            .map_err(broker_error)?;
         Ok(!existed)
     }
 
@@ -458,6 +484,7 @@ impl Backend {
     /// standard exchanges.
     pub fn delete_exchange(
         &self,
+        user: &UserInfo,
         vhost: &str,
         name: &str,
         if_unused: bool,
@@ -466,12 +493,18 @@ impl Backend {
         if !v.exchange_exists(name) {
             return Err(ApiError::not_found());
         }
-        v.delete_exchange(name, if_unused).map_err(broker_error)
+        let actor = self.actor(user, vhost);
+        Ops::new(self.broker(), &v, &actor)
+            .delete_exchange(name, if_unused)
+            .map_err(broker_error)
     }
 
     /// Binds `destination` (a queue when `to_queue`, else an exchange) to `source`.
+    // One argument per field of RabbitMQ's binding path and body.
+    #[allow(clippy::too_many_arguments)]
     pub fn bind(
         &self,
+        user: &UserInfo,
         vhost: &str,
         source: &str,
         destination: &str,
@@ -485,13 +518,18 @@ impl Backend {
         } else {
             Destination::Exchange(destination.to_string())
         };
-        v.bind(source, d, routing_key, &args(arguments)?, API_CONNECTION)
+        let actor = self.actor(user, vhost);
+        Ops::new(self.broker(), &v, &actor)
+            .bind(source, d, routing_key, &args(arguments)?)
             .map_err(broker_error)
     }
 
     /// Removes a binding.
+    // One argument per field of RabbitMQ's binding path and body.
+    #[allow(clippy::too_many_arguments)]
     pub fn unbind(
         &self,
+        user: &UserInfo,
         vhost: &str,
         source: &str,
         destination: &str,
@@ -505,13 +543,16 @@ impl Backend {
         } else {
             Destination::Exchange(destination.to_string())
         };
-        v.unbind(source, d, routing_key, &args(arguments)?, API_CONNECTION)
+        let actor = self.actor(user, vhost);
+        Ops::new(self.broker(), &v, &actor)
+            .unbind(source, d, routing_key, &args(arguments)?)
             .map_err(broker_error)
     }
 
     /// Publishes a message through `exchange`; true when it reached a queue.
     pub fn publish(
         &self,
+        user: &UserInfo,
         vhost: &str,
         exchange: &str,
         routing_key: &str,
@@ -520,13 +561,23 @@ impl Backend {
     ) -> Result<bool, ApiError> {
         let v = self.vhost(vhost)?;
         let props = properties_from_json(properties)?;
-        let msg = Arc::new(Message::new(
-            exchange.to_string(),
-            routing_key.to_string(),
-            props,
-            payload,
-        ));
-        match v.publish(msg, None) {
+        let actor = self.actor(user, vhost);
+        let ops = Ops::new(self.broker(), &v, &actor);
+        let mut grant = warren_broker::ops::PublishGrant::default();
+        let check = ops
+            .check_publish(exchange, &mut grant)
+            .map_err(channel_error)?;
+        let msg = ops
+            .prepare_message(
+                check,
+                exchange.to_string(),
+                routing_key.to_string(),
+                props,
+                payload,
+                None,
+            )
+            .map_err(channel_error)?;
+        match ops.publish(msg, None) {
             Ok(p) => Ok(p.routed && !p.rejected),
             Err(warren_broker::PublishError::Broker(e)) => Err(channel_error(e)),
             Err(e) => Err(ApiError::bad_request(e.to_string())),
@@ -537,12 +588,17 @@ impl Backend {
     /// all are taken (so that requeued messages are not taken twice).
     pub fn get(
         &self,
+        user: &UserInfo,
         vhost: &str,
         name: &str,
         count: usize,
         mode: AckMode,
     ) -> Result<Vec<GotMessage>, ApiError> {
         let v = self.vhost(vhost)?;
+        let actor = self.actor(user, vhost);
+        let ops = Ops::new(self.broker(), &v, &actor);
+        ops.authorize(&warren_broker::access::Operation::BasicGet { queue: name })
+            .map_err(broker_error)?;
         let q = v.queue(name, API_CONNECTION).map_err(broker_error)?;
         let mut taken = Vec::new();
         let mut out = Vec::new();

@@ -183,6 +183,73 @@ async fn basic_auth_and_tag_rules() {
     h.stop().await;
 }
 
+/// Writes go through the broker's operations layer with the HTTP user as the actor: the
+/// user's configure / write / read permissions are checked as for AMQP, and a refusal is
+/// RabbitMQ's 401 "Access refused.".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_are_checked_against_the_users_permissions() {
+    let h = Http::start().await;
+    let broker = &h.broker.as_ref().unwrap().state().broker;
+    broker
+        .access_mut()
+        .set_permissions(
+            "mgmt",
+            "/",
+            warren_broker::access::Permissions::new("^mine-", "^mine-", "^mine-").unwrap(),
+        )
+        .unwrap();
+    let refused = json!({"error": "not_authorised", "reason": "Access refused."});
+    let put = Some(json!({"durable": false}));
+    let (s, _, v) = h
+        .call(
+            Method::PUT,
+            "/api/queues/%2F/theirs",
+            Some("mgmt"),
+            put.clone(),
+        )
+        .await;
+    assert_eq!((s, v), (StatusCode::UNAUTHORIZED, refused.clone()));
+    let (s, _, _) = h
+        .call(
+            Method::PUT,
+            "/api/queues/%2F/mine-1",
+            Some("mgmt"),
+            put.clone(),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED);
+    // The administrator declares a queue "mgmt" may not read, purge or delete.
+    let (s, _, _) = h
+        .call(Method::PUT, "/api/queues/%2F/theirs", Some("admin"), put)
+        .await;
+    assert_eq!(s, StatusCode::CREATED);
+    let get = Some(json!({"count": 1, "ackmode": "ack_requeue_true", "encoding": "auto"}));
+    for (method, path, body) in [
+        (Method::POST, "/api/queues/%2F/theirs/get", get.clone()),
+        (Method::DELETE, "/api/queues/%2F/theirs/contents", None),
+        (Method::DELETE, "/api/queues/%2F/theirs", None),
+        (
+            Method::POST,
+            "/api/exchanges/%2F/amq.default/publish",
+            Some(
+                json!({"routing_key": "theirs", "payload": "x", "payload_encoding": "string", "properties": {}}),
+            ),
+        ),
+    ] {
+        let (s, _, v) = h.call(method.clone(), path, Some("mgmt"), body).await;
+        assert_eq!(s, StatusCode::UNAUTHORIZED, "{method} {path}: {v}");
+    }
+    let (s, _, v) = h
+        .call(
+            Method::POST,
+            "/api/queues/%2F/mine-1/get",
+            Some("mgmt"),
+            get,
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_show_what_amqp_declared() {
     let h = Http::start().await;
