@@ -611,14 +611,17 @@ async fn exchange_publish(
         Some(Value::Object(p)) => p.clone(),
         Some(_) => return Err(ApiError::bad_request("properties must be an object")),
     };
-    let routed = app.backend.publish(
-        &user,
-        &v,
-        exchange_name(&name),
-        routing_key,
-        &props,
-        payload,
-    )?;
+    let routed = app
+        .backend
+        .publish(
+            &user,
+            &v,
+            exchange_name(&name),
+            routing_key,
+            &props,
+            payload,
+        )
+        .await?;
     ok_json(json!({"routed": routed}))
 }
 
@@ -1026,14 +1029,16 @@ async fn aliveness(
     let q = "aliveness-test";
     app.backend
         .declare_queue(&user, &v, q, false, false, &Map::new())?;
-    app.backend.publish(
-        &user,
-        &v,
-        "",
-        q,
-        &Map::new(),
-        Bytes::from_static(b"test_message"),
-    )?;
+    app.backend
+        .publish(
+            &user,
+            &v,
+            "",
+            q,
+            &Map::new(),
+            Bytes::from_static(b"test_message"),
+        )
+        .await?;
     let got = app.backend.get(&user, &v, q, 1, AckMode::Ack)?;
     if got.iter().any(|m| &m.payload[..] == b"test_message") {
         ok_json(json!({"status": "ok"}))

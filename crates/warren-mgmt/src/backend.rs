@@ -35,11 +35,36 @@ pub trait Node: Send + Sync + 'static {
     fn listeners(&self) -> Vec<(String, SocketAddr)>;
     /// Users that may only log in from a loopback address (`[auth] loopback_users`).
     fn loopback_users(&self) -> Vec<String>;
+    /// The deepest field-table nesting AMQP clients may send (`amqp.max_table_depth`): HTTP
+    /// publishes are held to the same bound, so that a stored message always reads back.
+    fn max_table_depth(&self) -> usize;
 }
 
 /// The connection id the management API uses for broker calls: it owns no exclusive queue,
 /// so exclusive queues of clients are refused to it with 405 (as to any other connection).
 const API_CONNECTION: u64 = u64::MAX;
+
+/// Learns when the store has fsynced a publish (or failed to): the management API's
+/// publisher confirm.
+struct StoreAck(std::sync::Mutex<Option<tokio::sync::oneshot::Sender<bool>>>);
+
+impl StoreAck {
+    fn pair() -> (
+        Arc<dyn warren_broker::Completion>,
+        tokio::sync::oneshot::Receiver<bool>,
+    ) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        (Arc::new(StoreAck(std::sync::Mutex::new(Some(tx)))), rx)
+    }
+}
+
+impl warren_broker::Completion for StoreAck {
+    fn complete(&self, _tokens: &[u64], ok: bool) {
+        if let Some(tx) = self.0.lock().ok().and_then(|mut g| g.take()) {
+            let _ = tx.send(ok);
+        }
+    }
+}
 
 /// A user as the API shows it.
 #[derive(Debug, Clone)]
@@ -550,7 +575,7 @@ impl Backend {
     }
 
     /// Publishes a message through `exchange`; true when it reached a queue.
-    pub fn publish(
+    pub async fn publish(
         &self,
         user: &UserInfo,
         vhost: &str,
@@ -561,27 +586,45 @@ impl Backend {
     ) -> Result<bool, ApiError> {
         let v = self.vhost(vhost)?;
         let props = properties_from_json(properties)?;
-        let actor = self.actor(user, vhost);
-        let ops = Ops::new(self.broker(), &v, &actor);
-        let mut grant = warren_broker::ops::PublishGrant::default();
-        let check = ops
-            .check_publish(exchange, &mut grant)
-            .map_err(channel_error)?;
-        let msg = ops
-            .prepare_message(
-                check,
-                exchange.to_string(),
-                routing_key.to_string(),
-                props,
-                payload,
-                None,
-            )
-            .map_err(channel_error)?;
-        match ops.publish(msg, None) {
-            Ok(p) => Ok(p.routed && !p.rejected),
-            Err(warren_broker::PublishError::Broker(e)) => Err(channel_error(e)),
-            Err(e) => Err(ApiError::bad_request(e.to_string())),
+        // The same nesting bound as AMQP's decoder, checked the way it counts.
+        let mut encoded = bytes::BytesMut::new();
+        props.encode(&mut encoded);
+        if let Err(e) = BasicProperties::decode(&encoded, self.node.max_table_depth()) {
+            return Err(ApiError::bad_request(format!("invalid properties: {e}")));
         }
+        let (done, stored) = StoreAck::pair();
+        // Routed and stored here; the operations (not Send) end before the wait below.
+        let published = {
+            let actor = self.actor(user, vhost);
+            let ops = Ops::new(self.broker(), &v, &actor);
+            let mut grant = warren_broker::ops::PublishGrant::default();
+            let check = ops
+                .check_publish(exchange, &mut grant)
+                .map_err(channel_error)?;
+            let msg = ops
+                .prepare_message(
+                    check,
+                    exchange.to_string(),
+                    routing_key.to_string(),
+                    props,
+                    payload,
+                    None,
+                )
+                .map_err(channel_error)?;
+            match ops.publish(msg, Some((done, 0))) {
+                Ok(p) => p,
+                Err(warren_broker::PublishError::Broker(e)) => return Err(channel_error(e)),
+                Err(e) => return Err(ApiError::bad_request(e.to_string())),
+            }
+        };
+        // As RabbitMQ's management plugin publishes with confirms: the reply waits until a
+        // persistent message routed to durable queues is on disk.
+        if published.stored && !stored.await.unwrap_or(false) {
+            return Err(ApiError::internal(
+                "the message store could not write the message",
+            ));
+        }
+        Ok(published.routed && !published.rejected)
     }
 
     /// Takes up to `count` messages from queue `name`, settling them as `mode` says once

@@ -63,6 +63,17 @@ impl ApiError {
         }
     }
 
+    /// 500 `{"error":"internal_server_error","reason":reason}`: the broker could not do what
+    /// was asked (e.g. the message store failed to write a published message).
+    pub fn internal(reason: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            error: "internal_server_error",
+            reason: reason.into(),
+            challenge: false,
+        }
+    }
+
     /// 401 for an operation the broker refused with 403 ACCESS_REFUSED (deleting a standard
     /// exchange, ...): RabbitMQ answers `{"error":"not_authorised","reason":"Access refused."}`.
     pub fn access_refused() -> Self {

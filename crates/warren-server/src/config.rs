@@ -878,11 +878,11 @@ impl Config {
                 "must be at least 1",
             );
         }
-        if a.max_table_depth == 0 {
+        if a.max_table_depth == 0 || a.max_table_depth > warren_store::record::MAX_TABLE_DEPTH {
             return bad(
                 "amqp.max_table_depth",
                 &a.max_table_depth,
-                "must be at least 1",
+                "must be between 1 and 128 (the deepest the message store reads back)",
             );
         }
         if a.handshake_timeout == 0 {

@@ -34,6 +34,9 @@ impl warren_mgmt::Node for Node {
     fn loopback_users(&self) -> Vec<String> {
         self.state.loopback_users.clone()
     }
+    fn max_table_depth(&self) -> usize {
+        self.state.config.amqp.max_table_depth
+    }
 }
 
 /// Binds `listen` (setting `management.listen`) and serves the API there until `shutdown`

@@ -852,3 +852,64 @@ async fn the_binary_serves_the_api_until_sigterm() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A persistent message published over HTTP into a durable queue is answered only once it
+/// is on disk (RabbitMQ's management plugin publishes with confirms): every answered publish
+/// is there after kill -9 and a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_publishes_answered_survive_kill_9() {
+    let dir = binary_support::tempdir("mgmt-kill");
+    let amqp = binary_support::free_port();
+    let http = binary_support::free_port();
+    let listen = format!("127.0.0.1:{http}");
+    let start = || {
+        binary_support::Server::start_listening(
+            &format!("127.0.0.1:{amqp}"),
+            amqp,
+            &dir,
+            &[],
+            None,
+            &["--management-listen", &listen],
+        )
+    };
+    let client = reqwest::Client::new();
+    let base = format!("http://{listen}/api");
+    let mut server = start();
+    let r = client
+        .put(format!("{base}/queues/%2F/hq"))
+        .basic_auth("guest", Some("guest"))
+        .json(&json!({"durable": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let n = 100;
+    for i in 0..n {
+        let r = client
+            .post(format!("{base}/exchanges/%2F/amq.default/publish"))
+            .basic_auth("guest", Some("guest"))
+            .json(
+                &json!({"properties": {"delivery_mode": 2}, "routing_key": "hq",
+                "payload": i.to_string(), "payload_encoding": "string"}),
+            )
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(r.json::<Value>().await.unwrap(), json!({"routed": true}));
+    }
+    server.signal(libc::SIGKILL);
+    server.wait_exit();
+    let _server = start();
+    let r = within(
+        "queue after restart",
+        client
+            .get(format!("{base}/queues/%2F/hq"))
+            .basic_auth("guest", Some("guest"))
+            .send(),
+    )
+    .await
+    .unwrap();
+    let q: Value = r.json().await.unwrap();
+    assert_eq!(q["messages"], json!(n));
+}

@@ -31,6 +31,11 @@ use bytes::{BufMut, Bytes, BytesMut};
 use warren_amqp::properties::BasicProperties;
 use warren_amqp::table::{put_shortstr, Decoder};
 
+/// The deepest field-table nesting a stored record may hold (message headers): the broker
+/// accepts no deeper from any front end (`amqp.max_table_depth` is capped at this), so that
+/// whatever was accepted is read back after a restart.
+pub const MAX_TABLE_DEPTH: usize = 128;
+
 /// Queue names in records are qualified by their vhost and may exceed a short string, so they
 /// are written with a 16-bit length.
 fn put_name(buf: &mut BytesMut, name: &str) {
@@ -236,7 +241,7 @@ pub fn decode(body: &[u8], crc: u32) -> Result<Record, RecordError> {
             let routing_key = d.read_shortstr().map_err(bad)?;
             let plen = d.read_u32().map_err(bad)? as usize;
             let praw = d.take(plen).map_err(bad)?;
-            let properties = BasicProperties::decode(praw, 16).map_err(bad)?;
+            let properties = BasicProperties::decode(praw, MAX_TABLE_DEPTH).map_err(bad)?;
             let blen = d.read_u32().map_err(bad)? as usize;
             let body = Bytes::copy_from_slice(d.take(blen).map_err(bad)?);
             Record::Publish {

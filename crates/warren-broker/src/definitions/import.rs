@@ -540,10 +540,17 @@ impl Planner {
             return Ok(());
         }
         let arguments = arguments("queue", &q.name, vhost, q.arguments())?;
+        // The type is in `type` (exports since 3.8) or only in the `x-queue-type` argument.
+        let queue_type = q.queue_type.clone().or_else(|| {
+            arguments
+                .get("x-queue-type")
+                .and_then(|v| v.as_str())
+                .map(str::to_string)
+        });
         self.push(Change::DeclareQueue(QueueChange {
             vhost: vhost.to_string(),
             name: q.name.clone(),
-            queue_type: q.queue_type.clone(),
+            queue_type,
             durable: q.durable(),
             auto_delete: q.auto_delete(),
             arguments,

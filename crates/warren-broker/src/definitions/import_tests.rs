@@ -482,3 +482,32 @@ fn permissions_for_unknown_users_fail_at_apply() {
         Err(AccessError::NoSuchUser("ghost".into()))
     );
 }
+
+#[test]
+fn queue_type_is_read_from_the_x_queue_type_argument_too() {
+    // RabbitMQ 3.x exports carry the type only in the arguments.
+    let p = plan(json!({
+        "vhosts": [{"name": "/"}],
+        "queues": [
+            {"name": "qq", "vhost": "/", "durable": true, "auto_delete": false,
+             "arguments": {"x-queue-type": "quorum"}},
+            {"name": "cq", "vhost": "/", "durable": true, "auto_delete": false, "arguments": {}}
+        ]
+    }))
+    .unwrap();
+    let types: Vec<(String, Option<String>)> = p
+        .changes
+        .iter()
+        .filter_map(|c| match c {
+            Change::DeclareQueue(q) => Some((q.name.clone(), q.queue_type.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        types,
+        vec![
+            ("qq".to_string(), Some("quorum".to_string())),
+            ("cq".to_string(), None)
+        ]
+    );
+}
