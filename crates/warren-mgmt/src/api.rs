@@ -1065,24 +1065,17 @@ fn health_failed(body: Value) -> Reply {
 
 async fn health_alarms(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap) -> Reply {
     authorize(&app, &headers, peer, Need::Management, None)?;
-    let n = app.backend.node();
-    let mut alarms = Vec::new();
-    if n.memory_alarm() {
-        alarms.push(json!({"node": app.node, "resource": "memory"}));
-    }
-    if n.disk_alarm() {
-        alarms.push(json!({"node": app.node, "resource": "disk"}));
-    }
-    if alarms.is_empty() {
-        health_ok(json!({}))
-    } else {
-        health_failed(json!({"status": "failed",
-            "reason": "There are alarms in effect in the cluster", "alarms": alarms}))
-    }
+    alarms_reply(&app, "There are alarms in effect in the cluster")
 }
 
 async fn health_local_alarms(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap) -> Reply {
     authorize(&app, &headers, peer, Need::Management, None)?;
+    alarms_reply(&app, "There are alarms in effect on the node")
+}
+
+/// The alarm health checks' reply: 200 without alarms, else 503 with `reason` and the alarms
+/// in effect (this node is the whole cluster).
+fn alarms_reply(app: &App, reason: &str) -> Reply {
     let n = app.backend.node();
     let mut alarms = Vec::new();
     if n.memory_alarm() {
@@ -1094,8 +1087,7 @@ async fn health_local_alarms(State(app): S, ConnectInfo(peer): Peer, headers: He
     if alarms.is_empty() {
         health_ok(json!({}))
     } else {
-        health_failed(json!({"status": "failed",
-            "reason": "There are alarms in effect on the node", "alarms": alarms}))
+        health_failed(json!({"status": "failed", "reason": reason, "alarms": alarms}))
     }
 }
 
