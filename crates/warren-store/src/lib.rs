@@ -98,6 +98,9 @@ pub struct StoreConfig {
     pub compact_quiet: Duration,
     /// Called at each step of a compaction (crash tests copy the directory there).
     pub compaction_hook: Option<CompactionHook>,
+    /// Makes the spill files of [`Store::spill_file`] fail their writes as on a full disk
+    /// while set (a test hook; `None` in service).
+    pub spill_write_fault: Option<spill::SpillFault>,
 }
 
 /// A callback run at each [`CompactionStep`], on the compactor thread.
@@ -122,6 +125,7 @@ impl StoreConfig {
             compact_ratio: 0.5,
             compact_quiet: Duration::from_secs(2),
             compaction_hook: None,
+            spill_write_fault: None,
         }
     }
 }
@@ -629,6 +633,12 @@ impl Store {
         st.barriers.push(waiter);
         drop(st);
         self.inner.wake_writer.notify_one();
+    }
+
+    /// A queue's spill file at `path`, whose entries point into this store (see
+    /// [`spill::SpillFile`]); it carries the configured [`StoreConfig::spill_write_fault`].
+    pub fn spill_file(&self, path: PathBuf) -> spill::SpillFile {
+        spill::SpillFile::new(path).with_fault(self.inner.cfg.spill_write_fault.clone())
     }
 
     /// Reads back the message stored at `loc` (wherever compaction has moved it since).
