@@ -45,6 +45,7 @@
 //! failed: they complete once everything before them is written, after the retry.
 
 mod compact;
+mod deleted;
 pub mod record;
 mod recovery;
 pub mod spill;
@@ -379,6 +380,8 @@ struct Inner {
     wake_compactor: Condvar,
     /// Set by [`Store::crash`]: the writer writes nothing more.
     crashed: AtomicBool,
+    /// Where segment deletions are recorded before the files go.
+    deletions: Mutex<deleted::DeletionLog>,
 }
 
 /// The message store. Cheap to clone; the writer and compactor threads run until
@@ -408,6 +411,7 @@ impl Store {
     pub fn open(cfg: StoreConfig) -> Result<(Store, Recovered), StoreError> {
         std::fs::create_dir_all(&cfg.dir)?;
         let rec = recovery::recover(&cfg.dir)?;
+        let cfg_dir = cfg.dir.clone();
         let segment = rec.last_segment + 1;
         let inner = Arc::new(Inner {
             state: Mutex::new(State {
@@ -439,6 +443,7 @@ impl Store {
             compactor_poked: Mutex::new(false),
             wake_compactor: Condvar::new(),
             crashed: AtomicBool::new(false),
+            deletions: Mutex::new(deleted::DeletionLog::new(&cfg_dir)),
         });
         let w = inner.clone();
         let handle = std::thread::Builder::new()
@@ -829,17 +834,26 @@ impl Inner {
                 st.superseded.retain(|(seg, _)| !gone.contains(seg));
             }
         }
-        for seg in doomed {
-            self.delete_file(seg);
-        }
+        self.delete_files(&doomed);
     }
 
-    fn delete_file(&self, seg: u32) {
-        self.readers.lock().remove(&seg);
-        match std::fs::remove_file(segment_path(&self.cfg.dir, seg)) {
-            Ok(()) => tracing::debug!(segment = seg, "deleted settled segment"),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => warn!(segment = seg, error = %e, "cannot delete segment"),
+    /// Deletes segment files, recording first that the store itself deleted them (so that
+    /// recovery does not report them missing). A record that cannot be written does not
+    /// keep the files: deleting them may be what frees the disk.
+    fn delete_files(&self, segs: &[u32]) {
+        if segs.is_empty() {
+            return;
+        }
+        if let Err(e) = self.deletions.lock().record(segs) {
+            warn!(segments = ?segs, error = %e, "cannot record segment deletions; the next recovery will report these segments missing");
+        }
+        for &seg in segs {
+            self.readers.lock().remove(&seg);
+            match std::fs::remove_file(segment_path(&self.cfg.dir, seg)) {
+                Ok(()) => tracing::debug!(segment = seg, "deleted settled segment"),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => warn!(segment = seg, error = %e, "cannot delete segment"),
+            }
         }
     }
 }
