@@ -910,7 +910,10 @@ impl Queue {
                 })
             }
             Err(err) => {
-                warn!(queue = %self.name, error = %err, "dropping unreadable stored message");
+                static UNREADABLE: LogLimit = LogLimit::new();
+                if let Some(suppressed) = UNREADABLE.admit() {
+                    warn!(queue = %self.name, error = %err, suppressed, "dropping unreadable stored message");
+                }
                 self.forget_entry(b, &e);
                 None
             }

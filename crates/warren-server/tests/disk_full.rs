@@ -57,7 +57,9 @@ async fn full_disk_nacks_blocks_and_recovers() {
         ("WARREN_STORAGE_SEGMENT_SIZE", "1048576"),
         ("WARREN_STORAGE_DISK_FREE_LIMIT", "0"),
     ];
-    let server = Server::start(&data, &env);
+    let log = std::env::temp_dir().join(format!("warren-diskfull-{}.log", std::process::id()));
+    let started = std::time::Instant::now();
+    let server = Server::start_logging(&data, &env, &log);
     // Leave about 6 MB free.
     filler(&dir.join("filler"), 18 << 20);
 
@@ -119,6 +121,16 @@ async fn full_disk_nacks_blocks_and_recovers() {
     );
     assert!(!nacked.is_empty(), "a full disk nacked nothing");
     assert!(!acked.is_empty(), "nothing was confirmed");
+    // The refusals are logged once, then summarised at most every 10 s: not one line each.
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let lines = text.matches("publish refused").count() as u64;
+    assert!(lines >= 1, "refused publishes went unreported:\n{text}");
+    assert!(
+        lines <= 1 + started.elapsed().as_secs() / 10,
+        "{lines} lines for {} refused publishes:\n{text}",
+        nacked.len()
+    );
+    let _ = std::fs::remove_file(&log);
 
     // Space is back: new publishes are confirmed again.
     for i in 1000..1010u32 {
