@@ -24,7 +24,7 @@ use std::sync::{Arc, Weak};
 use tracing::warn;
 use warren_amqp::table::FieldTable;
 use warren_store::spill::{SpillEntry, SpillFile};
-use warren_store::{Location, Store};
+use warren_store::{Location, Store, StoreError};
 
 /// The side of a channel that receives deliveries from queues.
 ///
@@ -662,10 +662,16 @@ impl Queue {
         let mut st = self.state.lock();
         for e in entries {
             let level = st.level(e.priority);
-            if !Self::window_full(&st, b) && st.spilled_at(level) == 0 {
-                self.load_spilled(&mut st, b, e, true);
-                continue;
-            }
+            let e = if !Self::window_full(&st, b) && st.spilled_at(level) == 0 {
+                // Unreadable now: it goes first in the spill, where what follows queues
+                // behind it.
+                match self.load_spilled(&mut st, b, e, true) {
+                    Ok(()) => continue,
+                    Err(e) => e,
+                }
+            } else {
+                e
+            };
             let result = self.spilled(&mut st, b, level).file.push(&[e]);
             self.spill_written(result);
         }
@@ -814,7 +820,10 @@ impl Queue {
                         break;
                     }
                     let e = st.paged.pop_front().expect("front checked");
-                    self.load_spilled(st, b, e, false);
+                    if let Err(e) = self.load_spilled(st, b, e, false) {
+                        st.paged.insert_sorted(e, |x| entry_key(x, max));
+                        return;
+                    }
                     loaded += 1;
                 }
             }
@@ -877,16 +886,30 @@ impl Queue {
                 return false;
             }
         };
-        for mut e in entries {
+        let mut entries = entries.into_iter();
+        while let Some(mut e) = entries.next() {
             e.priority = level as u8;
-            self.load_spilled(st, b, e, true);
+            if let Err(e) = self.load_spilled(st, b, e, true) {
+                // Back to the front of the spill, in order, to be read again later.
+                let back: Vec<SpillEntry> = std::iter::once(e).chain(entries).collect();
+                if let Some(Some(spilled)) = st.spills.get_mut(level) {
+                    spilled.file.unpop(back);
+                }
+                return false;
+            }
         }
         true
     }
 
     /// Reads a paged-out message back; its TTL counts from its enqueue time. A transient
-    /// page is released.
-    fn read_back(&self, b: &Backing, e: SpillEntry) -> Option<QueuedMessage> {
+    /// page is released. `Err(Some(e))`: an I/O error that may pass (the caller keeps the
+    /// entry queued, to be read again); `Err(None)`: the record is corrupt or its segment is
+    /// gone, and the message has left the queue.
+    fn read_back(
+        &self,
+        b: &Backing,
+        e: SpillEntry,
+    ) -> std::result::Result<QueuedMessage, Option<SpillEntry>> {
         match b.store.read(e.location) {
             Ok(m) => {
                 if e.transient {
@@ -901,7 +924,7 @@ impl Queue {
                     m.body,
                 ));
                 let expires_at = self.deadline_from(&message, enqueued);
-                Some(QueuedMessage {
+                Ok(QueuedMessage {
                     seq: e.seq,
                     message,
                     redelivered: e.redelivered,
@@ -909,25 +932,44 @@ impl Queue {
                     expires_at,
                 })
             }
+            Err(StoreError::Io(err)) if err.kind() != std::io::ErrorKind::NotFound => {
+                static READ_FAILED: LogLimit = LogLimit::new();
+                if let Some(suppressed) = READ_FAILED.admit() {
+                    warn!(queue = %self.name, error = %err, suppressed, "cannot read stored message; it stays queued and is read again later");
+                }
+                Err(Some(e))
+            }
             Err(err) => {
                 static UNREADABLE: LogLimit = LogLimit::new();
                 if let Some(suppressed) = UNREADABLE.admit() {
                     warn!(queue = %self.name, error = %err, suppressed, "dropping unreadable stored message");
                 }
                 self.forget_entry(b, &e);
-                None
+                Err(None)
             }
         }
     }
 
     /// Reads `e` back into the ready list; `spilled` when it came from a spill file (whose
-    /// byte count it leaves).
-    fn load_spilled(&self, st: &mut State, b: &Backing, e: SpillEntry, spilled: bool) {
-        if let Some(qm) = self.read_back(b, e) {
-            if spilled {
-                st.spilled_bytes = st.spilled_bytes.saturating_sub(qm.message.body.len());
+    /// byte count it leaves). Gives `e` back when it cannot be read now (see
+    /// [`Queue::read_back`]): the caller puts it back where it was.
+    fn load_spilled(
+        &self,
+        st: &mut State,
+        b: &Backing,
+        e: SpillEntry,
+        spilled: bool,
+    ) -> std::result::Result<(), SpillEntry> {
+        match self.read_back(b, e) {
+            Ok(qm) => {
+                if spilled {
+                    st.spilled_bytes = st.spilled_bytes.saturating_sub(qm.message.body.len());
+                }
+                st.insert_ordered(qm);
+                Ok(())
             }
-            st.insert_ordered(qm);
+            Err(Some(e)) => Err(e),
+            Err(None) => Ok(()),
         }
     }
 
@@ -990,8 +1032,11 @@ impl Queue {
                 e.redelivered = true;
                 st.paged.insert_sorted(e, |x| entry_key(x, max));
             } else if s.rejected && self.args.dead_letter_exchange.is_some() {
-                if let Some(qm) = self.read_back(b, e) {
-                    self.discard(&mut st, qm, DeathReason::Rejected);
+                match self.read_back(b, e) {
+                    Ok(qm) => self.discard(&mut st, qm, DeathReason::Rejected),
+                    // Rejected: it leaves the queue whether or not it can be dead-lettered.
+                    Err(Some(e)) => self.forget_entry(b, &e),
+                    Err(None) => {}
                 }
             } else {
                 self.forget_entry(b, &e);

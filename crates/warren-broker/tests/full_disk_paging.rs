@@ -287,3 +287,45 @@ fn publishes_the_store_cannot_page_out_keep_their_place() {
 fn priority_publishes_the_store_cannot_page_out_keep_their_place() {
     run_time_page_out_failure("runtime-prio", prio_args());
 }
+
+/// A stored message that cannot be read back for now (an I/O error: here its segment is
+/// replaced by a directory, which fails reads for root too) stays queued and counted: the
+/// queue delivers up to it, waits, and goes on in order once the segment reads again. It is
+/// neither skipped nor deleted from the store.
+#[test]
+fn a_message_that_cannot_be_read_now_stays_queued_in_order() {
+    let dir = tempdir("unreadable");
+    let clock = Arc::new(ManualClock::new(1_000));
+    fill(&dir, &clock, 3000);
+    let segs = dir.join("messages");
+    let mut numbers = segment_numbers(&segs);
+    numbers.sort_unstable();
+    assert!(numbers.len() >= 10, "{numbers:?}");
+    let broken = segs.join(format!("{:08}.seg", numbers[numbers.len() / 2]));
+    let aside = dir.join("aside.seg");
+    let (store, rec) = Store::open(cfg(&dir)).unwrap();
+    std::fs::rename(&broken, &aside).unwrap();
+    std::fs::create_dir(&broken).unwrap();
+    let q = queue(&store, &dir.join("q.spill"), &clock, FieldTable::new());
+    let entries = rec.queues.get(q.store_key()).cloned().unwrap_or_default();
+    q.recover(entries.into_iter().map(|e| SpillEntry {
+        seq: e.id,
+        id: e.id,
+        location: e.location,
+        redelivered: e.redelivered,
+        transient: false,
+        priority: e.priority,
+    }));
+    assert_eq!(q.counts().ready, 3000);
+    let before = drain(&q);
+    assert!(before.len() < 3000, "read through a broken segment");
+    assert_eq!(before, bodies(0..before.len()));
+    assert_eq!(q.counts().ready as usize, 3000 - before.len());
+    // The segment reads again: the rest follows, in order, the stuck one first.
+    std::fs::remove_dir(&broken).unwrap();
+    std::fs::rename(&aside, &broken).unwrap();
+    let after = drain(&q);
+    assert_eq!(after, bodies(before.len()..3000));
+    store.close();
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -687,7 +687,11 @@ impl Store {
         };
         let file = self.inner.reader(loc.segment)?;
         let mut raw = vec![0u8; loc.len as usize];
-        file.read_exact_at(&mut raw, loc.offset)?;
+        if let Err(e) = file.read_exact_at(&mut raw, loc.offset) {
+            // The next read opens the file again (it may have been replaced meanwhile).
+            self.inner.readers.lock().remove(&loc.segment);
+            return Err(e.into());
+        }
         decode_at(&raw, loc)
     }
 

@@ -81,6 +81,8 @@ pub struct SpillFile {
     file: Option<File>,
     read_pos: u64,
     write_pos: u64,
+    /// Entries given back by [`SpillFile::unpop`], before those in the file.
+    head: Vec<SpillEntry>,
     /// Entries pushed but not yet written, after those in the file: spilling one message
     /// costs no syscall, and entries the disk refused wait here.
     tail: Vec<SpillEntry>,
@@ -104,6 +106,7 @@ impl SpillFile {
             file: None,
             read_pos: 0,
             write_pos: 0,
+            head: Vec::new(),
             tail: Vec::new(),
             flush_at: TAIL_MAX,
             stalled: false,
@@ -119,7 +122,9 @@ impl SpillFile {
 
     /// Entries waiting.
     pub fn len(&self) -> u64 {
-        (self.write_pos - self.read_pos) / ENTRY as u64 + self.tail.len() as u64
+        (self.write_pos - self.read_pos) / ENTRY as u64
+            + self.head.len() as u64
+            + self.tail.len() as u64
     }
 
     /// True when nothing is waiting.
@@ -203,8 +208,19 @@ impl SpillFile {
         Ok(())
     }
 
+    /// Puts entries taken by [`SpillFile::pop`] back at the front, in their order (their
+    /// messages could not be read now).
+    pub fn unpop(&mut self, mut entries: Vec<SpillEntry>) {
+        entries.append(&mut self.head);
+        self.head = entries;
+    }
+
     /// Takes up to `max` entries from the front. On a read error nothing is taken.
     pub fn pop(&mut self, max: usize) -> std::io::Result<Vec<SpillEntry>> {
+        if !self.head.is_empty() {
+            let n = self.head.len().min(max);
+            return Ok(self.head.drain(..n).collect());
+        }
         let on_disk = ((self.write_pos - self.read_pos) / ENTRY as u64) as usize;
         let file = match &mut self.file {
             Some(f) if on_disk > 0 => f,
@@ -295,6 +311,10 @@ mod tests {
         let dir = dir("fifo");
         let mut s = SpillFile::new(dir.join("q.spill"));
         s.push(&(0..5).map(e).collect::<Vec<_>>()).unwrap();
+        assert_eq!(s.len(), 5);
+        assert_eq!(s.pop(2).unwrap(), vec![e(0), e(1)]);
+        // Given back (unreadable for now): they come first again.
+        s.unpop(vec![e(0), e(1)]);
         assert_eq!(s.len(), 5);
         assert_eq!(s.pop(2).unwrap(), vec![e(0), e(1)]);
         s.push(&[e(5)]).unwrap();
