@@ -32,6 +32,7 @@ pub mod error;
 pub mod exchange;
 pub mod headers;
 pub mod limits;
+pub mod log_limit;
 pub mod login;
 pub mod message;
 pub mod names;

@@ -14,6 +14,7 @@ use crate::blocks::Blocks;
 use crate::clock::{Clock, SystemClock};
 use crate::dead_letter::{DeadLetter, DeadLetterSink, DeadLetterSource, DeathReason};
 use crate::error::{resource, BrokerError, Result};
+use crate::log_limit::LogLimit;
 use crate::message::{Message, QueuedMessage};
 use parking_lot::Mutex;
 use std::collections::VecDeque;
@@ -23,7 +24,7 @@ use std::sync::{Arc, Weak};
 use tracing::warn;
 use warren_amqp::table::FieldTable;
 use warren_store::spill::{SpillEntry, SpillFile};
-use warren_store::{Location, Store};
+use warren_store::{Location, Store, StoreError};
 
 /// The side of a channel that receives deliveries from queues.
 ///
@@ -119,6 +120,10 @@ pub struct Settlement {
 /// spill file of 32-byte entries pointing into the message store (persistent messages are
 /// there already; transient ones are paged there), and come back into memory in chunks as
 /// consumers drain the window. Memory per queue is therefore bounded however deep it grows.
+/// When the disk refuses the spill (full or failing), nothing leaves the queue and nothing
+/// changes place: the spill file keeps its entries in memory until it can write them, and a
+/// transient message the store cannot take is held whole in memory behind the spilled ones
+/// until it can be paged out (see [`Queue::sweep`]).
 /// A priority queue has a spill file per priority, so that a message of a higher priority
 /// than the window holds comes back first. A message keeps its enqueue time in the store, so
 /// its TTL counts from then however often it is paged or recovered.
@@ -191,8 +196,9 @@ struct State {
     ready_bytes: usize,
     /// Body bytes of the spilled messages (as far as known: recovered ones count 0).
     spilled_bytes: usize,
-    /// Spill files by priority (one, at index 0, for a queue without priorities).
-    spills: Vec<Option<SpillFile>>,
+    /// What is beyond the window, by priority (one, at index 0, for a queue without
+    /// priorities).
+    spills: Vec<Option<Spilled>>,
     /// Requeued messages whose bodies are in the store, in queue order: each is read back
     /// when it reaches the head of the queue.
     paged: Blocks<SpillEntry>,
@@ -206,15 +212,34 @@ struct State {
     deleted: bool,
 }
 
+/// One priority's messages beyond the in-memory window, in queue order: the spill file's
+/// entries first, then the messages that could not be paged out (the store refused the
+/// write: disk full or failing), held whole in memory until they can be.
+struct Spilled {
+    file: SpillFile,
+    held: VecDeque<QueuedMessage>,
+}
+
+impl Spilled {
+    fn len(&self) -> usize {
+        self.file.len() as usize + self.held.len()
+    }
+}
+
+/// Warnings of the paging paths, one line per interval each (a full disk fails them all).
+static PAGE_OUT_FAILED: LogLimit = LogLimit::new();
+static SPILL_WRITE_FAILED: LogLimit = LogLimit::new();
+static SPILL_READ_FAILED: LogLimit = LogLimit::new();
+
 impl State {
     fn spilled(&self) -> usize {
-        self.spills.iter().flatten().map(|s| s.len() as usize).sum()
+        self.spills.iter().flatten().map(Spilled::len).sum()
     }
     fn spilled_at(&self, level: usize) -> usize {
         self.spills
             .get(level)
             .and_then(Option::as_ref)
-            .map_or(0, |s| s.len() as usize)
+            .map_or(0, Spilled::len)
     }
     /// The priority whose spill file a message of priority `p` goes to.
     fn level(&self, p: u8) -> usize {
@@ -464,13 +489,15 @@ impl Queue {
             || max_bytes.is_some_and(|m| bytes + msg.body.len() as u64 > m)
     }
 
-    /// Periodic housekeeping: expires messages at the head. Returns true when the queue has
+    /// Periodic housekeeping: pages out what a full disk kept in memory once it takes writes
+    /// again, and expires messages at the head. Returns true when the queue has
     /// been unused for its `x-expires` and should be deleted.
     pub fn sweep(self: &Arc<Self>) -> bool {
         let mut st = self.state.lock();
         if st.deleted {
             return false;
         }
+        self.retry_paging(&mut st);
         self.expire_head(&mut st, None);
         let unused = st.consumers.is_empty();
         let dead = self.flush_dead(&mut st);
@@ -532,6 +559,16 @@ impl Queue {
         }
     }
 
+    /// Ready messages as (held in memory with their bodies, paged out to the store), as
+    /// RabbitMQ's `messages_ram` and `messages_paged_out`: a message the store could not take
+    /// when it had to page out (disk full) counts in memory until it is paged out later.
+    pub fn ready_in_memory_and_paged_out(&self) -> (u32, u32) {
+        let st = self.state.lock();
+        let held: usize = st.spills.iter().flatten().map(|s| s.held.len()).sum();
+        let in_memory = st.ready.len() + held;
+        (in_memory as u32, (st.ready_count() - in_memory) as u32)
+    }
+
     /// True once the queue has been deleted.
     pub fn is_deleted(&self) -> bool {
         self.state.lock().deleted
@@ -562,7 +599,7 @@ impl Queue {
             self.settled(&qm);
             return false;
         }
-        if !self.spill_if_full(&mut st, &qm) {
+        if let Some(qm) = self.spill_if_full(&mut st, qm) {
             st.push_back(qm);
         }
         self.dispatch_from(&mut st, Some(seq));
@@ -615,7 +652,9 @@ impl Queue {
     }
 
     /// Adds messages recovered from the store, in id order, as ready: the first window's worth
-    /// is read into memory, the rest goes to the spill file (of its priority) unread.
+    /// is read into memory, the rest goes to the spill file (of its priority) unread. Every
+    /// entry stays in the queue, in order: when the spill file cannot be written (a full
+    /// disk), its entries wait in memory until it can.
     pub fn recover(self: &Arc<Self>, entries: impl IntoIterator<Item = SpillEntry>) {
         let Some(b) = &self.backing else {
             return;
@@ -623,16 +662,26 @@ impl Queue {
         let mut st = self.state.lock();
         for e in entries {
             let level = st.level(e.priority);
-            if !Self::window_full(&st, b) && st.spilled_at(level) == 0 {
-                self.load_spilled(&mut st, b, e, true);
-                continue;
-            }
-            match self.spill_file(&mut st, b, level).map(|s| s.push(&[e])) {
-                Some(Ok(())) => {}
-                Some(Err(err)) => {
-                    warn!(queue = %self.name, error = %err, "cannot spill recovered message");
+            let e = if !Self::window_full(&st, b) && st.spilled_at(level) == 0 {
+                // Unreadable now: it goes first in the spill, where what follows queues
+                // behind it.
+                match self.load_spilled(&mut st, b, e, true) {
+                    Ok(()) => continue,
+                    Err(e) => e,
                 }
-                None => self.load_spilled(&mut st, b, e, true),
+            } else {
+                e
+            };
+            let result = self.spilled(&mut st, b, level).file.push(&[e]);
+            self.spill_written(result);
+        }
+    }
+
+    /// Reports a spill-file write that failed (its entries are kept in memory).
+    fn spill_written(&self, result: std::io::Result<()>) {
+        if let Err(err) = result {
+            if let Some(suppressed) = SPILL_WRITE_FAILED.admit() {
+                warn!(queue = %self.name, error = %err, suppressed, "cannot write spill file; keeping its entries in memory until it can be written");
             }
         }
     }
@@ -641,30 +690,20 @@ impl Queue {
         st.ready.len() >= b.window || st.ready_bytes >= b.window_bytes
     }
 
-    /// The spill file of priority `level`, created on first use.
-    fn spill_file<'a>(
-        &self,
-        st: &'a mut State,
-        b: &Backing,
-        level: usize,
-    ) -> Option<&'a mut SpillFile> {
+    /// What priority `level` holds beyond the window, created on first use (its spill file
+    /// is written once it has a batch of entries).
+    fn spilled<'a>(&self, st: &'a mut State, b: &Backing, level: usize) -> &'a mut Spilled {
         if st.spills.len() <= level {
             st.spills.resize_with(level + 1, || None);
         }
-        if st.spills[level].is_none() {
-            let path = match st.priority {
-                Some(_) => b.spill_path.with_extension(format!("{level}.spill")),
-                None => b.spill_path.clone(),
-            };
-            match SpillFile::create(path) {
-                Ok(f) => st.spills[level] = Some(f),
-                Err(e) => {
-                    warn!(queue = %self.name, error = %e, "cannot create spill file; keeping messages in memory");
-                    return None;
-                }
-            }
-        }
-        st.spills[level].as_mut()
+        let path = match st.priority {
+            Some(_) => b.spill_path.with_extension(format!("{level}.spill")),
+            None => b.spill_path.clone(),
+        };
+        st.spills[level].get_or_insert_with(|| Spilled {
+            file: b.store.spill_file(path),
+            held: VecDeque::new(),
+        })
     }
 
     /// Where `qm` is in the store, writing it there (as a transient page, released when it
@@ -685,7 +724,9 @@ impl Queue {
                 ) {
                     Ok(loc) => (loc, true),
                     Err(e) => {
-                        warn!(queue = %self.name, error = %e, "cannot page message out; keeping it in memory");
+                        if let Some(suppressed) = PAGE_OUT_FAILED.admit() {
+                            warn!(queue = %self.name, error = %e, suppressed, "cannot page message out; keeping it in memory");
+                        }
                         return None;
                     }
                 }
@@ -701,30 +742,63 @@ impl Queue {
         })
     }
 
-    /// When the in-memory window is full (or messages of its priority are already spilled, to
-    /// keep order), writes `qm` to the spill file and returns true.
-    fn spill_if_full(&self, st: &mut State, qm: &QueuedMessage) -> bool {
+    /// When the in-memory window is full (or messages of its priority are already beyond it,
+    /// to keep order), puts `qm` behind them: in the spill file, or held in memory when the
+    /// store cannot take it. Returns `qm` when it belongs in the window instead.
+    fn spill_if_full(&self, st: &mut State, qm: QueuedMessage) -> Option<QueuedMessage> {
         let Some(b) = &self.backing else {
-            return false;
+            return Some(qm);
         };
         let level = st.level(qm.message.properties.priority.unwrap_or(0));
         if !Self::window_full(st, b) && st.spilled_at(level) == 0 {
-            return false;
+            return Some(qm);
         }
-        let Some(entry) = self.page(b, qm) else {
-            return false;
+        // Messages held before this one go to the spill first, if the store takes them now.
+        self.page_held(st, b, level);
+        st.spilled_bytes += qm.message.body.len();
+        let entry = match self.spilled(st, b, level).held.is_empty() {
+            true => self.page(b, &qm),
+            false => None,
         };
-        match self.spill_file(st, b, level).map(|s| s.push(&[entry])) {
-            Some(Ok(())) => {
-                st.spilled_bytes += qm.message.body.len();
-                true
+        let spilled = self.spilled(st, b, level);
+        match entry {
+            Some(entry) => {
+                let result = spilled.file.push(&[entry]);
+                self.spill_written(result);
             }
-            _ => {
-                if entry.transient {
-                    b.store.release(entry.location);
-                }
-                false
+            None => spilled.held.push_back(qm),
+        }
+        None
+    }
+
+    /// Pages out the messages priority `level` holds in memory behind its spill, from the
+    /// front, for as long as the store takes them.
+    fn page_held(&self, st: &mut State, b: &Backing, level: usize) {
+        let Some(Some(spilled)) = st.spills.get_mut(level) else {
+            return;
+        };
+        while let Some(qm) = spilled.held.front() {
+            let Some(entry) = self.page(b, qm) else {
+                return;
+            };
+            spilled.held.pop_front();
+            let result = spilled.file.push(&[entry]);
+            self.spill_written(result);
+        }
+    }
+
+    /// Once the disk takes writes again, writes out what the spill files and the held
+    /// messages keep in memory because it did not.
+    fn retry_paging(&self, st: &mut State) {
+        let Some(b) = &self.backing else {
+            return;
+        };
+        for level in 0..st.spills.len() {
+            if let Some(Some(spilled)) = st.spills.get_mut(level) {
+                let result = spilled.file.retry();
+                self.spill_written(result);
             }
+            self.page_held(st, b, level);
         }
     }
 
@@ -746,7 +820,10 @@ impl Queue {
                         break;
                     }
                     let e = st.paged.pop_front().expect("front checked");
-                    self.load_spilled(st, b, e, false);
+                    if let Err(e) = self.load_spilled(st, b, e, false) {
+                        st.paged.insert_sorted(e, |x| entry_key(x, max));
+                        return;
+                    }
                     loaded += 1;
                 }
             }
@@ -784,29 +861,55 @@ impl Queue {
         }
     }
 
-    /// Reads up to `want` entries of priority `level`'s spill back into memory; false when
-    /// the spill file cannot be read.
+    /// Reads up to `want` entries of priority `level`'s spill back into memory, or once the
+    /// spill file is empty takes its held messages; false when the spill file cannot be read
+    /// (its entries stay).
     fn refill_from(&self, st: &mut State, b: &Backing, level: usize, want: usize) -> bool {
-        let entries = match st.spills.get_mut(level).and_then(Option::as_mut) {
-            Some(s) => match s.pop(want) {
-                Ok(e) => e,
-                Err(e) => {
-                    warn!(queue = %self.name, error = %e, "cannot read spill file");
-                    return false;
-                }
-            },
-            None => return false,
+        let Some(Some(spilled)) = st.spills.get_mut(level) else {
+            return false;
         };
-        for mut e in entries {
+        if spilled.file.is_empty() {
+            let n = want.min(spilled.held.len());
+            let held: Vec<QueuedMessage> = spilled.held.drain(..n).collect();
+            for qm in held {
+                st.spilled_bytes = st.spilled_bytes.saturating_sub(qm.message.body.len());
+                st.insert_ordered(qm);
+            }
+            return n > 0;
+        }
+        let entries = match spilled.file.pop(want) {
+            Ok(e) => e,
+            Err(e) => {
+                if let Some(suppressed) = SPILL_READ_FAILED.admit() {
+                    warn!(queue = %self.name, error = %e, suppressed, "cannot read spill file");
+                }
+                return false;
+            }
+        };
+        let mut entries = entries.into_iter();
+        while let Some(mut e) = entries.next() {
             e.priority = level as u8;
-            self.load_spilled(st, b, e, true);
+            if let Err(e) = self.load_spilled(st, b, e, true) {
+                // Back to the front of the spill, in order, to be read again later.
+                let back: Vec<SpillEntry> = std::iter::once(e).chain(entries).collect();
+                if let Some(Some(spilled)) = st.spills.get_mut(level) {
+                    spilled.file.unpop(back);
+                }
+                return false;
+            }
         }
         true
     }
 
     /// Reads a paged-out message back; its TTL counts from its enqueue time. A transient
-    /// page is released.
-    fn read_back(&self, b: &Backing, e: SpillEntry) -> Option<QueuedMessage> {
+    /// page is released. `Err(Some(e))`: an I/O error that may pass (the caller keeps the
+    /// entry queued, to be read again); `Err(None)`: the record is corrupt or its segment is
+    /// gone, and the message has left the queue.
+    fn read_back(
+        &self,
+        b: &Backing,
+        e: SpillEntry,
+    ) -> std::result::Result<QueuedMessage, Option<SpillEntry>> {
         match b.store.read(e.location) {
             Ok(m) => {
                 if e.transient {
@@ -821,7 +924,7 @@ impl Queue {
                     m.body,
                 ));
                 let expires_at = self.deadline_from(&message, enqueued);
-                Some(QueuedMessage {
+                Ok(QueuedMessage {
                     seq: e.seq,
                     message,
                     redelivered: e.redelivered,
@@ -829,22 +932,44 @@ impl Queue {
                     expires_at,
                 })
             }
+            Err(StoreError::Io(err)) if err.kind() != std::io::ErrorKind::NotFound => {
+                static READ_FAILED: LogLimit = LogLimit::new();
+                if let Some(suppressed) = READ_FAILED.admit() {
+                    warn!(queue = %self.name, error = %err, suppressed, "cannot read stored message; it stays queued and is read again later");
+                }
+                Err(Some(e))
+            }
             Err(err) => {
-                warn!(queue = %self.name, error = %err, "dropping unreadable stored message");
+                static UNREADABLE: LogLimit = LogLimit::new();
+                if let Some(suppressed) = UNREADABLE.admit() {
+                    warn!(queue = %self.name, error = %err, suppressed, "dropping unreadable stored message");
+                }
                 self.forget_entry(b, &e);
-                None
+                Err(None)
             }
         }
     }
 
     /// Reads `e` back into the ready list; `spilled` when it came from a spill file (whose
-    /// byte count it leaves).
-    fn load_spilled(&self, st: &mut State, b: &Backing, e: SpillEntry, spilled: bool) {
-        if let Some(qm) = self.read_back(b, e) {
-            if spilled {
-                st.spilled_bytes = st.spilled_bytes.saturating_sub(qm.message.body.len());
+    /// byte count it leaves). Gives `e` back when it cannot be read now (see
+    /// [`Queue::read_back`]): the caller puts it back where it was.
+    fn load_spilled(
+        &self,
+        st: &mut State,
+        b: &Backing,
+        e: SpillEntry,
+        spilled: bool,
+    ) -> std::result::Result<(), SpillEntry> {
+        match self.read_back(b, e) {
+            Ok(qm) => {
+                if spilled {
+                    st.spilled_bytes = st.spilled_bytes.saturating_sub(qm.message.body.len());
+                }
+                st.insert_ordered(qm);
+                Ok(())
             }
-            st.insert_ordered(qm);
+            Err(Some(e)) => Err(e),
+            Err(None) => Ok(()),
         }
     }
 
@@ -907,8 +1032,11 @@ impl Queue {
                 e.redelivered = true;
                 st.paged.insert_sorted(e, |x| entry_key(x, max));
             } else if s.rejected && self.args.dead_letter_exchange.is_some() {
-                if let Some(qm) = self.read_back(b, e) {
-                    self.discard(&mut st, qm, DeathReason::Rejected);
+                match self.read_back(b, e) {
+                    Ok(qm) => self.discard(&mut st, qm, DeathReason::Rejected),
+                    // Rejected: it leaves the queue whether or not it can be dead-lettered.
+                    Err(Some(e)) => self.forget_entry(b, &e),
+                    Err(None) => {}
                 }
             } else {
                 self.forget_entry(b, &e);
@@ -949,12 +1077,22 @@ impl Queue {
             return n;
         };
         let mut entries: Vec<SpillEntry> = st.paged.drain().collect();
-        for spill in st.spills.iter_mut().flatten() {
-            entries.extend(spill.clear().unwrap_or_default());
+        let mut held = Vec::new();
+        for spilled in st.spills.iter_mut().flatten() {
+            match spilled.file.clear() {
+                Ok(e) => entries.extend(e),
+                // What could not be read stays queued (and counted) rather than vanish.
+                Err(e) => warn!(queue = %self.name, error = %e, "cannot read spill file"),
+            }
+            held.extend(spilled.held.drain(..));
         }
         for e in entries {
             n += 1;
             self.forget_entry(b, &e);
+        }
+        for qm in held {
+            n += 1;
+            self.settled(&qm);
         }
         n
     }

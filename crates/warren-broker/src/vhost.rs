@@ -19,6 +19,7 @@ mod routing;
 use crate::equivalence::{arg_type_and_value, check_args, check_field, EQUIVALENT_QUEUE_ARGS};
 use crate::exchange::{Binding, Destination, Exchange, ExchangeKind};
 use crate::limits::{self, Limits};
+use crate::log_limit::LogLimit;
 use crate::message::{ConfirmTicket, Message, QueuedMessage};
 use crate::names;
 use crate::persist::{get_bool, get_str, get_table, s, Persistence, StorageOptions};
@@ -305,7 +306,10 @@ impl DeadLetterSink for VHost {
             }
             for (x, durable, delay) in &routed.delayed {
                 if let Err(e) = self.hold(x, *durable, &msg, *delay) {
-                    tracing::warn!(queue = %from.queue, error = %e, "cannot hold dead letter in delayed exchange");
+                    static HOLD_FAILED: LogLimit = LogLimit::new();
+                    if let Some(suppressed) = HOLD_FAILED.admit() {
+                        tracing::warn!(queue = %from.queue, error = %e, suppressed, "cannot hold dead letter in delayed exchange");
+                    }
                 }
             }
             let mut queues = routed.queues;
@@ -333,7 +337,10 @@ impl DeadLetterSink for VHost {
                 continue;
             }
             if let Err(e) = self.enqueue(msg, queues, None, false, true) {
-                tracing::warn!(queue = %from.queue, error = %e, "cannot dead-letter message");
+                static DEAD_LETTER_FAILED: LogLimit = LogLimit::new();
+                if let Some(suppressed) = DEAD_LETTER_FAILED.admit() {
+                    tracing::warn!(queue = %from.queue, error = %e, suppressed, "cannot dead-letter message");
+                }
             }
         }
     }

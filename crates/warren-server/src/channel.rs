@@ -28,6 +28,7 @@ use warren_amqp::table::put_shortstr;
 use warren_amqp::{constants, Method};
 use warren_broker::access::Operation;
 use warren_broker::exchange::Destination;
+use warren_broker::log_limit::LogLimit;
 use warren_broker::ops::publish::PublishCheck;
 use warren_broker::ops::{DeclaredQueue, PublishGrant};
 use warren_broker::queue::Settlement;
@@ -1426,7 +1427,12 @@ impl Channel {
             Ok(p) => p,
             Err(PublishError::Broker(e)) => return Err(e),
             Err(PublishError::StoreUnavailable(reason)) => {
-                tracing::warn!(%reason, "publish refused: message store unavailable");
+                // Every publish is refused while the disk is full: one line per interval,
+                // with the count of the refusals it stands for.
+                static REFUSED: LogLimit = LogLimit::new();
+                if let Some(suppressed) = REFUSED.admit() {
+                    tracing::warn!(%reason, suppressed, "publish refused: message store unavailable");
+                }
                 return Ok(None);
             }
         };

@@ -746,6 +746,24 @@ fn toml_value(text: &str) -> toml::Value {
         .unwrap_or_else(|| toml::Value::String(text.to_string()))
 }
 
+/// The line (from 1) of each `section.key` in a configuration file's text, from the TOML
+/// parser's spans, so that a value refused later names `file:line`. Empty when the text
+/// does not have the shape of sections of keys (the schema check reports that).
+fn key_lines(text: &str) -> HashMap<String, usize> {
+    type Sections = HashMap<String, HashMap<String, toml::Spanned<toml::Value>>>;
+    let Ok(sections) = toml::from_str::<Sections>(text) else {
+        return HashMap::new();
+    };
+    let line_at = |offset: usize| 1 + text[..offset.min(text.len())].matches('\n').count();
+    sections
+        .into_iter()
+        .flat_map(|(section, keys)| {
+            keys.into_iter()
+                .map(move |(key, v)| (format!("{section}.{key}"), line_at(v.span().start)))
+        })
+        .collect()
+}
+
 impl Config {
     /// Loads `path` (if given), then applies `WARREN_<SECTION>_<KEY>` variables from `env`.
     /// See [`Config::load_with`].
@@ -784,10 +802,16 @@ impl Config {
                 // Deserializing the text itself gives errors with line, column and key.
                 toml::from_str::<Config>(&text).map_err(file_err)?;
                 let table: toml::Table = text.parse().map_err(file_err)?;
+                let lines = key_lines(&text);
                 for (section, v) in &table {
                     if let Some(t) = v.as_table() {
                         for key in t.keys() {
-                            origins.insert(format!("{section}.{key}"), p.display().to_string());
+                            let key = format!("{section}.{key}");
+                            let origin = match lines.get(&key) {
+                                Some(line) => format!("{}:{line}", p.display()),
+                                None => p.display().to_string(),
+                            };
+                            origins.insert(key, origin);
                         }
                     }
                 }
@@ -1471,7 +1495,19 @@ mod tests {
         std::fs::write(&p, "[amqp]\nmax_message_size = 0\n").unwrap();
         let e = Config::load(Some(&p), Vec::new()).unwrap_err().to_string();
         assert!(
-            e.contains("amqp.max_message_size = 0") && e.contains(&p.display().to_string()),
+            e.contains("amqp.max_message_size = 0") && e.contains(&format!("{}:2)", p.display())),
+            "{e}"
+        );
+        // A value refused by its range names its line too, wherever the key is.
+        std::fs::write(
+            &p,
+            "# Warren\n\n[storage]\nsegment_size = 1048576\n\n[amqp]\nheartbeat = 10\n\
+             frame_max = 1024\n",
+        )
+        .unwrap();
+        let e = Config::load(Some(&p), Vec::new()).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("amqp.frame_max = 1024 ({}:8)", p.display())),
             "{e}"
         );
         // A range error from the environment names the variable.

@@ -81,6 +81,10 @@ pub enum LogError {
     Installed,
 }
 
+/// Target of the events that the binary also prints on standard error (a failed start):
+/// the log file gets them, the console log leaves them out, so a terminal shows them once.
+pub const STDERR_TARGET: &str = "warren::stderr";
+
 fn filter(level: &str) -> Result<EnvFilter, LogError> {
     EnvFilter::try_new(level).map_err(|_| LogError::Level(level.to_string()))
 }
@@ -118,7 +122,13 @@ pub fn init(cfg: &LogConfig, data_dir: Option<&Path>) -> Result<LogHandle, LogEr
     let mut layers = Vec::new();
     if cfg.console {
         let ansi = cfg.format == LogFormat::Plain && std::io::stdout().is_terminal();
-        layers.push(layer(cfg.format, ansi, BoxMakeWriter::new(std::io::stdout)));
+        layers.push(
+            layer(cfg.format, ansi, BoxMakeWriter::new(std::io::stdout))
+                .with_filter(tracing_subscriber::filter::filter_fn(|m| {
+                    m.target() != STDERR_TARGET
+                }))
+                .boxed(),
+        );
     }
     if let Some(f) = &file {
         let f = f.clone();

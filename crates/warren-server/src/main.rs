@@ -267,7 +267,9 @@ fn main() -> ExitCode {
         {
             Ok(b) => b,
             Err(e) => {
-                tracing::error!("cannot start: {e}");
+                // Once on standard error, and in the log file if there is one (the console
+                // log leaves it out: it would be the same line twice on a terminal).
+                tracing::error!(target: warren_server::logging::STDERR_TARGET, "cannot start: {e}");
                 eprintln!("warren: cannot start: {e}");
                 return ExitCode::FAILURE;
             }

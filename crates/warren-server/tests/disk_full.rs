@@ -57,7 +57,9 @@ async fn full_disk_nacks_blocks_and_recovers() {
         ("WARREN_STORAGE_SEGMENT_SIZE", "1048576"),
         ("WARREN_STORAGE_DISK_FREE_LIMIT", "0"),
     ];
-    let server = Server::start(&data, &env);
+    let log = std::env::temp_dir().join(format!("warren-diskfull-{}.log", std::process::id()));
+    let started = std::time::Instant::now();
+    let server = Server::start_logging(&data, &env, &log);
     // Leave about 6 MB free.
     filler(&dir.join("filler"), 18 << 20);
 
@@ -119,6 +121,16 @@ async fn full_disk_nacks_blocks_and_recovers() {
     );
     assert!(!nacked.is_empty(), "a full disk nacked nothing");
     assert!(!acked.is_empty(), "nothing was confirmed");
+    // The refusals are logged once, then summarised at most every 10 s: not one line each.
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let lines = text.matches("publish refused").count() as u64;
+    assert!(lines >= 1, "refused publishes went unreported:\n{text}");
+    assert!(
+        lines <= 1 + started.elapsed().as_secs() / 10,
+        "{lines} lines for {} refused publishes:\n{text}",
+        nacked.len()
+    );
+    let _ = std::fs::remove_file(&log);
 
     // Space is back: new publishes are confirmed again.
     for i in 1000..1010u32 {
@@ -273,4 +285,134 @@ async fn publishes_that_cannot_be_stored_are_nacked_promptly() {
     }
     drop(conn);
     server.kill();
+}
+
+/// A restart onto a full disk: the queue's spill file cannot be written, yet every confirmed
+/// message is in the queue (its depth counts them all) and is delivered, in order; once
+/// space is back and the broker stops cleanly, nothing delivered comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_on_a_full_disk_shows_every_confirmed_message() {
+    let dir = tempdir("diskfull-restart");
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=24m", "tmpfs"])
+        .arg(&dir)
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !mounted {
+        eprintln!("skipping: cannot mount a tmpfs here (needs root)");
+        return;
+    }
+    let _mount = Mount(&dir);
+    let data = dir.join("data");
+    let env = [
+        ("WARREN_STORAGE_SEGMENT_SIZE", "1048576"),
+        ("WARREN_STORAGE_DISK_FREE_LIMIT", "0"),
+        ("WARREN_STORAGE_QUEUE_WINDOW", "16"),
+    ];
+    let n = 5000u32;
+    let body = |i: u32| {
+        let mut b = vec![b'.'; 1024];
+        b[..4].copy_from_slice(&i.to_be_bytes());
+        b
+    };
+    let server = Server::start(&data, &env);
+    let conn = server.connect().await;
+    let ch = within("channel", conn.create_channel()).await.unwrap();
+    declare_durable(&ch, "deep").await;
+    within(
+        "confirm.select",
+        ch.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await
+    .unwrap();
+    let mut pending = Vec::new();
+    for i in 0..n {
+        let pc = within(
+            "publish",
+            ch.basic_publish(
+                "".into(),
+                "deep".into(),
+                BasicPublishOptions::default(),
+                &body(i),
+                persistent(),
+            ),
+        )
+        .await
+        .unwrap();
+        pending.push(pc);
+    }
+    for pc in pending {
+        assert!(within("confirm", pc).await.unwrap().is_ack());
+    }
+    server.kill();
+    drop(conn);
+
+    // The disk fills up while the broker is down.
+    let _ = std::fs::remove_dir_all(data.join("spill"));
+    filler(&dir.join("filler"), 64 << 20);
+    let log = std::env::temp_dir().join(format!(
+        "warren-diskfull-restart-{}.log",
+        std::process::id()
+    ));
+    let server = Server::start_logging(&data, &env, &log);
+    let conn = server.connect().await;
+    let ch = within("channel", conn.create_channel()).await.unwrap();
+    let depth = within(
+        "queue.declare passive",
+        ch.queue_declare(
+            "deep".into(),
+            lapin::options::QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            lapin::types::FieldTable::default(),
+        ),
+    )
+    .await
+    .unwrap()
+    .message_count();
+    assert_eq!(
+        depth, n,
+        "confirmed messages missing from the queue after the restart"
+    );
+    let mut got = Vec::new();
+    while let Some(m) = within(
+        "basic.get",
+        ch.basic_get("deep".into(), BasicGetOptions { no_ack: true }),
+    )
+    .await
+    .unwrap()
+    {
+        let d = &m.delivery.data;
+        assert_eq!(d.len(), 1024, "damaged body");
+        got.push(u32::from_be_bytes([d[0], d[1], d[2], d[3]]));
+    }
+    assert_eq!(got, (0..n).collect::<Vec<_>>());
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        text.contains("cannot write spill file"),
+        "the full disk went unreported:\n{text}"
+    );
+    assert!(
+        text.matches("cannot write spill file").count() <= 2,
+        "one warning per failed write:\n{text}"
+    );
+    // Space comes back; a clean stop writes the acks; nothing delivered returns.
+    std::fs::remove_file(dir.join("filler")).unwrap();
+    drop(conn);
+    server.terminate();
+    let server = Server::start(&data, &env);
+    let conn = server.connect().await;
+    let ch = within("channel", conn.create_channel()).await.unwrap();
+    let left = within(
+        "basic.get",
+        ch.basic_get("deep".into(), BasicGetOptions { no_ack: true }),
+    )
+    .await
+    .unwrap();
+    assert!(left.is_none(), "delivered messages came back");
+    drop(conn);
+    server.kill();
+    let _ = std::fs::remove_file(log);
 }

@@ -307,8 +307,16 @@ fn configuration_errors_name_their_source() {
     // A listen address in use is named, with the setting.
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let taken_addr = taken.local_addr().unwrap().to_string();
-    let (status, _, stderr) = run_warren(&["--data-dir", data, "--amqp-listen", &taken_addr], &[]);
+    let (status, stdout, stderr) =
+        run_warren(&["--data-dir", data, "--amqp-listen", &taken_addr], &[]);
     assert!(!status.success());
+    // Said once: on standard error, not again by the console log.
+    assert_eq!(
+        stderr.matches("cannot listen on").count(),
+        1,
+        "stderr: {stderr}\nstdout: {stdout}"
+    );
+    assert!(!stdout.contains("cannot listen on"), "stdout: {stdout}");
     assert!(
         stderr.contains(&format!(
             "cannot listen on {taken_addr} (amqp.listen = {taken_addr})"

@@ -567,7 +567,7 @@ fn finish(
         st.live.remove(&t);
         st.superseded.retain(|(seg, _)| *seg != t);
     }
-    inner.delete_file(t);
+    inner.delete_files(&[t]);
     hook(inner, CompactionStep::Deleted(t));
     if moved_records > 0 {
         info!(

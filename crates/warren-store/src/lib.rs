@@ -45,6 +45,7 @@
 //! failed: they complete once everything before them is written, after the retry.
 
 mod compact;
+mod deleted;
 pub mod record;
 mod recovery;
 pub mod spill;
@@ -98,6 +99,9 @@ pub struct StoreConfig {
     pub compact_quiet: Duration,
     /// Called at each step of a compaction (crash tests copy the directory there).
     pub compaction_hook: Option<CompactionHook>,
+    /// Makes the spill files of [`Store::spill_file`] fail their writes as on a full disk
+    /// while set (a test hook; `None` in service).
+    pub spill_write_fault: Option<spill::SpillFault>,
 }
 
 /// A callback run at each [`CompactionStep`], on the compactor thread.
@@ -122,6 +126,7 @@ impl StoreConfig {
             compact_ratio: 0.5,
             compact_quiet: Duration::from_secs(2),
             compaction_hook: None,
+            spill_write_fault: None,
         }
     }
 }
@@ -375,6 +380,8 @@ struct Inner {
     wake_compactor: Condvar,
     /// Set by [`Store::crash`]: the writer writes nothing more.
     crashed: AtomicBool,
+    /// Where segment deletions are recorded before the files go.
+    deletions: Mutex<deleted::DeletionLog>,
 }
 
 /// The message store. Cheap to clone; the writer and compactor threads run until
@@ -404,6 +411,7 @@ impl Store {
     pub fn open(cfg: StoreConfig) -> Result<(Store, Recovered), StoreError> {
         std::fs::create_dir_all(&cfg.dir)?;
         let rec = recovery::recover(&cfg.dir)?;
+        let cfg_dir = cfg.dir.clone();
         let segment = rec.last_segment + 1;
         let inner = Arc::new(Inner {
             state: Mutex::new(State {
@@ -435,6 +443,7 @@ impl Store {
             compactor_poked: Mutex::new(false),
             wake_compactor: Condvar::new(),
             crashed: AtomicBool::new(false),
+            deletions: Mutex::new(deleted::DeletionLog::new(&cfg_dir)),
         });
         let w = inner.clone();
         let handle = std::thread::Builder::new()
@@ -631,6 +640,12 @@ impl Store {
         self.inner.wake_writer.notify_one();
     }
 
+    /// A queue's spill file at `path`, whose entries point into this store (see
+    /// [`spill::SpillFile`]); it carries the configured [`StoreConfig::spill_write_fault`].
+    pub fn spill_file(&self, path: PathBuf) -> spill::SpillFile {
+        spill::SpillFile::new(path).with_fault(self.inner.cfg.spill_write_fault.clone())
+    }
+
     /// Reads back the message stored at `loc` (wherever compaction has moved it since).
     pub fn read(&self, loc: Location) -> Result<StoredMessage, StoreError> {
         let mut tries = 0;
@@ -672,7 +687,11 @@ impl Store {
         };
         let file = self.inner.reader(loc.segment)?;
         let mut raw = vec![0u8; loc.len as usize];
-        file.read_exact_at(&mut raw, loc.offset)?;
+        if let Err(e) = file.read_exact_at(&mut raw, loc.offset) {
+            // The next read opens the file again (it may have been replaced meanwhile).
+            self.inner.readers.lock().remove(&loc.segment);
+            return Err(e.into());
+        }
         decode_at(&raw, loc)
     }
 
@@ -819,17 +838,26 @@ impl Inner {
                 st.superseded.retain(|(seg, _)| !gone.contains(seg));
             }
         }
-        for seg in doomed {
-            self.delete_file(seg);
-        }
+        self.delete_files(&doomed);
     }
 
-    fn delete_file(&self, seg: u32) {
-        self.readers.lock().remove(&seg);
-        match std::fs::remove_file(segment_path(&self.cfg.dir, seg)) {
-            Ok(()) => tracing::debug!(segment = seg, "deleted settled segment"),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => warn!(segment = seg, error = %e, "cannot delete segment"),
+    /// Deletes segment files, recording first that the store itself deleted them (so that
+    /// recovery does not report them missing). A record that cannot be written does not
+    /// keep the files: deleting them may be what frees the disk.
+    fn delete_files(&self, segs: &[u32]) {
+        if segs.is_empty() {
+            return;
+        }
+        if let Err(e) = self.deletions.lock().record(segs) {
+            warn!(segments = ?segs, error = %e, "cannot record segment deletions; the next recovery will report these segments missing");
+        }
+        for &seg in segs {
+            self.readers.lock().remove(&seg);
+            match std::fs::remove_file(segment_path(&self.cfg.dir, seg)) {
+                Ok(()) => tracing::debug!(segment = seg, "deleted settled segment"),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => warn!(segment = seg, error = %e, "cannot delete segment"),
+            }
         }
     }
 }

@@ -6,7 +6,8 @@
 //! - A record whose CRC does not match is skipped and counted; scanning continues after it.
 //! - A length field that cannot be right (past the end of the file is a torn tail; larger than
 //!   any record could be) ends the scan of that segment: the rest is cut off and reported.
-//! - A gap in segment numbers (a missing file) is reported; everything else is served.
+//! - A gap in segment numbers (a missing file) is reported, unless the store recorded deleting
+//!   that segment itself (see the `deleted` module); everything else is served.
 //!
 //! Compaction copies live messages forward: a `PUBLISH` record with an id seen before is a
 //! newer copy and replaces the older one, with the queues it lists (the ones that had not
@@ -101,8 +102,22 @@ pub(crate) fn recover(dir: &Path) -> std::io::Result<RecoveryResult> {
         segments: segments.len(),
         ..Default::default()
     };
+    // Gaps the store made itself (reclaim and compaction record what they delete) are not
+    // missing; the record keeps only what is still a gap.
+    let deleted = crate::deleted::read(dir);
+    let mut gaps_deleted = Vec::new();
     for w in segments.windows(2) {
-        report.missing_segments.extend(w[0] + 1..w[1]);
+        for n in w[0] + 1..w[1] {
+            match deleted.contains(&n) {
+                true => gaps_deleted.push(n),
+                false => report.missing_segments.push(n),
+            }
+        }
+    }
+    if gaps_deleted.len() != deleted.len() {
+        if let Err(e) = crate::deleted::rewrite(dir, &gaps_deleted) {
+            warn!(error = %e, "cannot rewrite the record of deleted segments");
+        }
     }
     if !report.missing_segments.is_empty() {
         warn!(missing = ?report.missing_segments, "message store segments are missing; their messages and acks are lost");

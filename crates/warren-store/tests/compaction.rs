@@ -952,3 +952,92 @@ fn settled_segments_go_with_compaction_off_and_marks_survive() {
     store.close();
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+fn segment_numbers(dir: &Path) -> Vec<u32> {
+    segment_files(dir)
+        .iter()
+        .filter_map(|p| p.file_stem()?.to_str()?.parse().ok())
+        .collect()
+}
+
+/// Pins one message, then sends traffic that is all acked, with a message that stays after
+/// each stretch, until the store has deleted segments in the middle of the log.
+fn log_with_deleted_segments(dir: &Path, config: StoreConfig, segment: u64) {
+    let (store, _) = Store::open(config).unwrap();
+    let (pinned, _) = publish(&store, b"pinned", &["q"]);
+    store.delivered("q", pinned);
+    let body = vec![7u8; 512];
+    for _ in 0..4 {
+        let batch: Vec<_> = (0..200).map(|_| publish(&store, &body, &["q"])).collect();
+        for (id, loc) in batch {
+            store.ack("q", id, loc);
+        }
+        sync(&store);
+        let _ = publish(&store, b"kept", &["k"]);
+        sync(&store);
+        wait_for(&store, "reclaim", || disk_bytes(dir) <= 8 * segment);
+    }
+    store.close();
+}
+
+/// Segments that compaction and reclaim deleted leave gaps in the numbering; recovery knows
+/// it deleted them and reports nothing missing. A segment removed by hand is still reported,
+/// and only it.
+#[test]
+fn segments_the_store_deleted_are_not_reported_missing() {
+    let segment = 16 * 1024;
+    // Compaction on: where its deletions leave gaps depends on timing.
+    let dir = tempdir("deleted-compacted");
+    log_with_deleted_segments(&dir, cfg(&dir, segment), segment);
+    let segs = segment_numbers(&dir);
+    let (store, rec) = Store::open(cfg(&dir, segment)).unwrap();
+    assert_eq!(
+        rec.report.missing_segments,
+        Vec::<u32>::new(),
+        "segments deleted on purpose reported missing (on disk: {segs:?})"
+    );
+    assert_eq!(rec.queues["q"].len(), 1);
+    assert_eq!(rec.queues["k"].len(), 4);
+    store.close();
+    std::fs::remove_dir_all(dir).unwrap();
+
+    // Compaction off: the pinned first segment stays, so reclaim's deletions after it are
+    // always a gap.
+    let dir = tempdir("deleted-reclaimed");
+    let no_compaction = || StoreConfig {
+        compact_ratio: 0.0,
+        ..cfg(&dir, segment)
+    };
+    log_with_deleted_segments(&dir, no_compaction(), segment);
+    let segs = segment_numbers(&dir);
+    let gaps = segs.windows(2).filter(|w| w[1] > w[0] + 1).count();
+    assert!(gaps > 0, "no gap to check: {segs:?}");
+    let (store, rec) = Store::open(no_compaction()).unwrap();
+    assert_eq!(
+        rec.report.missing_segments,
+        Vec::<u32>::new(),
+        "segments deleted on purpose reported missing (on disk: {segs:?})"
+    );
+    assert_eq!(rec.queues["q"].len(), 1);
+    assert_eq!(rec.queues["k"].len(), 4);
+    // Messages that stay fill a few more segments.
+    let body = vec![7u8; 512];
+    for _ in 0..100 {
+        publish(&store, &body, &["k2"]);
+    }
+    store.close();
+    // Restarts again: the record is still right after recovery rewrote it.
+    let (store, rec) = Store::open(no_compaction()).unwrap();
+    assert!(rec.report.missing_segments.is_empty());
+    store.close();
+
+    // Now one is removed by hand: that one, and only it, is reported.
+    let segs = segment_numbers(&dir);
+    assert!(segs.len() >= 3, "{segs:?}");
+    let gone = segs[segs.len() / 2];
+    std::fs::remove_file(dir.join(format!("{gone:08}.seg"))).unwrap();
+    let (store, rec) = Store::open(no_compaction()).unwrap();
+    assert_eq!(rec.report.missing_segments, vec![gone], "on disk: {segs:?}");
+    store.close();
+    std::fs::remove_dir_all(dir).unwrap();
+}

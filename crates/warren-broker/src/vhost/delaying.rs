@@ -47,7 +47,10 @@ impl VHost {
             ) {
                 Ok(loc) => (Body::Paged(loc), false),
                 Err(e) => {
-                    tracing::warn!(%exchange, error = %e, "cannot page delayed message out; keeping it in memory");
+                    static PAGE_OUT_FAILED: LogLimit = LogLimit::new();
+                    if let Some(suppressed) = PAGE_OUT_FAILED.admit() {
+                        tracing::warn!(%exchange, error = %e, suppressed, "cannot page delayed message out; keeping it in memory");
+                    }
                     (Body::Memory(msg.clone()), false)
                 }
             },
@@ -106,7 +109,10 @@ impl VHost {
                     m.body,
                 ))),
                 Some(Err(e)) => {
-                    tracing::warn!(exchange = %held.exchange, error = %e, "dropping unreadable delayed message");
+                    static UNREADABLE: LogLimit = LogLimit::new();
+                    if let Some(suppressed) = UNREADABLE.admit() {
+                        tracing::warn!(exchange = %held.exchange, error = %e, suppressed, "dropping unreadable delayed message");
+                    }
                     None
                 }
                 None => None,
