@@ -530,16 +530,15 @@ impl Httpmq {
             return Reply::text(AUTH_FAILED);
         }
         let queue = vhost.queue(name, HTTPMQ_CONNECTION).ok();
-        if let Some(q) = &queue {
-            q.reset_positions();
-        }
         self.maxqueue.lock().remove(name);
-        if let Some(q) = queue.filter(|q| q.store().is_some()) {
-            // The purge's acks on disk before the reply, as the new state file is.
-            let _ = q;
-            let (done, synced) = StoreAck::pair();
-            if ops.sync((done, 0)) {
-                let _ = synced.await;
+        if let Some(q) = queue {
+            q.reset_positions();
+            if q.store().is_some() {
+                // The purge's acks on disk before the reply, as the new state file is.
+                let (done, synced) = StoreAck::pair();
+                if ops.sync((done, 0)) {
+                    let _ = synced.await;
+                }
             }
         }
         match self.checkpoint().await {
