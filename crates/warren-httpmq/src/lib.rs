@@ -67,6 +67,8 @@ pub struct Settings {
     /// A request with HTTP basic authentication of a Warren user needs no `auth=`.
     pub auth: Option<String>,
     /// The Warren user whose permissions apply to requests without basic authentication.
+    /// Without [`Settings::auth`], such requests from other hosts than the local one are
+    /// refused when this user is loopback-only (`guest` by default).
     pub user: String,
     /// A queue's maximum number of unread messages until `opt=maxqueue` sets another.
     pub default_maxqueue: u64,
@@ -239,10 +241,21 @@ impl Httpmq {
                 broker.login(credentials, source).ok()?.user
             }
             None => {
-                if let Some(expected) = &self.settings.auth {
-                    let given = params.get("auth").unwrap_or_default();
-                    if !constant_time_eq(given, expected.as_bytes()) {
-                        return None;
+                match &self.settings.auth {
+                    Some(expected) => {
+                        let given = params.get("auth").unwrap_or_default();
+                        if !constant_time_eq(given, expected.as_bytes()) {
+                            return None;
+                        }
+                    }
+                    // Without a password, a loopback-only user (guest by default) serves
+                    // only local clients, as its AMQP logins do.
+                    None => {
+                        if !peer.ip().is_loopback()
+                            && self.node.loopback_users().contains(&self.settings.user)
+                        {
+                            return None;
+                        }
                     }
                 }
                 self.settings.user.clone()

@@ -880,3 +880,56 @@ async fn answered_puts_survive_kill_9_and_answered_gets_do_not_come_back() {
     }
     server.terminate();
 }
+
+/// An address of this machine that is not loopback, if it has one.
+fn non_loopback_ip() -> Option<std::net::IpAddr> {
+    let s = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    s.connect("10.255.255.255:1").ok()?;
+    let ip = s.local_addr().ok()?.ip();
+    (!ip.is_loopback() && !ip.is_unspecified()).then_some(ip)
+}
+
+#[tokio::test]
+async fn without_a_password_the_loopback_only_default_user_serves_local_clients_only() {
+    let Some(ip) = non_loopback_ip() else {
+        eprintln!("no non-loopback address on this machine: nothing to check");
+        return;
+    };
+    let dir = tempdir("loopback");
+    let mut mq = Mq::start_with(&dir, |c| c.httpmq.listen = "0.0.0.0:0".parse().unwrap()).await;
+    let port = mq.broker.as_ref().unwrap().httpmq_addrs()[0].port();
+    ok_put(&mq.get("name=l&opt=put&data=local").await, 1);
+    let local_base = std::mem::replace(&mut mq.base, format!("http://{ip}:{port}"));
+    // From another address: guest (loopback-only) does not serve it...
+    plain(&mq.get("name=l&opt=get").await, "HTTPMQ_AUTH_FAILED");
+    plain(
+        &mq.get("name=l&opt=put&data=remote").await,
+        "HTTPMQ_AUTH_FAILED",
+    );
+    // ...a Warren user with basic auth does (guest itself is loopback-only there too).
+    let a = mq
+        .send(
+            mq.client
+                .get(format!("{}/?name=l&opt=status_json", mq.base))
+                .basic_auth("guest", Some("guest")),
+        )
+        .await;
+    plain(&a, "HTTPMQ_AUTH_FAILED");
+    mq.base = local_base;
+    let a = mq.get("name=l&opt=get").await;
+    assert_eq!((a.text(), a.pos), ("local", Some(1)));
+    mq.stop().await;
+
+    // With a password, remote clients that carry it are served.
+    let dir = tempdir("loopback-auth");
+    let mut mq = Mq::start_with(&dir, |c| {
+        c.httpmq.listen = "0.0.0.0:0".parse().unwrap();
+        c.httpmq.auth = Some("pw".into());
+    })
+    .await;
+    let port = mq.broker.as_ref().unwrap().httpmq_addrs()[0].port();
+    mq.base = format!("http://{ip}:{port}");
+    plain(&mq.get("name=l&opt=put&data=x").await, "HTTPMQ_AUTH_FAILED");
+    ok_put(&mq.get("name=l&opt=put&data=x&auth=pw").await, 1);
+    mq.stop().await;
+}
