@@ -40,7 +40,7 @@ use warren_broker::queue::{Positions, Queue, Settlement};
 use warren_broker::vhost::QueueDeclare;
 use warren_broker::{Actor, Ops, VHost};
 
-pub use listener::{BoundedListener, Peer};
+pub use listener::{BoundedListener, Peer, Tls};
 use state::{QueueState, StateFile};
 
 /// The largest `maxqueue` a queue may be given (httpsqs's bound).
@@ -746,16 +746,18 @@ pub fn router(app: Arc<Httpmq>) -> axum::Router {
 }
 
 /// Serves the API on `listener` (at most [`Settings::max_connections`] connections at once,
-/// HTTP/1.1 keep-alive) until `shutdown` turns true; checkpoints the state file every
-/// [`Settings::checkpoint_ms`] while running and once more at the end.
+/// HTTP/1.1 keep-alive, over TLS when `tls` is given) until `shutdown` turns true;
+/// checkpoints the state file every [`Settings::checkpoint_ms`] while running and once more
+/// at the end.
 ///
 /// Errors: the listener failed.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     app: Arc<Httpmq>,
+    tls: Option<Tls>,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) -> std::io::Result<()> {
-    let bounded = BoundedListener::new(listener, app.settings.max_connections);
+    let bounded = BoundedListener::new(listener, app.settings.max_connections, tls)?;
     let service = router(app.clone()).into_make_service_with_connect_info::<Peer>();
     let mut stop = shutdown.clone();
     let checkpoints = {

@@ -76,6 +76,9 @@ pub struct HttpmqConfig {
     /// How often queue positions are checkpointed to `<data_dir>/httpmq/state.json`, ms
     /// (default 1000).
     pub checkpoint_ms: u64,
+    /// Serve HTTPS instead of HTTP, with the `[tls]` certificate, key and client-certificate
+    /// settings of AMQPS (which must be set); reloaded with them on SIGHUP.
+    pub tls: bool,
 }
 
 impl Default for HttpmqConfig {
@@ -90,6 +93,7 @@ impl Default for HttpmqConfig {
             max_body_bytes: 16 * 1024 * 1024,
             max_connections: 10_000,
             checkpoint_ms: 1000,
+            tls: false,
         }
     }
 }
@@ -931,6 +935,13 @@ impl Config {
                 "must be at least 1",
             );
         }
+        if h.tls && !self.tls.enabled() {
+            return bad(
+                "httpmq.tls",
+                &h.tls,
+                "needs tls.cert_file and tls.key_file (the listener uses the [tls] settings)",
+            );
+        }
         let a = &self.amqp;
         if a.frame_max < 4096 {
             return bad(
@@ -1298,6 +1309,8 @@ default_maxqueue = {httpmq_default_maxqueue}
 max_body_bytes = {httpmq_max_body_bytes}
 max_connections = {httpmq_max_connections}
 checkpoint_ms = {httpmq_checkpoint_ms}
+# HTTPS with the [tls] settings (cert_file and key_file must be set).
+tls = false
 
 
 {tls}
@@ -1545,6 +1558,7 @@ mod tests {
             ("WARREN_HTTPMQ_MAX_BODY_BYTES", "0"),
             ("WARREN_HTTPMQ_MAX_CONNECTIONS", "0"),
             ("WARREN_HTTPMQ_CHECKPOINT_MS", "0"),
+            ("WARREN_HTTPMQ_TLS", "true"),
         ] {
             let e = Config::load(None, env(&[(var, value)]))
                 .unwrap_err()

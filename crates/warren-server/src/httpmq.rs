@@ -5,6 +5,7 @@ use crate::listen::ListenAddr;
 use crate::state::ServerState;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::watch;
 use tracing::info;
 
@@ -43,17 +44,24 @@ fn settings(state: &ServerState) -> warren_httpmq::Settings {
 }
 
 /// Restores the API's state (queue positions and maxima) and binds `listen` (setting
-/// `httpmq.listen`); serves there until `shutdown` turns true. Returns the bound addresses
-/// and the serving tasks.
+/// `httpmq.listen`); serves there until `shutdown` turns true, over TLS with `tls` (the
+/// AMQPS acceptor, so that a SIGHUP reload applies to both) when given. Returns the bound
+/// addresses and the serving tasks.
 ///
 /// Errors: the state file cannot be read, or the address cannot be bound
 /// ([`crate::listen::ListenError`]).
 pub(crate) async fn start(
     listen: &ListenAddr,
     state: Arc<ServerState>,
+    tls: Option<crate::tls::TlsAcceptorHandle>,
     shutdown: watch::Receiver<bool>,
 ) -> std::io::Result<(Vec<SocketAddr>, Vec<tokio::task::JoinHandle<()>>)> {
     let settings = settings(&state);
+    let handshake_timeout = Duration::from_secs(state.config.amqp.handshake_timeout.max(1));
+    let tls = tls.map(|handle| warren_httpmq::Tls {
+        config: Arc::new(move || handle.server_config()),
+        handshake_timeout,
+    });
     let node: Arc<dyn warren_httpmq::Node> = Arc::new(Node { state });
     let app = warren_httpmq::Httpmq::new(node, settings)?;
     let listeners = listen
@@ -67,12 +75,14 @@ pub(crate) async fn start(
     let mut tasks = Vec::new();
     for l in listeners {
         if let Ok(a) = l.local_addr() {
-            info!(addr = %a, "started HTTP listener for the httpmq queue API");
+            let scheme = if tls.is_some() { "HTTPS" } else { "HTTP" };
+            info!(addr = %a, "started {scheme} listener for the httpmq queue API");
         }
         let app = app.clone();
         let rx = shutdown.clone();
+        let tls = tls.clone();
         tasks.push(tokio::spawn(async move {
-            if let Err(e) = warren_httpmq::serve(l, app, rx).await {
+            if let Err(e) = warren_httpmq::serve(l, app, tls, rx).await {
                 tracing::error!(error = %e, "httpmq listener failed");
             }
         }));

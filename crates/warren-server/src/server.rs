@@ -126,7 +126,12 @@ impl BrokerBuilder {
         };
         let (httpmq_addrs, httpmq_tasks) = if self.httpmq {
             let listen = state.config.httpmq.listen.clone();
-            match crate::httpmq::start(&listen, state.clone(), rx.clone()).await {
+            let tls_handle = if state.config.httpmq.tls {
+                tls.as_ref().map(|(_, h)| h.clone())
+            } else {
+                None
+            };
+            match crate::httpmq::start(&listen, state.clone(), tls_handle, rx.clone()).await {
                 Ok(m) => m,
                 Err(e) => {
                     let _ = tx.send(true);

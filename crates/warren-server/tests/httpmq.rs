@@ -5,6 +5,7 @@
 //! with their permissions, AMQP interoperation, concurrency and crash durability.
 
 mod binary_support;
+mod tls_support;
 
 use lapin::options::{BasicGetOptions, BasicPublishOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
@@ -931,5 +932,57 @@ async fn without_a_password_the_loopback_only_default_user_serves_local_clients_
     mq.base = format!("http://{ip}:{port}");
     plain(&mq.get("name=l&opt=put&data=x").await, "HTTPMQ_AUTH_FAILED");
     ok_put(&mq.get("name=l&opt=put&data=x&auth=pw").await, 1);
+    mq.stop().await;
+}
+
+#[tokio::test]
+async fn with_httpmq_tls_the_listener_speaks_https_with_the_tls_settings() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let ca = tls_support::certs::Ca::new("httpmq test CA");
+    let files = tls_support::ServerFiles::new(&ca.server(), None);
+    let dir = tempdir("tls");
+    let mq = Mq::start_with(&dir, |c| {
+        c.tls = files.settings.clone();
+        c.tls.listen = "127.0.0.1:0".parse().unwrap();
+        c.httpmq.tls = true;
+    })
+    .await;
+    let addr = mq.broker.as_ref().unwrap().httpmq_addrs()[0];
+    let connector =
+        tokio_rustls::TlsConnector::from(tls_support::certs::client_config(&[ca.der()], None, &[]));
+    let request =
+        |q: &str| format!("GET /?{q} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    let mut replies = Vec::new();
+    for q in ["name=t&opt=put&data=secure", "name=t&opt=get"] {
+        let tcp = within("connect", tokio::net::TcpStream::connect(addr))
+            .await
+            .unwrap();
+        let mut tls = within(
+            "TLS handshake",
+            connector.connect(tls_support::certs::localhost(), tcp),
+        )
+        .await
+        .expect("TLS handshake with the [tls] certificate");
+        tls.write_all(request(q).as_bytes()).await.unwrap();
+        let mut reply = Vec::new();
+        // The server may close without close_notify once the reply is sent.
+        let _ = within("reply", tls.read_to_end(&mut reply)).await;
+        replies.push(String::from_utf8_lossy(&reply).to_lowercase());
+    }
+    assert!(replies[0].starts_with("http/1.1 200"), "{}", replies[0]);
+    assert!(replies[0].contains("\r\npos: 1\r\n"), "{}", replies[0]);
+    assert!(
+        replies[0].ends_with("\r\n\r\nhttpmq_put_ok"),
+        "{}",
+        replies[0]
+    );
+    assert!(replies[1].ends_with("\r\n\r\nsecure"), "{}", replies[1]);
+    // Plain HTTP is not served there.
+    let plain = mq
+        .client
+        .get(format!("http://{addr}/?name=t&opt=status"))
+        .send()
+        .await;
+    assert!(plain.is_err(), "{plain:?}");
     mq.stop().await;
 }
