@@ -745,23 +745,44 @@ pub fn router(app: Arc<Httpmq>) -> axum::Router {
         .with_state(app)
 }
 
+/// Waits until `rx` turns true (or its sender is gone).
+async fn stopped(rx: &mut tokio::sync::watch::Receiver<bool>) {
+    while !*rx.borrow() {
+        if rx.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// How long a client may take to send a request's headers.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Serves the API on `listener` (at most [`Settings::max_connections`] connections at once,
-/// HTTP/1.1 keep-alive, over TLS when `tls` is given) until `shutdown` turns true;
-/// checkpoints the state file every [`Settings::checkpoint_ms`] while running and once more
-/// at the end.
+/// HTTP/1.1 keep-alive, over TLS when `tls` is given) until `shutdown` turns true, then lets
+/// requests in progress finish; checkpoints the state file every [`Settings::checkpoint_ms`]
+/// while running and once more at the end.
 ///
-/// Errors: the listener failed.
+/// Header names are sent in title case (`Pos`, `Content-Length`), as httpsqs sends them:
+/// httpsqs's own client libraries look for `Pos:` and `Content-Length:` case-sensitively.
+///
+/// Errors: the listener's address cannot be read.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     app: Arc<Httpmq>,
     tls: Option<Tls>,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) -> std::io::Result<()> {
-    let bounded = BoundedListener::new(listener, app.settings.max_connections, tls)?;
-    let service = router(app.clone()).into_make_service_with_connect_info::<Peer>();
-    let mut stop = shutdown.clone();
+    use axum::serve::Listener;
+    use tower_service::Service;
+    let mut bounded = BoundedListener::new(listener, app.settings.max_connections, tls)?;
+    let router = router(app.clone());
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.title_case_headers(true)
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT);
     let checkpoints = {
         let app = app.clone();
+        let mut stop = shutdown.clone();
         tokio::spawn(async move {
             let every = Duration::from_millis(app.settings.checkpoint_ms.max(10));
             let mut tick = tokio::time::interval(every);
@@ -773,25 +794,49 @@ pub async fn serve(
                             warn!(error = %e, "httpmq: cannot checkpoint the state file");
                         }
                     }
-                    _ = stop.changed() => return,
+                    _ = stopped(&mut stop) => return,
                 }
             }
         })
     };
-    let served = axum::serve(bounded, service)
-        .with_graceful_shutdown(async move {
-            while !*shutdown.borrow() {
-                if shutdown.changed().await.is_err() {
-                    return;
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        let (io, peer) = tokio::select! {
+            c = bounded.accept() => c,
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+            _ = stopped(&mut shutdown) => break,
+        };
+        let router = router.clone();
+        let service =
+            hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+                req.extensions_mut().insert(ConnectInfo(Peer(peer)));
+                let mut router = router.clone();
+                async move { router.call(req).await }
+            });
+        let connection = http.serve_connection(hyper_util::rt::TokioIo::new(io), service);
+        let mut stop = shutdown.clone();
+        connections.spawn(async move {
+            tokio::pin!(connection);
+            tokio::select! {
+                _ = connection.as_mut() => {}
+                _ = stopped(&mut stop) => {
+                    connection.as_mut().graceful_shutdown();
+                    let _ = connection.await;
                 }
             }
-        })
-        .await;
+        });
+    }
+    drop(bounded);
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    connections.abort_all();
     checkpoints.abort();
     if let Err(e) = app.checkpoint().await {
         warn!(error = %e, "httpmq: cannot write the state file at shutdown");
     }
-    served
+    Ok(())
 }
 
 #[cfg(test)]

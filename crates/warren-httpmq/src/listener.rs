@@ -3,8 +3,6 @@
 //! the kernel's listen backlog), optionally over TLS. TLS handshakes run in their own tasks,
 //! bounded by a timeout, so a client that never finishes one holds up no one else.
 
-use axum::extract::connect_info::Connected;
-use axum::serve::IncomingStream;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -192,12 +190,7 @@ impl axum::serve::Listener for BoundedListener {
     }
 }
 
-/// The client's address of a request (axum's `ConnectInfo` for [`BoundedListener`]).
+/// The client's address of a request (inserted by [`crate::serve`] as axum's
+/// `ConnectInfo`).
 #[derive(Debug, Clone, Copy)]
 pub struct Peer(pub SocketAddr);
-
-impl Connected<IncomingStream<'_, BoundedListener>> for Peer {
-    fn connect_info(stream: IncomingStream<'_, BoundedListener>) -> Self {
-        Peer(*stream.remote_addr())
-    }
-}

@@ -986,3 +986,57 @@ async fn with_httpmq_tls_the_listener_speaks_https_with_the_tls_settings() {
     assert!(plain.is_err(), "{plain:?}");
     mq.stop().await;
 }
+
+/// httpsqs's own clients read the reply headers case-sensitively (`Pos:`, `Content-Length:`),
+/// as httpsqs writes them.
+#[tokio::test]
+async fn reply_headers_are_written_in_httpsqs_case() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempdir("header-case");
+    let mq = Mq::start(&dir).await;
+    let addr = mq.broker.as_ref().unwrap().httpmq_addrs()[0];
+    let mut replies = Vec::new();
+    for q in ["name=h&opt=put&data=hello", "name=h&opt=get"] {
+        let mut s = within("connect", tokio::net::TcpStream::connect(addr))
+            .await
+            .unwrap();
+        s.write_all(
+            format!("GET /?{q} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .await
+        .unwrap();
+        let mut reply = Vec::new();
+        within("reply", s.read_to_end(&mut reply)).await.unwrap();
+        replies.push(String::from_utf8(reply).unwrap());
+    }
+    assert!(
+        replies[0].starts_with("HTTP/1.1 200 OK\r\n"),
+        "{}",
+        replies[0]
+    );
+    assert!(replies[0].contains("\r\nPos: 1\r\n"), "{}", replies[0]);
+    assert!(
+        replies[0].contains("\r\nContent-Length: 13\r\n"),
+        "{}",
+        replies[0]
+    );
+    assert!(
+        replies[0].contains("\r\nContent-Type: text/plain\r\n"),
+        "{}",
+        replies[0]
+    );
+    assert!(
+        replies[0].ends_with("\r\n\r\nHTTPMQ_PUT_OK"),
+        "{}",
+        replies[0]
+    );
+    assert!(replies[1].contains("\r\nPos: 1\r\n"), "{}", replies[1]);
+    assert!(
+        replies[1].contains("\r\nContent-Length: 5\r\n"),
+        "{}",
+        replies[1]
+    );
+    assert!(replies[1].ends_with("\r\n\r\nhello"), "{}", replies[1]);
+    mq.stop().await;
+}
