@@ -14,7 +14,9 @@
 #   ab:      `ab -k -c 1000 -n AB_N` GET puts of 512 B via `data=`, then AB_N gets;
 #   backlog: BACKLOG_N (1,000,000) x 1 KiB POST puts, then as many gets, on a fresh broker;
 #            peak RSS (VmHWM) after each phase;
-#   amqp:    warren-perf 1p/1c transient and 1p/1c persistent+confirms(100), DURATION s.
+#   amqp:    warren-perf 1p/1c transient and 1p/1c persistent+confirms(100), DURATION s;
+#            with BASELINE_WARREN=<another warren binary> (e.g. one built from main), the same
+#            rows on it too, alternating, to show what this build costs AMQP.
 # Every put is answered after the fsync that covers it, every get after the fsync of its ack.
 # CPU shares of the broker and of the load tool are printed (ab is single-threaded).
 # Needs wrk, ab (apache2-utils) and jq.
@@ -27,6 +29,7 @@ HTTP_PORT=${HTTP_PORT:-11218}
 AB_N=${AB_N:-100000}
 BACKLOG_N=${BACKLOG_N:-1000000}
 SKIP_BACKLOG=${SKIP_BACKLOG:-}
+BASELINE_WARREN=${BASELINE_WARREN:-}
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 
 for t in wrk ab jq; do
@@ -47,14 +50,20 @@ cleanup() {
 trap cleanup EXIT
 URL="http://127.0.0.1:$HTTP_PORT"
 
-start_broker() {
+start_broker() { # [binary]
     rm -rf "$WORK/data"
-    "$WARREN" --amqp-listen "127.0.0.1:$WARREN_PORT" --management-listen 127.0.0.1:0 \
-        --httpmq-listen "127.0.0.1:$HTTP_PORT" --data-dir "$WORK/data" --log-level warn \
+    local bin=${1:-$WARREN} extra=(--httpmq-listen "127.0.0.1:$HTTP_PORT")
+    # A baseline built before the httpmq API has no --httpmq-listen.
+    "$bin" --help | grep -q -- --httpmq-listen || extra=()
+    "$bin" --amqp-listen "127.0.0.1:$WARREN_PORT" --management-listen 127.0.0.1:0 \
+        "${extra[@]}" --data-dir "$WORK/data" --log-level warn \
         >>"$WORK/warren.log" 2>&1 &
     BROKER_PID=$!
     for _ in $(seq 200); do
-        curl -s "$URL/" >/dev/null 2>&1 && return 0
+        if (exec 3<>"/dev/tcp/127.0.0.1/$WARREN_PORT") 2>/dev/null; then
+            [ ${#extra[@]} -eq 0 ] && return 0
+            curl -s "$URL/" >/dev/null 2>&1 && return 0
+        fi
         sleep 0.1
     done
     echo "warren did not start: $(tail -5 "$WORK/warren.log")" >&2
@@ -127,16 +136,27 @@ cpu=$(timed "$WORK/ab-get" ab -k -c 1000 -n "$AB_N" "$URL/?name=abq&opt=get")
 read -r rps p50 p99 <<<"$(ab_summary "$WORK/ab-get")"
 row "| ab -k -c 1000 -n $AB_N GET get | $rps req/s ($(getpos abq) got) | $p50 | $p99 | $cpu |"
 
+amqp_rows() { # label
+    for spec in "1p/1c transient:--producers 1 --consumers 1 --prefetch 100" \
+        "1p/1c persistent+confirms(100):--producers 1 --consumers 1 --prefetch 100 --persistent --confirm 100"; do
+        name=${spec%%:*}; args=${spec#*:}
+        # shellcheck disable=SC2086
+        line=$("$PERF" --uri "amqp://guest:guest@127.0.0.1:$WARREN_PORT/%2f" $args --duration "$DURATION" --json 2>/dev/null | grep '^{' | tail -1)
+        row "| AMQP $name (warren-perf)$1 | $(jq -r '.consume_rate_median' <<<"$line") msg/s, missing/dup $(jq -r '"\(.missing)/\(.duplicates)"' <<<"$line") | $(jq -r '.latency_p50_us' <<<"$line") µs | $(jq -r '.latency_p99_us' <<<"$line") µs | - |"
+    done
+}
 log "AMQP (warren-perf)"
-for spec in "1p/1c transient:--producers 1 --consumers 1 --prefetch 100" \
-    "1p/1c persistent+confirms(100):--producers 1 --consumers 1 --prefetch 100 --persistent --confirm 100"; do
-    name=${spec%%:*}; args=${spec#*:}
-    # shellcheck disable=SC2086
-    line=$("$PERF" --uri "amqp://guest:guest@127.0.0.1:$WARREN_PORT/%2f" $args --duration "$DURATION" --json 2>/dev/null | grep '^{' | tail -1)
-    row "| AMQP $name (warren-perf) | $(jq -r '.consume_rate_median' <<<"$line") msg/s, missing/dup $(jq -r '"\(.missing)/\(.duplicates)"' <<<"$line") | $(jq -r '.latency_p50_us' <<<"$line") µs | $(jq -r '.latency_p99_us' <<<"$line") µs | - |"
-done
+amqp_rows ""
 row "| broker peak RSS (VmHWM) | $(rss_peak_mb) MB | | | |"
 stop_broker
+
+if [ -n "$BASELINE_WARREN" ]; then
+    for round in 1 2; do
+        log "AMQP round $round: baseline, then this build"
+        start_broker "$BASELINE_WARREN"; amqp_rows " baseline, round $round"; stop_broker
+        start_broker; amqp_rows " this build, round $round"; stop_broker
+    done
+fi
 
 if [ -z "$SKIP_BACKLOG" ]; then
     log "backlog: $BACKLOG_N x 1 KiB"
