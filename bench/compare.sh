@@ -207,7 +207,7 @@ LOAD_SAMPLER=$!
 # ---- brokers -------------------------------------------------------------
 launch_warren() { # launch on the existing (or a new) data directory, do not wait
     [ -n "$WARREN_DATA" ] || WARREN_DATA=$(mktemp -d /tmp/warren-bench-data.XXXXXX)
-    "$WARREN" --amqp-listen "127.0.0.1:$WARREN_PORT" --management-listen 127.0.0.1:0 --data-dir "$WARREN_DATA" \
+    "$WARREN" --amqp-listen "127.0.0.1:$WARREN_PORT" --management-listen 127.0.0.1:0 --httpmq-listen 127.0.0.1:0 --data-dir "$WARREN_DATA" \
         --log-level warn >>"$WORK/warren.log" 2>&1 &
     WARREN_PID=$!
 }

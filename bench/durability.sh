@@ -34,7 +34,7 @@ trap cleanup EXIT
 log() { echo "[durability] $*" >&2; }
 
 start() {
-    "$WARREN" --amqp-listen "127.0.0.1:$PORT" --management-listen 127.0.0.1:0 --data-dir "$DATA" --log-level info >>"$LOG" 2>&1 &
+    "$WARREN" --amqp-listen "127.0.0.1:$PORT" --management-listen 127.0.0.1:0 --httpmq-listen 127.0.0.1:0 --data-dir "$DATA" --log-level info >>"$LOG" 2>&1 &
     PID=$!
     for _ in $(seq 600); do
         (echo > "/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && return 0

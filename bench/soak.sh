@@ -57,7 +57,7 @@ TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 WARREN="$TARGET_DIR/$PROFILE/warren"
 SOAK="$TARGET_DIR/$PROFILE/warren-soak"
 
-"$WARREN" --amqp-listen "127.0.0.1:$PORT" --management-listen 127.0.0.1:0 --data-dir "$DATA/data" --log-level "$LOG_LEVEL" >"$LOG" 2>&1 &
+"$WARREN" --amqp-listen "127.0.0.1:$PORT" --management-listen 127.0.0.1:0 --httpmq-listen 127.0.0.1:0 --data-dir "$DATA/data" --log-level "$LOG_LEVEL" >"$LOG" 2>&1 &
 PID=$!
 for _ in $(seq 300); do
     (echo >"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break

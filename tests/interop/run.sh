@@ -123,7 +123,7 @@ else
   export MGMT_PORT
   DATA_DIR=$(mktemp -d -t warren-interop-data.XXXXXX)
   SERVER_LOG=$(mktemp -t warren-interop-log.XXXXXX)
-  "$WARREN_BIN" --amqp-listen "127.0.0.1:$PORT" --management-listen "127.0.0.1:$MGMT_PORT" \
+  "$WARREN_BIN" --amqp-listen "127.0.0.1:$PORT" --management-listen "127.0.0.1:$MGMT_PORT" --httpmq-listen 127.0.0.1:0 \
     --data-dir "$DATA_DIR" --log-level warn \
     >"$SERVER_LOG" 2>&1 &
   SERVER_PID=$!

@@ -68,6 +68,9 @@ pub struct Message {
     /// keys, see [`crate::sender_selected`]), fixed when it is published or dead-lettered.
     /// `None` (a message read back from the store) means: the keys of its `CC` header.
     pub sender_keys: Option<Arc<crate::sender_selected::SenderKeys>>,
+    /// The position the (first) queue it was enqueued on gave it
+    /// ([`crate::queue::Positions`]): the HTTP queue API's `Pos` of a put.
+    pub position: OnceLock<u64>,
     encoded_properties: OnceLock<Bytes>,
 }
 
@@ -86,6 +89,7 @@ impl Message {
             body,
             confirm: OnceLock::new(),
             sender_keys: None,
+            position: OnceLock::new(),
             encoded_properties: OnceLock::new(),
         }
     }

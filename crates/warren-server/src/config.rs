@@ -44,6 +44,58 @@ pub struct Config {
     pub topic_permissions: Vec<TopicPermissionConfig>,
     /// The management HTTP API.
     pub management: ManagementConfig,
+    /// The httpmq/httpsqs-compatible HTTP queue API.
+    pub httpmq: HttpmqConfig,
+}
+
+/// `[httpmq]`: the HTTP queue API compatible with httpmq and httpsqs
+/// (`/?name=Q&opt=put|get|view|status|status_json|reset|maxqueue`) on the queues of one vhost.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpmqConfig {
+    /// Serve the API (the `warren` binary does by default; an embedding program asks with
+    /// [`crate::BrokerBuilder::httpmq`]).
+    pub enabled: bool,
+    /// Where it listens (httpsqs's port, default `0.0.0.0:1218`).
+    pub listen: ListenAddr,
+    /// The vhost whose queues `name=` names (default `/`).
+    pub vhost: String,
+    /// A password every request must carry as `auth=` (httpmq's `-auth`); unset, none. A
+    /// request with HTTP basic authentication of a Warren user needs no `auth=`.
+    pub auth: Option<String>,
+    /// The Warren user whose permissions apply to requests without basic authentication
+    /// (default `guest`).
+    pub user: String,
+    /// A queue's maximum number of unread messages until `opt=maxqueue` changes it
+    /// (1 to 10,000,000; default 1,000,000).
+    pub default_maxqueue: u64,
+    /// The largest request body, bytes (default 16 MiB); a larger request gets 413.
+    pub max_body_bytes: u64,
+    /// Most HTTP connections open at once (default 10,000); more wait to be accepted.
+    pub max_connections: usize,
+    /// How often queue positions are checkpointed to `<data_dir>/httpmq/state.json`, ms
+    /// (default 1000).
+    pub checkpoint_ms: u64,
+    /// Serve HTTPS instead of HTTP, with the `[tls]` certificate, key and client-certificate
+    /// settings of AMQPS (which must be set); reloaded with them on SIGHUP.
+    pub tls: bool,
+}
+
+impl Default for HttpmqConfig {
+    fn default() -> Self {
+        HttpmqConfig {
+            enabled: true,
+            listen: ListenAddr::Addr(std::net::SocketAddr::from(([0, 0, 0, 0], 1218))),
+            vhost: "/".into(),
+            auth: None,
+            user: "guest".into(),
+            default_maxqueue: 1_000_000,
+            max_body_bytes: 16 * 1024 * 1024,
+            max_connections: 10_000,
+            checkpoint_ms: 1000,
+            tls: false,
+        }
+    }
 }
 
 /// `[management]`: the management HTTP API (RabbitMQ's management plugin's paths and JSON,
@@ -715,6 +767,7 @@ const SECTIONS: &[&str] = &[
     "auth",
     "definitions",
     "management",
+    "httpmq",
 ];
 
 /// `WARREN_*` variables that are not configuration: the scripts of this repository use them
@@ -877,6 +930,42 @@ impl Config {
                 message: message.to_string(),
             })
         };
+        let h = &self.httpmq;
+        if !(1..=10_000_000).contains(&h.default_maxqueue) {
+            return bad(
+                "httpmq.default_maxqueue",
+                &h.default_maxqueue,
+                "must be between 1 and 10000000",
+            );
+        }
+        if h.max_body_bytes == 0 || h.max_body_bytes > MAX_MESSAGE_SIZE_LIMIT {
+            return bad(
+                "httpmq.max_body_bytes",
+                &h.max_body_bytes,
+                "must be between 1 and 536870912",
+            );
+        }
+        if h.max_connections == 0 {
+            return bad(
+                "httpmq.max_connections",
+                &h.max_connections,
+                "must be at least 1",
+            );
+        }
+        if h.checkpoint_ms == 0 {
+            return bad(
+                "httpmq.checkpoint_ms",
+                &h.checkpoint_ms,
+                "must be at least 1",
+            );
+        }
+        if h.tls && !self.tls.enabled() {
+            return bad(
+                "httpmq.tls",
+                &h.tls,
+                "needs tls.cert_file and tls.key_file (the listener uses the [tls] settings)",
+            );
+        }
         let a = &self.amqp;
         if a.frame_max < 4096 {
             return bad(
@@ -1228,6 +1317,25 @@ topic_match_budget = {topic_match_budget}
 enabled = {management_enabled}
 listen = "{management_listen}"
 
+[httpmq]
+# The httpmq/httpsqs-compatible HTTP queue API: /?name=Q&opt=put|get|view|status|...
+# on the queues of one vhost. Also --httpmq-listen.
+enabled = {httpmq_enabled}
+listen = "{httpmq_listen}"
+vhost = "/"
+# A password every request must carry as auth=...; unset, none. Basic authentication with a
+# Warren user works too (write permission for put, read for get/view/status, configure for
+# reset/maxqueue).
+# auth = "change-me"
+# The user whose permissions apply to requests without basic authentication.
+user = "guest"
+default_maxqueue = {httpmq_default_maxqueue}
+max_body_bytes = {httpmq_max_body_bytes}
+max_connections = {httpmq_max_connections}
+checkpoint_ms = {httpmq_checkpoint_ms}
+# HTTPS with the [tls] settings (cert_file and key_file must be set).
+tls = false
+
 
 {tls}
 [auth]
@@ -1293,6 +1401,12 @@ login_failure_delay_ms = {login_failure_delay_ms}
             frame_max = d.amqp.frame_max,
             management_enabled = d.management.enabled,
             management_listen = d.management.listen,
+            httpmq_enabled = d.httpmq.enabled,
+            httpmq_listen = d.httpmq.listen,
+            httpmq_default_maxqueue = d.httpmq.default_maxqueue,
+            httpmq_max_body_bytes = d.httpmq.max_body_bytes,
+            httpmq_max_connections = d.httpmq.max_connections,
+            httpmq_checkpoint_ms = d.httpmq.checkpoint_ms,
             channel_max = d.amqp.channel_max,
             heartbeat = d.amqp.heartbeat,
             max_message_size = d.amqp.max_message_size,
@@ -1425,6 +1539,58 @@ mod tests {
         assert!(e.contains("WARREN_MANAGEMENT_LISTEN"), "{e}");
         let c = Config::load(None, env(&[("WARREN_MANAGEMENT_ENABLED", "false")])).unwrap();
         assert!(!c.management.enabled);
+    }
+
+    #[test]
+    fn httpmq_settings_from_env_flag_and_validation() {
+        let d = Config::default().httpmq;
+        assert!(d.enabled);
+        assert_eq!(d.listen.to_string(), "0.0.0.0:1218");
+        assert_eq!(d.default_maxqueue, 1_000_000);
+        assert_eq!(d.vhost, "/");
+        assert_eq!(d.auth, None);
+        let c = Config::load(
+            None,
+            env(&[
+                ("WARREN_HTTPMQ_LISTEN", "127.0.0.1:11218"),
+                ("WARREN_HTTPMQ_AUTH", "s3cret"),
+                ("WARREN_HTTPMQ_DEFAULT_MAXQUEUE", "500"),
+                ("WARREN_HTTPMQ_VHOST", "staging"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.httpmq.listen.to_string(), "127.0.0.1:11218");
+        assert_eq!(c.httpmq.auth.as_deref(), Some("s3cret"));
+        assert_eq!(c.httpmq.default_maxqueue, 500);
+        assert_eq!(c.httpmq.vhost, "staging");
+        let flag = Override {
+            section: "httpmq",
+            key: "listen",
+            value: toml::Value::String("1300".into()),
+            flag: "--httpmq-listen",
+        };
+        let c = Config::load_with(
+            None,
+            env(&[("WARREN_HTTPMQ_LISTEN", "127.0.0.1:11218")]),
+            &[flag],
+        )
+        .unwrap();
+        assert_eq!(c.httpmq.listen, ListenAddr::Port(1300));
+        for (var, value) in [
+            ("WARREN_HTTPMQ_DEFAULT_MAXQUEUE", "0"),
+            ("WARREN_HTTPMQ_DEFAULT_MAXQUEUE", "10000001"),
+            ("WARREN_HTTPMQ_MAX_BODY_BYTES", "0"),
+            ("WARREN_HTTPMQ_MAX_CONNECTIONS", "0"),
+            ("WARREN_HTTPMQ_CHECKPOINT_MS", "0"),
+            ("WARREN_HTTPMQ_TLS", "true"),
+        ] {
+            let e = Config::load(None, env(&[(var, value)]))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(var), "{var}={value}: {e}");
+        }
+        let c = Config::load(None, env(&[("WARREN_HTTPMQ_ENABLED", "false")])).unwrap();
+        assert!(!c.httpmq.enabled);
     }
 
     #[test]

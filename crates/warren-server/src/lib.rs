@@ -14,6 +14,7 @@
 pub mod channel;
 pub mod config;
 pub mod connection;
+mod httpmq;
 pub mod listen;
 pub mod logging;
 mod management;

@@ -41,6 +41,9 @@ struct Args {
     /// Management HTTP API listen address, as --amqp-listen [default: 0.0.0.0:15672].
     #[arg(long, value_name = "ADDR")]
     management_listen: Option<String>,
+    /// httpmq/httpsqs HTTP queue API listen address, as --amqp-listen [default: 0.0.0.0:1218].
+    #[arg(long, value_name = "ADDR")]
+    httpmq_listen: Option<String>,
     /// Data directory [default: ./warren-data].
     #[arg(long, value_name = "DIR")]
     data_dir: Option<PathBuf>,
@@ -79,6 +82,14 @@ impl Args {
                 key: "listen",
                 value: s(a),
                 flag: "--management-listen",
+            });
+        }
+        if let Some(a) = &self.httpmq_listen {
+            out.push(Override {
+                section: "httpmq",
+                key: "listen",
+                value: s(a),
+                flag: "--httpmq-listen",
             });
         }
         if let Some(d) = &self.data_dir {
@@ -259,9 +270,11 @@ fn main() -> ExitCode {
             }
         };
         let management = config.management.enabled;
+        let httpmq = config.httpmq.enabled;
         let broker = match Broker::builder()
             .config(config)
             .management(management)
+            .httpmq(httpmq)
             .start()
             .await
         {
@@ -284,6 +297,12 @@ fn main() -> ExitCode {
             amqp = %addrs.join(", "),
             amqps = %broker.amqps_addr().map(|a| a.to_string()).unwrap_or_default(),
             management = %http.join(", "),
+            httpmq = %broker
+                .httpmq_addrs()
+                .iter()
+                .map(|a| a.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
             data_dir = %data_dir.display(),
             log_file = %log.file().map(|p| p.display().to_string()).unwrap_or_default(),
             version = env!("CARGO_PKG_VERSION"),

@@ -29,6 +29,7 @@ impl Broker {
         BrokerBuilder {
             config: Config::default(),
             management: false,
+            httpmq: false,
         }
     }
 }
@@ -37,6 +38,7 @@ impl Broker {
 pub struct BrokerBuilder {
     config: Config,
     management: bool,
+    httpmq: bool,
 }
 
 impl BrokerBuilder {
@@ -69,6 +71,14 @@ impl BrokerBuilder {
     /// false).
     pub fn management(mut self, on: bool) -> Self {
         self.management = on;
+        self
+    }
+
+    /// Serves the httpmq/httpsqs HTTP queue API on `config.httpmq.listen` too (off by default
+    /// for an embedded broker; the `warren` binary turns it on unless `[httpmq] enabled` is
+    /// false).
+    pub fn httpmq(mut self, on: bool) -> Self {
+        self.httpmq = on;
         self
     }
 
@@ -114,6 +124,24 @@ impl BrokerBuilder {
         } else {
             (Vec::new(), Vec::new())
         };
+        let (httpmq_addrs, httpmq_tasks) = if self.httpmq {
+            let listen = state.config.httpmq.listen.clone();
+            let tls_handle = if state.config.httpmq.tls {
+                tls.as_ref().map(|(_, h)| h.clone())
+            } else {
+                None
+            };
+            match crate::httpmq::start(&listen, state.clone(), tls_handle, rx.clone()).await {
+                Ok(m) => m,
+                Err(e) => {
+                    let _ = tx.send(true);
+                    state.broker.close();
+                    return Err(e);
+                }
+            }
+        } else {
+            (Vec::new(), Vec::new())
+        };
         for a in &addrs {
             info!(addr = %a, "started TCP listener for AMQP 0-9-1");
         }
@@ -133,6 +161,8 @@ impl BrokerBuilder {
             tls_acceptor,
             management_addrs,
             management_tasks,
+            httpmq_addrs,
+            httpmq_tasks,
             state,
             shutdown: tx,
             task,
@@ -177,6 +207,8 @@ pub struct RunningBroker {
     tls_acceptor: Option<crate::tls::TlsAcceptorHandle>,
     management_addrs: Vec<SocketAddr>,
     management_tasks: Vec<tokio::task::JoinHandle<()>>,
+    httpmq_addrs: Vec<SocketAddr>,
+    httpmq_tasks: Vec<tokio::task::JoinHandle<()>>,
     state: Arc<ServerState>,
     shutdown: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
@@ -212,6 +244,12 @@ impl RunningBroker {
         &self.management_addrs
     }
 
+    /// The addresses of the httpmq HTTP queue API's listeners (none unless
+    /// [`BrokerBuilder::httpmq`] turned it on).
+    pub fn httpmq_addrs(&self) -> &[SocketAddr] {
+        &self.httpmq_addrs
+    }
+
     /// The shared state (broker model and configuration).
     pub fn state(&self) -> &Arc<ServerState> {
         &self.state
@@ -221,6 +259,11 @@ impl RunningBroker {
     /// few seconds) for them to finish.
     pub async fn shutdown(self) {
         let _ = self.shutdown.send(true);
+        // The HTTP queue API's last requests and its final checkpoint, before the store
+        // closes.
+        for t in self.httpmq_tasks {
+            let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
+        }
         let _ = tokio::time::timeout(Duration::from_secs(15), self.task).await;
         for t in self.management_tasks {
             let _ = tokio::time::timeout(Duration::from_secs(5), t).await;

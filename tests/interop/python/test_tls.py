@@ -163,6 +163,8 @@ name = "CN=pika-client,O=%(org)s"
                     os.path.join(d, "data"),
                     "--log-level",
                     "warn",
+                    "--httpmq-listen",
+                    "127.0.0.1:0",
                 ],
                 stdout=out,
                 stderr=subprocess.STDOUT,

@@ -48,6 +48,10 @@ pub fn run_warren(
     if !args.contains(&"--management-listen") {
         cmd.args(["--management-listen", "127.0.0.1:0"]);
     }
+    // Nor the HTTP queue API the fixed port 1218.
+    if !args.contains(&"--httpmq-listen") {
+        cmd.args(["--httpmq-listen", "127.0.0.1:0"]);
+    }
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -100,6 +104,9 @@ impl Server {
         cmd.args(extra);
         if !extra.contains(&"--management-listen") {
             cmd.args(["--management-listen", "127.0.0.1:0"]);
+        }
+        if !extra.contains(&"--httpmq-listen") {
+            cmd.args(["--httpmq-listen", "127.0.0.1:0"]);
         }
         cmd.arg("--amqp-listen")
             .arg(listen)

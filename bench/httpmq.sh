@@ -1,0 +1,178 @@
+#!/usr/bin/env bash
+# The httpmq/httpsqs HTTP queue API under load, with Warren's AMQP figures from the same run.
+#
+#   bench/httpmq.sh                      # everything, DURATION=10 s per wrk run
+#   DURATION=5 AB_N=50000 bench/httpmq.sh
+#   SKIP_BACKLOG=1 bench/httpmq.sh       # without the 1,000,000-message backlog
+#
+# Warren (release build) is started on 127.0.0.1:${WARREN_PORT:-5681} (AMQP) and
+# 127.0.0.1:${HTTP_PORT:-11218} (httpmq) with a temporary data directory, and stopped at the end.
+# Workloads:
+#   wrk:     `wrk -t2 -c100` POST puts of 512 B for DURATION s, then GET gets from that
+#            queue for DURATION s (gets/s counts messages actually got: HTTPMQ_GET_END
+#            replies are not counted);
+#   ab:      `ab -k -c 1000 -n AB_N` GET puts of 512 B via `data=`, then AB_N gets;
+#   backlog: BACKLOG_N (1,000,000) x 1 KiB POST puts, then as many gets, on a fresh broker;
+#            peak RSS (VmHWM) after each phase;
+#   amqp:    warren-perf 1p/1c transient and 1p/1c persistent+confirms(100), DURATION s;
+#            with BASELINE_WARREN=<another warren binary> (e.g. one built from main), the same
+#            rows on it too, alternating, to show what this build costs AMQP.
+# Every put is answered after the fsync that covers it, every get after the fsync of its ack.
+# CPU shares of the broker and of the load tool are printed (ab is single-threaded).
+# Needs wrk, ab (apache2-utils) and jq.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+DURATION=${DURATION:-10}
+WARREN_PORT=${WARREN_PORT:-5681}
+HTTP_PORT=${HTTP_PORT:-11218}
+AB_N=${AB_N:-100000}
+BACKLOG_N=${BACKLOG_N:-1000000}
+SKIP_BACKLOG=${SKIP_BACKLOG:-}
+BASELINE_WARREN=${BASELINE_WARREN:-}
+TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+
+for t in wrk ab jq; do
+    command -v "$t" >/dev/null || { echo "needs $t (apt-get install -y wrk apache2-utils jq)" >&2; exit 1; }
+done
+log() { echo "[httpmq] $(date +%H:%M:%S) $*" >&2; }
+
+log "building warren-server and warren-perf (release)"
+(cd "$ROOT" && cargo build --release -p warren-server -p warren-perf) >&2
+WARREN="$TARGET_DIR/release/warren"
+PERF="$TARGET_DIR/release/warren-perf"
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/warren-httpmq-bench.XXXXXX")
+BROKER_PID=""
+cleanup() {
+    [ -n "$BROKER_PID" ] && kill "$BROKER_PID" 2>/dev/null && wait "$BROKER_PID" 2>/dev/null
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+URL="http://127.0.0.1:$HTTP_PORT"
+
+start_broker() { # [binary]
+    rm -rf "$WORK/data"
+    local bin=${1:-$WARREN} extra=(--httpmq-listen "127.0.0.1:$HTTP_PORT")
+    # A baseline built before the httpmq API has no --httpmq-listen.
+    "$bin" --help | grep -q -- --httpmq-listen || extra=()
+    "$bin" --amqp-listen "127.0.0.1:$WARREN_PORT" --management-listen 127.0.0.1:0 \
+        "${extra[@]}" --data-dir "$WORK/data" --log-level warn \
+        >>"$WORK/warren.log" 2>&1 &
+    BROKER_PID=$!
+    for _ in $(seq 200); do
+        if (exec 3<>"/dev/tcp/127.0.0.1/$WARREN_PORT") 2>/dev/null; then
+            [ ${#extra[@]} -eq 0 ] && return 0
+            curl -s "$URL/" >/dev/null 2>&1 && return 0
+        fi
+        sleep 0.1
+    done
+    echo "warren did not start: $(tail -5 "$WORK/warren.log")" >&2
+    exit 1
+}
+stop_broker() {
+    kill "$BROKER_PID"; wait "$BROKER_PID" 2>/dev/null || true; BROKER_PID=""
+}
+# CPU ticks (user+system) of a process.
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+hz=$(getconf CLK_TCK)
+rss_peak_mb() { awk '/VmHWM/ {printf "%d", $2 / 1024}' "/proc/$BROKER_PID/status"; }
+getpos() { curl -s "$URL/?name=$1&opt=status_json" | jq .getpos; }
+putpos() { curl -s "$URL/?name=$1&opt=status_json" | jq .putpos; }
+
+BODY512=$(head -c 512 /dev/zero | tr '\0' 'x')
+cat >"$WORK/put.lua" <<EOF
+wrk.method = "POST"
+wrk.body = string.rep("x", 512)
+EOF
+# wrk's summary: requests/s and the p50 / p99 latency lines of --latency.
+wrk_summary() { # file
+    local rps p50 p99
+    rps=$(awk '/Requests\/sec/ {print $2}' "$1")
+    p50=$(awk '$1 == "50%" {print $2}' "$1")
+    p99=$(awk '$1 == "99%" {print $2}' "$1")
+    echo "$rps $p50 $p99"
+}
+ab_summary() { # file
+    local rps p50 p99 failed
+    rps=$(awk '/Requests per second/ {print $4}' "$1")
+    p50=$(awk '$1 == "50%" {print $2}' "$1")
+    p99=$(awk '$1 == "99%" {print $2}' "$1")
+    echo "$rps ${p50}ms ${p99}ms"
+}
+timed() { # out-file cmd...: runs cmd, prints broker and tool CPU % of one core
+    local out=$1; shift
+    local b0 b1 t0 t1
+    b0=$(ticks "$BROKER_PID"); t0=$(date +%s%N)
+    /usr/bin/time -f "%P" -o "$out.cpu" "$@" >"$out" 2>&1
+    b1=$(ticks "$BROKER_PID"); t1=$(date +%s%N)
+    local secs_x100=$(( (t1 - t0) / 10000000 ))
+    echo "$(( (b1 - b0) * 100 * 100 / hz / (secs_x100 > 0 ? secs_x100 : 1) ))% $(tr -d '%' <"$out.cpu")%"
+}
+
+RESULTS="$WORK/results.md"
+row() { echo "$*" | tee -a "$RESULTS"; }
+
+start_broker
+log "wrk puts"
+cpu=$(timed "$WORK/wrk-put" wrk -t2 -c100 -d"${DURATION}s" --latency -s "$WORK/put.lua" "$URL/?name=wrkq&opt=put")
+read -r rps p50 p99 <<<"$(wrk_summary "$WORK/wrk-put")"
+put_n=$(putpos wrkq)
+row "| wrk -t2 -c100 POST put 512 B | $rps req/s ($put_n puts) | $p50 | $p99 | $cpu |"
+log "wrk gets"
+g0=$(getpos wrkq)
+cpu=$(timed "$WORK/wrk-get" wrk -t2 -c100 -d"${DURATION}s" --latency "$URL/?name=wrkq&opt=get")
+read -r rps p50 p99 <<<"$(wrk_summary "$WORK/wrk-get")"
+g1=$(getpos wrkq)
+got=$((g1 - g0))
+left=$(curl -s "$URL/?name=wrkq&opt=status_json" | jq .unread)
+row "| wrk -t2 -c100 GET get | $rps req/s, $((got / DURATION)) msg/s got ($got got, $left left) | $p50 | $p99 | $cpu |"
+
+log "ab puts"
+cpu=$(timed "$WORK/ab-put" ab -k -c 1000 -n "$AB_N" "$URL/?name=abq&opt=put&data=$BODY512")
+read -r rps p50 p99 <<<"$(ab_summary "$WORK/ab-put")"
+row "| ab -k -c 1000 -n $AB_N GET put data= 512 B | $rps req/s ($(putpos abq) puts) | $p50 | $p99 | $cpu |"
+log "ab gets"
+cpu=$(timed "$WORK/ab-get" ab -k -c 1000 -n "$AB_N" "$URL/?name=abq&opt=get")
+read -r rps p50 p99 <<<"$(ab_summary "$WORK/ab-get")"
+row "| ab -k -c 1000 -n $AB_N GET get | $rps req/s ($(getpos abq) got) | $p50 | $p99 | $cpu |"
+
+amqp_rows() { # label
+    for spec in "1p/1c transient:--producers 1 --consumers 1 --prefetch 100" \
+        "1p/1c persistent+confirms(100):--producers 1 --consumers 1 --prefetch 100 --persistent --confirm 100"; do
+        name=${spec%%:*}; args=${spec#*:}
+        # shellcheck disable=SC2086
+        line=$("$PERF" --uri "amqp://guest:guest@127.0.0.1:$WARREN_PORT/%2f" $args --duration "$DURATION" --json 2>/dev/null | grep '^{' | tail -1)
+        row "| AMQP $name (warren-perf)$1 | $(jq -r '.consume_rate_median' <<<"$line") msg/s, missing/dup $(jq -r '"\(.missing)/\(.duplicates)"' <<<"$line") | $(jq -r '.latency_p50_us' <<<"$line") µs | $(jq -r '.latency_p99_us' <<<"$line") µs | - |"
+    done
+}
+log "AMQP (warren-perf)"
+amqp_rows ""
+row "| broker peak RSS (VmHWM) | $(rss_peak_mb) MB | | | |"
+stop_broker
+
+if [ -n "$BASELINE_WARREN" ]; then
+    for round in 1 2; do
+        log "AMQP round $round: baseline, then this build"
+        start_broker "$BASELINE_WARREN"; amqp_rows " baseline, round $round"; stop_broker
+        start_broker; amqp_rows " this build, round $round"; stop_broker
+    done
+fi
+
+if [ -z "$SKIP_BACKLOG" ]; then
+    log "backlog: $BACKLOG_N x 1 KiB"
+    start_broker
+    head -c 1024 /dev/zero | tr '\0' 'y' >"$WORK/1k"
+    cpu=$(timed "$WORK/bl-put" ab -k -c 100 -n "$BACKLOG_N" -p "$WORK/1k" -T application/octet-stream "$URL/?name=backlog&opt=put")
+    read -r rps p50 p99 <<<"$(ab_summary "$WORK/bl-put")"
+    row "| backlog fill ab -k -c 100 POST put 1 KiB | $rps req/s ($(putpos backlog) puts), peak RSS $(rss_peak_mb) MB | $p50 | $p99 | $cpu |"
+    cpu=$(timed "$WORK/bl-get" ab -k -c 100 -n "$BACKLOG_N" "$URL/?name=backlog&opt=get")
+    read -r rps p50 p99 <<<"$(ab_summary "$WORK/bl-get")"
+    row "| backlog drain ab -k -c 100 GET get | $rps req/s ($(getpos backlog) got, $(curl -s "$URL/?name=backlog&opt=status_json" | jq .unread) left), peak RSS $(rss_peak_mb) MB | $p50 | $p99 | $cpu |"
+    du -sh "$WORK/data" | awk '{print "data directory after the drain: " $1}' | tee -a "$RESULTS"
+    stop_broker
+fi
+
+echo
+echo "| workload | rate | p50 | p99 | CPU broker / load tool (% of one core) |"
+echo "|---|---:|---:|---:|---:|"
+cat "$RESULTS"

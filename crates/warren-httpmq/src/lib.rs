@@ -1,0 +1,878 @@
+//! Warren's HTTP queue API, compatible with httpmq and httpsqs: `GET|POST
+//! /?name=Q&opt=put|get|view|status|status_json|reset|maxqueue[&...]`, answered with httpsqs's
+//! text replies (`HTTPMQ_PUT_OK`, `HTTPMQ_GET_END`, ...) and its `Pos` header, on the broker's
+//! own queues: `name=Q` is the AMQP queue `Q` of the configured vhost, so AMQP consumers
+//! receive HTTP puts and HTTP gets take AMQP publishes.
+//!
+//! Unlike httpmq, a put is answered after the message store's fsync (the group commit AMQP
+//! publisher confirms use), a get is answered after the store has durably recorded the
+//! message's removal, every get takes a message exactly once under any concurrency, and the
+//! disk space of consumed messages is reclaimed by the store.
+//!
+//! - [`Node`]: what the embedding server provides (the broker, the loopback rule).
+//! - [`Settings`]: the `[httpmq]` configuration.
+//! - [`Httpmq`]: the service; [`serve`] runs it on a listener.
+//!
+//! Every broker call goes through `warren_broker::Ops` with an `Actor`: the user of a request
+//! is the Warren user of its HTTP basic authentication, or [`Settings::user`] for requests
+//! without one; its permissions are checked as AMQP's are (write on the queue for `put`, read
+//! for `get`, `view` and the status reports, configure for `reset` and `maxqueue`, and
+//! configure to create a queue on its first put).
+
+mod listener;
+pub mod state;
+
+use axum::body::Bytes;
+use axum::extract::{ConnectInfo, DefaultBodyLimit, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tracing::warn;
+use warren_amqp::properties::BasicProperties;
+use warren_broker::access::Operation;
+use warren_broker::access::Permission;
+use warren_broker::queue::{Positions, Queue, Settlement};
+use warren_broker::vhost::QueueDeclare;
+use warren_broker::{Actor, Ops, VHost};
+
+pub use listener::{BoundedListener, Peer, Tls};
+use state::{QueueState, StateFile};
+
+/// The largest `maxqueue` a queue may be given (httpsqs's bound).
+pub const MAX_MAXQUEUE: u64 = 10_000_000;
+
+/// The connection id of the API's broker calls: it owns no exclusive queue (exclusive queues
+/// of AMQP clients are refused to it).
+const HTTPMQ_CONNECTION: u64 = u64::MAX - 1;
+
+/// What the embedding server provides besides the configuration.
+pub trait Node: Send + Sync + 'static {
+    /// The broker model.
+    fn broker(&self) -> &warren_broker::Broker;
+    /// Users that may only log in from a loopback address (`[auth] loopback_users`).
+    fn loopback_users(&self) -> Vec<String>;
+}
+
+/// The `[httpmq]` settings the service runs with.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The vhost whose queues `name=` names.
+    pub vhost: String,
+    /// The password every request must carry as `auth=` (httpmq's `-auth`); `None`: none.
+    /// A request with HTTP basic authentication of a Warren user needs no `auth=`.
+    pub auth: Option<String>,
+    /// The Warren user whose permissions apply to requests without basic authentication.
+    /// Without [`Settings::auth`], such requests from other hosts than the local one are
+    /// refused when this user is loopback-only (`guest` by default).
+    pub user: String,
+    /// A queue's maximum number of unread messages until `opt=maxqueue` sets another.
+    pub default_maxqueue: u64,
+    /// The largest request body, bytes (a larger one gets 413 and nothing is stored).
+    pub max_body_bytes: usize,
+    /// Most connections open at once; further ones wait in the listen backlog.
+    pub max_connections: usize,
+    /// The state file ([`state`]); `None` for an in-memory broker.
+    pub state_file: Option<PathBuf>,
+    /// How often changed positions are checkpointed to the state file, ms.
+    pub checkpoint_ms: u64,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            vhost: "/".into(),
+            auth: None,
+            user: "guest".into(),
+            default_maxqueue: 1_000_000,
+            max_body_bytes: 16 * 1024 * 1024,
+            max_connections: 10_000,
+            state_file: None,
+            checkpoint_ms: 1000,
+        }
+    }
+}
+
+/// The HTTP queue API of one broker.
+pub struct Httpmq {
+    node: Arc<dyn Node>,
+    settings: Settings,
+    /// `opt=maxqueue` settings by queue name.
+    maxqueue: Mutex<HashMap<String, u64>>,
+    /// The last state written, to skip unchanged checkpoints; the lock also orders writes.
+    written: tokio::sync::Mutex<StateFile>,
+}
+
+/// A reply: httpsqs answers 200 with a text body, plus `Pos` for a put, get or view.
+struct Reply {
+    body: Bytes,
+    pos: Option<u64>,
+}
+
+impl Reply {
+    fn text(s: &'static str) -> Reply {
+        Reply {
+            body: Bytes::from_static(s.as_bytes()),
+            pos: None,
+        }
+    }
+}
+
+/// Why a request is refused before its operation runs.
+const AUTH_FAILED: &str = "HTTPMQ_AUTH_FAILED";
+
+impl Httpmq {
+    /// The service for `node` with `settings`; restores the positions and maxima of the state
+    /// file (call it once the broker has recovered its queues, before clients publish).
+    ///
+    /// Errors: the state file exists but cannot be read.
+    pub fn new(node: Arc<dyn Node>, settings: Settings) -> std::io::Result<Arc<Httpmq>> {
+        let saved = match &settings.state_file {
+            Some(p) => StateFile::load(p)?,
+            None => StateFile::default(),
+        };
+        let mut maxqueue = HashMap::new();
+        if let Some(v) = node.broker().vhost(&settings.vhost) {
+            for (name, s) in &saved.queues {
+                if let Some(m) = s.maxqueue {
+                    maxqueue.insert(name.clone(), m);
+                }
+                if let Ok(q) = v.queue(name, HTTPMQ_CONNECTION) {
+                    // Exact unless both puts and gets happened after the checkpoint.
+                    let ready = q.positions().ready;
+                    q.set_put_position(s.putpos.max(s.getpos + ready));
+                }
+            }
+        }
+        Ok(Arc::new(Httpmq {
+            node,
+            settings,
+            maxqueue: Mutex::new(maxqueue),
+            written: tokio::sync::Mutex::new(saved),
+        }))
+    }
+
+    /// The settings.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    fn vhost(&self) -> Option<Arc<VHost>> {
+        self.node.broker().vhost(&self.settings.vhost)
+    }
+
+    fn maxqueue_of(&self, name: &str) -> u64 {
+        self.maxqueue
+            .lock()
+            .get(name)
+            .copied()
+            .unwrap_or(self.settings.default_maxqueue)
+    }
+
+    /// The state to checkpoint now: every queue of the vhost with a position or a maximum.
+    fn snapshot(&self) -> StateFile {
+        let mut out = StateFile::default();
+        let maxqueue = self.maxqueue.lock().clone();
+        if let Some(v) = self.vhost() {
+            for q in v.queues() {
+                if q.is_deleted() || !q.durable {
+                    continue;
+                }
+                let p = q.positions();
+                if p.put > 0 || maxqueue.contains_key(&q.name) {
+                    out.queues.insert(
+                        q.name.clone(),
+                        QueueState {
+                            putpos: p.put,
+                            getpos: p.get(),
+                            maxqueue: maxqueue.get(&q.name).copied(),
+                        },
+                    );
+                }
+            }
+        }
+        for (name, m) in maxqueue {
+            out.queues.entry(name).or_default().maxqueue = Some(m);
+        }
+        out
+    }
+
+    /// Writes the state file if anything changed since the last write; returns once it is
+    /// on disk.
+    ///
+    /// Errors: the file could not be written.
+    pub async fn checkpoint(&self) -> std::io::Result<()> {
+        let Some(path) = self.settings.state_file.clone() else {
+            return Ok(());
+        };
+        let mut written = self.written.lock().await;
+        let now = self.snapshot();
+        if now == *written {
+            return Ok(());
+        }
+        let copy = now.clone();
+        tokio::task::spawn_blocking(move || copy.store(&path))
+            .await
+            .map_err(std::io::Error::other)??;
+        *written = now;
+        Ok(())
+    }
+
+    /// The actor of a request: the basic-auth user, or [`Settings::user`] when the request
+    /// has no basic authentication and passes the `auth=` password (if one is set). `None`:
+    /// refused (`HTTPMQ_AUTH_FAILED`).
+    fn actor(&self, headers: &HeaderMap, params: &Params, peer: SocketAddr) -> Option<Actor> {
+        let broker = self.node.broker();
+        let user = match basic_auth(headers) {
+            Some((name, password)) => {
+                let loopback = self.node.loopback_users();
+                let source = warren_broker::LoginSource {
+                    from_loopback: peer.ip().is_loopback(),
+                    loopback_users: &loopback,
+                };
+                let credentials = warren_broker::Credentials::Password {
+                    user: &name,
+                    password: &password,
+                };
+                broker.login(credentials, source).ok()?.user
+            }
+            None => {
+                match &self.settings.auth {
+                    Some(expected) => {
+                        let given = params.get("auth").unwrap_or_default();
+                        if !constant_time_eq(given, expected.as_bytes()) {
+                            return None;
+                        }
+                    }
+                    // Without a password, a loopback-only user (guest by default) serves
+                    // only local clients, as its AMQP logins do.
+                    None => {
+                        if !peer.ip().is_loopback()
+                            && self.node.loopback_users().contains(&self.settings.user)
+                        {
+                            return None;
+                        }
+                    }
+                }
+                self.settings.user.clone()
+            }
+        };
+        let tags: Vec<warren_broker::access::UserTag> = broker
+            .access()
+            .user(&user)
+            .map(|u| u.tags.clone())
+            .unwrap_or_default();
+        Some(Actor::new(
+            user.as_str(),
+            tags,
+            self.settings.vhost.as_str(),
+            HTTPMQ_CONNECTION,
+            Some(peer),
+        ))
+    }
+
+    /// Serves one request (method, URI, headers and body as received, from `peer`).
+    async fn handle_from(
+        &self,
+        method: &Method,
+        uri: &Uri,
+        headers: &HeaderMap,
+        body: Bytes,
+        peer: SocketAddr,
+    ) -> Response {
+        let mut params = Params::parse(uri.query().unwrap_or("").as_bytes());
+        let form = headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| {
+                v.trim_start()
+                    .to_ascii_lowercase()
+                    .starts_with("application/x-www-form-urlencoded")
+            });
+        let mut raw_body = None;
+        if *method == Method::POST {
+            if form {
+                params.extend_from(Params::parse(&body));
+            } else if !body.is_empty() {
+                raw_body = Some(body);
+            }
+        }
+        let charset = params
+            .get("charset")
+            .and_then(|c| std::str::from_utf8(c).ok())
+            .filter(|c| !c.is_empty())
+            .map(str::to_string);
+        let reply = match self.actor(headers, &params, peer) {
+            None => Reply::text(AUTH_FAILED),
+            Some(actor) => self.operate(&actor, &params, raw_body).await,
+        };
+        respond(reply, charset.as_deref())
+    }
+
+    async fn operate(&self, actor: &Actor, params: &Params, raw_body: Option<Bytes>) -> Reply {
+        let name = params
+            .get("name")
+            .and_then(|n| std::str::from_utf8(n).ok())
+            .unwrap_or("");
+        let Some(opt) = params.get("opt") else {
+            return Reply::text("HTTPMQ_ERROR");
+        };
+        // An AMQP queue name: at most 255 bytes (a short string).
+        if name.is_empty() || name.len() > 255 {
+            return Reply::text("HTTPMQ_ERROR");
+        }
+        let Some(vhost) = self.vhost() else {
+            return Reply::text("HTTPMQ_ERROR");
+        };
+        match opt {
+            b"put" => {
+                let data = match raw_body {
+                    Some(b) => b,
+                    None => Bytes::copy_from_slice(params.get("data").unwrap_or_default()),
+                };
+                self.put(actor, &vhost, name, data).await
+            }
+            b"get" => self.get(actor, &vhost, name).await,
+            b"view" => self.view(actor, &vhost, name, params),
+            b"status" | b"status_json" => {
+                let ops = Ops::new(self.node.broker(), &vhost, actor);
+                if ops.authorize(&Operation::BasicGet { queue: name }).is_err() {
+                    return Reply::text(AUTH_FAILED);
+                }
+                let p = self.positions(&vhost, name);
+                let max = self.maxqueue_of(name);
+                let body = if opt == b"status" {
+                    status_text(name, max, p)
+                } else {
+                    status_json(name, max, p)
+                };
+                Reply {
+                    body: Bytes::from(body),
+                    pos: None,
+                }
+            }
+            b"reset" => self.reset(actor, &vhost, name).await,
+            b"maxqueue" => self.set_maxqueue(actor, &vhost, name, params).await,
+            _ => Reply::text("HTTPMQ_ERROR"),
+        }
+    }
+
+    fn positions(&self, vhost: &VHost, name: &str) -> Positions {
+        vhost
+            .queue(name, HTTPMQ_CONNECTION)
+            .map(|q| q.positions())
+            .unwrap_or_default()
+    }
+
+    fn may(&self, actor: &Actor, permission: Permission, queue: &str) -> bool {
+        self.node
+            .broker()
+            .access()
+            .permissions(&actor.user, &actor.vhost)
+            .is_some_and(|p| p.allows(permission, queue))
+    }
+
+    /// The queue to put to, declared durable on the first put.
+    fn queue_for_put(
+        &self,
+        actor: &Actor,
+        vhost: &Arc<VHost>,
+        name: &str,
+    ) -> Result<Arc<Queue>, Reply> {
+        match vhost.queue(name, HTTPMQ_CONNECTION) {
+            Ok(q) => return Ok(q),
+            Err(e) if e.code != 404 => return Err(Reply::text("HTTPMQ_PUT_ERROR")),
+            Err(_) => {}
+        }
+        let d = QueueDeclare {
+            name: name.to_string(),
+            passive: false,
+            durable: true,
+            exclusive: false,
+            auto_delete: false,
+            arguments: Default::default(),
+        };
+        match Ops::new(self.node.broker(), vhost, actor).declare_queue(&d) {
+            Ok(declared) => declared
+                .queue
+                .ok_or_else(|| Reply::text("HTTPMQ_PUT_ERROR")),
+            Err(e) if e.code == 403 => Err(Reply::text(AUTH_FAILED)),
+            Err(e) => {
+                warn!(queue = name, error = %e.reply_text(), "httpmq put: cannot declare the queue");
+                Err(Reply::text("HTTPMQ_PUT_ERROR"))
+            }
+        }
+    }
+
+    async fn put(&self, actor: &Actor, vhost: &Arc<VHost>, name: &str, data: Bytes) -> Reply {
+        if data.is_empty() {
+            return Reply::text("HTTPMQ_PUT_ERROR");
+        }
+        if !self.may(actor, Permission::Write, name) {
+            return Reply::text(AUTH_FAILED);
+        }
+        let q = match self.queue_for_put(actor, vhost, name) {
+            Ok(q) => q,
+            Err(r) => return r,
+        };
+        // Concurrent puts may each see room for one more: the maximum is a bound on unread
+        // messages that a burst of simultaneous puts can pass by at most their number.
+        if q.positions().ready >= self.maxqueue_of(name) {
+            return Reply::text("HTTPMQ_PUT_END");
+        }
+        let (done, stored) = StoreAck::pair();
+        let (published, msg) = {
+            let ops = Ops::new(self.node.broker(), vhost, actor);
+            let props = BasicProperties {
+                delivery_mode: Some(2),
+                ..BasicProperties::default()
+            };
+            let msg = match ops.prepare_message(
+                warren_broker::ops::publish::PublishCheck::default(),
+                String::new(),
+                name.to_string(),
+                props,
+                data,
+                None,
+            ) {
+                Ok(m) => m,
+                Err(_) => return Reply::text("HTTPMQ_PUT_ERROR"),
+            };
+            match ops.publish(msg.clone(), Some((done, 0))) {
+                Ok(p) => (p, msg),
+                Err(e) => {
+                    warn!(queue = name, error = %e, "httpmq put refused");
+                    return Reply::text("HTTPMQ_PUT_ERROR");
+                }
+            }
+        };
+        if published.stored && !stored.await.unwrap_or(false) {
+            return Reply::text("HTTPMQ_PUT_ERROR");
+        }
+        if !published.routed || published.rejected {
+            return Reply::text("HTTPMQ_PUT_END");
+        }
+        match msg.position.get() {
+            Some(&pos) => Reply {
+                body: Bytes::from_static(b"HTTPMQ_PUT_OK"),
+                pos: Some(pos),
+            },
+            None => Reply::text("HTTPMQ_PUT_ERROR"),
+        }
+    }
+
+    async fn get(&self, actor: &Actor, vhost: &Arc<VHost>, name: &str) -> Reply {
+        let ops = Ops::new(self.node.broker(), vhost, actor);
+        if ops.authorize(&Operation::BasicGet { queue: name }).is_err() {
+            return Reply::text(AUTH_FAILED);
+        }
+        let Ok(q) = vhost.queue(name, HTTPMQ_CONNECTION) else {
+            return Reply::text("HTTPMQ_GET_END");
+        };
+        let Some((m, pos)) = q.get_positioned() else {
+            return Reply::text("HTTPMQ_GET_END");
+        };
+        let body = m.message.body.clone();
+        let durable = m.stored.is_some();
+        q.settle(
+            HTTPMQ_CONNECTION,
+            vec![Settlement {
+                consumer_tag: None,
+                message: m,
+                requeue: false,
+                rejected: false,
+            }],
+        );
+        if durable {
+            // The removal is on disk before the message is handed out: a get answered is
+            // never given again after a crash.
+            let (done, synced) = StoreAck::pair();
+            if ops.sync((done, 0)) && !synced.await.unwrap_or(false) {
+                warn!(
+                    queue = name,
+                    "httpmq get: the store could not record the removal"
+                );
+            }
+        }
+        Reply {
+            body,
+            pos: Some(pos),
+        }
+    }
+
+    fn view(&self, actor: &Actor, vhost: &Arc<VHost>, name: &str, params: &Params) -> Reply {
+        let ops = Ops::new(self.node.broker(), vhost, actor);
+        if ops.authorize(&Operation::BasicGet { queue: name }).is_err() {
+            return Reply::text(AUTH_FAILED);
+        }
+        let pos = params
+            .get("pos")
+            .and_then(|p| std::str::from_utf8(p).ok())
+            .and_then(|p| p.trim().parse::<u64>().ok())
+            .filter(|&p| p >= 1);
+        let body = pos.and_then(|pos| {
+            let q = vhost.queue(name, HTTPMQ_CONNECTION).ok()?;
+            Some((q.peek_position(pos)?, pos))
+        });
+        match body {
+            Some((body, pos)) => Reply {
+                body,
+                pos: Some(pos),
+            },
+            None => Reply::text("HTTPMQ_VIEW_ERROR"),
+        }
+    }
+
+    async fn reset(&self, actor: &Actor, vhost: &Arc<VHost>, name: &str) -> Reply {
+        let ops = Ops::new(self.node.broker(), vhost, actor);
+        // Configure on the queue (as a declare), and read (as queue.purge).
+        let configure = Operation::QueueDeclare {
+            queue: name,
+            passive: false,
+            dead_letter_exchange: None,
+        };
+        if ops.authorize(&configure).is_err()
+            || ops
+                .authorize(&Operation::QueuePurge { queue: name })
+                .is_err()
+        {
+            return Reply::text(AUTH_FAILED);
+        }
+        let queue = vhost.queue(name, HTTPMQ_CONNECTION).ok();
+        self.maxqueue.lock().remove(name);
+        if let Some(q) = queue {
+            q.reset_positions();
+            if q.store().is_some() {
+                // The purge's acks on disk before the reply, as the new state file is.
+                let (done, synced) = StoreAck::pair();
+                if ops.sync((done, 0)) {
+                    let _ = synced.await;
+                }
+            }
+        }
+        match self.checkpoint().await {
+            Ok(()) => Reply::text("HTTPMQ_RESET_OK"),
+            Err(e) => {
+                warn!(error = %e, "httpmq reset: cannot write the state file");
+                Reply::text("HTTPMQ_RESET_ERROR")
+            }
+        }
+    }
+
+    async fn set_maxqueue(
+        &self,
+        actor: &Actor,
+        vhost: &Arc<VHost>,
+        name: &str,
+        params: &Params,
+    ) -> Reply {
+        let ops = Ops::new(self.node.broker(), vhost, actor);
+        let configure = Operation::QueueDeclare {
+            queue: name,
+            passive: false,
+            dead_letter_exchange: None,
+        };
+        if ops.authorize(&configure).is_err() {
+            return Reply::text(AUTH_FAILED);
+        }
+        let num = params
+            .get("num")
+            .and_then(|p| std::str::from_utf8(p).ok())
+            .and_then(|p| p.trim().parse::<u64>().ok())
+            .filter(|n| (1..=MAX_MAXQUEUE).contains(n));
+        let Some(num) = num else {
+            return Reply::text("HTTPMQ_MAXQUEUE_CANCLE");
+        };
+        let previous = self.maxqueue.lock().insert(name.to_string(), num);
+        match self.checkpoint().await {
+            Ok(()) => Reply::text("HTTPMQ_MAXQUEUE_OK"),
+            Err(e) => {
+                warn!(error = %e, "httpmq maxqueue: cannot write the state file");
+                let mut m = self.maxqueue.lock();
+                match previous {
+                    Some(p) => m.insert(name.to_string(), p),
+                    None => m.remove(name),
+                };
+                Reply::text("HTTPMQ_MAXQUEUE_CANCLE")
+            }
+        }
+    }
+}
+
+/// httpsqs's `opt=status` report.
+fn status_text(name: &str, max: u64, p: Positions) -> String {
+    format!(
+        "HTTP Simple Queue Service v0.5\n{}\nQueue Name: {name}\nMaximum number of queues: {max}\n\
+         Put position of queue (1st lap): {}\nGet position of queue (1st lap): {}\n\
+         Number of unread queue: {}\n\n",
+        "-".repeat(30),
+        p.put,
+        p.get(),
+        p.ready,
+    )
+}
+
+/// httpmq's `opt=status_json` report; numbers are integers (httpmq prints `1e+06`).
+fn status_json(name: &str, max: u64, p: Positions) -> String {
+    // httpmq's key order.
+    format!(
+        r#"{{"name":{},"maxqueue":{max},"putpos":{},"putlap":1,"getpos":{},"getlap":1,"unread":{}}}"#,
+        serde_json::Value::from(name),
+        p.put,
+        p.get(),
+        p.ready
+    )
+}
+
+fn respond(reply: Reply, charset: Option<&str>) -> Response {
+    let content_type = match charset {
+        Some(c) => HeaderValue::from_str(&format!("text/plain; charset={c}"))
+            .unwrap_or(HeaderValue::from_static("text/plain")),
+        None => HeaderValue::from_static("text/plain"),
+    };
+    let mut r = (StatusCode::OK, reply.body).into_response();
+    r.headers_mut().insert(header::CONTENT_TYPE, content_type);
+    if let Some(pos) = reply.pos {
+        r.headers_mut().insert("pos", HeaderValue::from(pos));
+    }
+    r
+}
+
+/// Constant-time comparison of a given password with the expected one (the lengths may
+/// differ: the comparison still runs over the expected length).
+fn constant_time_eq(given: &[u8], expected: &[u8]) -> bool {
+    use subtle::ConstantTimeEq;
+    let mut padded = vec![0u8; expected.len()];
+    let n = given.len().min(expected.len());
+    padded[..n].copy_from_slice(&given[..n]);
+    bool::from(padded.ct_eq(expected)) & (given.len() == expected.len())
+}
+
+/// The user and password of an `Authorization: Basic` header.
+fn basic_auth(headers: &HeaderMap) -> Option<(String, String)> {
+    use base64::Engine;
+    let v = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, rest) = v.split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("basic") {
+        return None;
+    }
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(rest.trim())
+        .ok()?;
+    let text = String::from_utf8(decoded).ok()?;
+    let (u, p) = text.split_once(':')?;
+    Some((u.to_string(), p.to_string()))
+}
+
+/// Query (or form body) parameters, URL-decoded to bytes; the first of repeated keys wins.
+#[derive(Debug, Default)]
+struct Params(Vec<(Vec<u8>, Vec<u8>)>);
+
+impl Params {
+    fn parse(raw: &[u8]) -> Params {
+        let decode = |s: &[u8]| -> Vec<u8> {
+            let plus: Vec<u8> = s
+                .iter()
+                .map(|&b| if b == b'+' { b' ' } else { b })
+                .collect();
+            percent_encoding::percent_decode(&plus).collect()
+        };
+        Params(
+            raw.split(|&b| b == b'&')
+                .filter(|kv| !kv.is_empty())
+                .map(|kv| match kv.iter().position(|&b| b == b'=') {
+                    Some(i) => (decode(&kv[..i]), decode(&kv[i + 1..])),
+                    None => (decode(kv), Vec::new()),
+                })
+                .collect(),
+        )
+    }
+
+    fn extend_from(&mut self, other: Params) {
+        self.0.extend(other.0);
+    }
+
+    fn get(&self, key: &str) -> Option<&[u8]> {
+        self.0
+            .iter()
+            .find(|(k, _)| k == key.as_bytes())
+            .map(|(_, v)| v.as_slice())
+    }
+}
+
+/// Learns when the store has fsynced what a request wrote.
+struct StoreAck(std::sync::Mutex<Option<tokio::sync::oneshot::Sender<bool>>>);
+
+impl StoreAck {
+    fn pair() -> (
+        Arc<dyn warren_broker::Completion>,
+        tokio::sync::oneshot::Receiver<bool>,
+    ) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        (Arc::new(StoreAck(std::sync::Mutex::new(Some(tx)))), rx)
+    }
+}
+
+impl warren_broker::Completion for StoreAck {
+    fn complete(&self, _tokens: &[u64], ok: bool) {
+        if let Some(tx) = self.0.lock().ok().and_then(|mut g| g.take()) {
+            let _ = tx.send(ok);
+        }
+    }
+}
+
+async fn route(
+    State(app): State<Arc<Httpmq>>,
+    ConnectInfo(peer): ConnectInfo<Peer>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    app.handle_from(&method, &uri, &headers, body, peer.0).await
+}
+
+/// The API's router (every path is served as `/`, as httpsqs does).
+pub fn router(app: Arc<Httpmq>) -> axum::Router {
+    let limit = app.settings.max_body_bytes;
+    axum::Router::new()
+        .fallback(route)
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(app)
+}
+
+/// Waits until `rx` turns true (or its sender is gone).
+async fn stopped(rx: &mut tokio::sync::watch::Receiver<bool>) {
+    while !*rx.borrow() {
+        if rx.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// How long a client may take to send a request's headers.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Serves the API on `listener` (at most [`Settings::max_connections`] connections at once,
+/// HTTP/1.1 keep-alive, over TLS when `tls` is given) until `shutdown` turns true, then lets
+/// requests in progress finish; checkpoints the state file every [`Settings::checkpoint_ms`]
+/// while running and once more at the end.
+///
+/// Header names are sent in title case (`Pos`, `Content-Length`), as httpsqs sends them:
+/// httpsqs's own client libraries look for `Pos:` and `Content-Length:` case-sensitively.
+///
+/// Errors: the listener's address cannot be read.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    app: Arc<Httpmq>,
+    tls: Option<Tls>,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    use axum::serve::Listener;
+    use tower_service::Service;
+    let mut bounded = BoundedListener::new(listener, app.settings.max_connections, tls)?;
+    let router = router(app.clone());
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.title_case_headers(true)
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT);
+    let checkpoints = {
+        let app = app.clone();
+        let mut stop = shutdown.clone();
+        tokio::spawn(async move {
+            let every = Duration::from_millis(app.settings.checkpoint_ms.max(10));
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {
+                        if let Err(e) = app.checkpoint().await {
+                            warn!(error = %e, "httpmq: cannot checkpoint the state file");
+                        }
+                    }
+                    _ = stopped(&mut stop) => return,
+                }
+            }
+        })
+    };
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        let (io, peer) = tokio::select! {
+            c = bounded.accept() => c,
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+            _ = stopped(&mut shutdown) => break,
+        };
+        let router = router.clone();
+        let service =
+            hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+                req.extensions_mut().insert(ConnectInfo(Peer(peer)));
+                let mut router = router.clone();
+                async move { router.call(req).await }
+            });
+        let connection = http.serve_connection(hyper_util::rt::TokioIo::new(io), service);
+        let mut stop = shutdown.clone();
+        connections.spawn(async move {
+            tokio::pin!(connection);
+            tokio::select! {
+                _ = connection.as_mut() => {}
+                _ = stopped(&mut stop) => {
+                    connection.as_mut().graceful_shutdown();
+                    let _ = connection.await;
+                }
+            }
+        });
+    }
+    drop(bounded);
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    connections.abort_all();
+    checkpoints.abort();
+    if let Err(e) = app.checkpoint().await {
+        warn!(error = %e, "httpmq: cannot write the state file at shutdown");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn params_decode_bytes_plus_and_first_wins() {
+        let p = Params::parse(b"name=a%20b&data=x+y%FF%00&name=c&flag");
+        assert_eq!(p.get("name"), Some(&b"a b"[..]));
+        assert_eq!(p.get("data"), Some(&b"x y\xff\x00"[..]));
+        assert_eq!(p.get("flag"), Some(&b""[..]));
+        assert_eq!(p.get("nope"), None);
+    }
+
+    #[test]
+    fn constant_time_comparison() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secreT", b"secret"));
+        assert!(!constant_time_eq(b"secret1", b"secret"));
+        assert!(!constant_time_eq(b"secre", b"secret"));
+        assert!(!constant_time_eq(b"", b"secret"));
+    }
+
+    #[test]
+    fn status_reports() {
+        let p = Positions { put: 45, ready: 39 };
+        assert_eq!(
+            status_text("xoyo", 1_000_000, p),
+            "HTTP Simple Queue Service v0.5\n------------------------------\nQueue Name: xoyo\n\
+             Maximum number of queues: 1000000\nPut position of queue (1st lap): 45\n\
+             Get position of queue (1st lap): 6\nNumber of unread queue: 39\n\n"
+        );
+        assert_eq!(
+            status_json("xoyo", 1_000_000, p),
+            r#"{"name":"xoyo","maxqueue":1000000,"putpos":45,"putlap":1,"getpos":6,"getlap":1,"unread":39}"#
+        );
+    }
+}
