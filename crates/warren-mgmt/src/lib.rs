@@ -5,7 +5,8 @@
 //!
 //! - [`backend`]: the only module that calls into the broker model; the embedding server
 //!   implements [`Node`] for what lies outside it (connections, alarms, listeners).
-//! - `api`: the routes and JSON shapes; `list`: `sort`, `columns`, `page`...;
+//! - `api`: the routes and JSON shapes; `conns`: connections, channels and consumers;
+//!   `admin`: vhost, user and permission writes; `list`: `sort`, `columns`, `page`...;
 //!   `metrics`: the Prometheus text; `error`: RabbitMQ's error bodies.
 //!
 //! ```no_run
@@ -16,8 +17,10 @@
 //! # Ok(()) }
 //! ```
 
+mod admin;
 mod api;
 pub mod backend;
+mod conns;
 mod error;
 mod list;
 mod metrics;
