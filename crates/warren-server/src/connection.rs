@@ -316,18 +316,22 @@ struct Session {
 /// picks it up and closes with 320 CONNECTION_FORCED.
 #[derive(Default)]
 struct ForcedClose {
+    requested: std::sync::atomic::AtomicBool,
     reason: parking_lot::Mutex<Option<String>>,
     notify: tokio::sync::Notify,
 }
 
 impl ForcedClose {
-    /// Waits for a close request; returns its error.
+    /// Waits for a close request; returns its error. The frame loop keeps one such future
+    /// pinned across its iterations, so waiting costs nothing per read.
     async fn requested(&self) -> ConnError {
         loop {
-            if let Some(reason) = self.reason.lock().clone() {
+            let notified = self.notify.notified();
+            if self.requested.load(std::sync::atomic::Ordering::Acquire) {
+                let reason = self.reason.lock().clone().unwrap_or_default();
                 return ConnError::new(constants::CONNECTION_FORCED, reason);
             }
-            self.notify.notified().await;
+            notified.await;
         }
     }
 }
@@ -335,6 +339,8 @@ impl ForcedClose {
 impl warren_broker::registry::ConnectionControl for ForcedClose {
     fn force_close(&self, reason: &str) {
         self.reason.lock().get_or_insert_with(|| reason.to_string());
+        self.requested
+            .store(true, std::sync::atomic::Ordering::Release);
         self.notify.notify_one();
     }
 }
@@ -536,6 +542,8 @@ where
     );
     // Why the peer went away, when it did without connection.close.
     let mut eof_reason = "client unexpectedly closed TCP connection".to_string();
+    let forced_close = forced.requested();
+    tokio::pin!(forced_close);
 
     let end = 'outer: loop {
         // Frames are handled until the input runs out or the output backs up: a client that
@@ -645,7 +653,7 @@ where
                     "broker forced connection closure with reason 'shutdown'",
                 ));
             }
-            e = forced.requested() => break End::Error(e),
+            e = &mut forced_close => break End::Error(e),
         }
     };
 

@@ -41,6 +41,11 @@ impl Http {
 
     /// A broker with its data in `data_dir` (in memory with `None`).
     async fn start_in(data_dir: Option<std::path::PathBuf>) -> Http {
+        Self::start_with(|c| c.storage.data_dir = data_dir).await
+    }
+
+    /// A broker whose configuration `adjust` changes first.
+    async fn start_with(adjust: impl FnOnce(&mut Config)) -> Http {
         let mut config = Config {
             users: vec![
                 user("admin", &["administrator"]),
@@ -51,10 +56,11 @@ impl Http {
             management: ManagementConfig {
                 enabled: true,
                 listen: "127.0.0.1:0".parse().unwrap(),
+                ..ManagementConfig::default()
             },
             ..Config::default()
         };
-        config.storage.data_dir = data_dir;
+        adjust(&mut config);
         let broker = within(
             "broker start",
             warren_server::Broker::builder()
@@ -1609,4 +1615,72 @@ async fn runtime_users_and_vhosts_survive_a_restart() {
         "{leftovers:?}"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Reads from `s` until the server closes it (EOF or reset), within the bounded wait.
+async fn closed_by_server(s: &mut tokio::net::TcpStream) {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 1024];
+    loop {
+        match within("server closes the socket", s.read(&mut buf)).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => continue,
+        }
+    }
+}
+
+/// The management listener holds at most `max_connections` sockets (one more is closed at
+/// once), closes idle ones after `idle_timeout` and slow senders of headers after
+/// `request_timeout`; a normal request goes through afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn management_listener_is_bounded() {
+    use tokio::io::AsyncWriteExt;
+    let h = Http::start_with(|c| {
+        c.management.max_connections = 3;
+        c.management.idle_timeout = 1;
+        c.management.request_timeout = 1;
+    })
+    .await;
+    let addr = h.broker.as_ref().unwrap().management_addrs()[0];
+    let connect = || async move {
+        within("connect", tokio::net::TcpStream::connect(addr))
+            .await
+            .expect("TCP connect")
+    };
+    // Three idle sockets fill the listener: the fourth is closed as soon as it is accepted
+    // (before any idle timeout could apply to it: it sends a request and gets no answer).
+    let mut idle = Vec::new();
+    for _ in 0..3 {
+        idle.push(connect().await);
+    }
+    let mut extra = connect().await;
+    let _ = extra
+        .write_all(b"GET /api/overview HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await;
+    closed_by_server(&mut extra).await;
+    // The idle ones are closed after idle_timeout.
+    for s in &mut idle {
+        closed_by_server(s).await;
+    }
+    // A client sending a header byte now and then is never idle, but is cut off.
+    let mut slow = connect().await;
+    slow.write_all(b"GET /api/overview HTTP/1.1\r\n")
+        .await
+        .unwrap();
+    let dripping = async {
+        for _ in 0..100 {
+            if slow.write_all(b"X").await.is_err() {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+        panic!("a slow header sender was never cut off");
+    };
+    within("slow sender cut off", dripping).await;
+    // Slots are free again: a normal request is served.
+    let (s, _, _) = h
+        .call(Method::GET, "/api/overview", Some("admin"), None)
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    h.stop().await;
 }
