@@ -28,7 +28,11 @@ use parking_lot::{Mutex, RwLock};
 use warren_amqp::table::FieldTable;
 
 /// Message counts of a channel, as atomics its owner bumps (Relaxed: they are statistics).
+/// Aligned to 128 bytes (two cache lines, what x86's adjacent-line prefetch pairs) so that
+/// two channels' counters, allocated side by side and bumped from different threads, never
+/// share a line.
 #[derive(Debug, Default)]
+#[repr(align(128))]
 pub struct MessageCounters {
     /// basic.publish received (whole messages).
     pub publish: AtomicU64,

@@ -128,12 +128,6 @@ pub(crate) async fn user_put(
 ) -> Reply {
     let user = authorize(&app, &headers, peer, Need::Admin, None)?;
     let m = body_json(&body)?;
-    if !m.contains_key("password") && !m.contains_key("password_hash") {
-        // RabbitMQ (rabbit_mgmt_wm_user): one of them is required.
-        return Err(ApiError::bad_request(
-            "Must provide either password or password_hash",
-        ));
-    }
     let password = credential(&m)?;
     let tags = match tags_field(&m)? {
         Some(t) => parse_tags(t.iter().map(String::as_str)),
