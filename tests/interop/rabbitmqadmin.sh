@@ -121,5 +121,59 @@ if printf '%s\n' "$OUT" | grep -q -- "$q"; then
 fi
 refuse "bad credentials" "Access refused|401|not_authorized|Not_Authorized" -u nobody -p wrong list queues
 
+# Vhosts, users and permissions at run time.
+v=radmin-v-$$
+u=radmin-u-$$
+run "declare vhost" "vhost declared" declare vhost name="$v"
+run "list vhosts shows it" "\| $v " list vhosts name
+run "declare user" "user declared" declare user name="$u" password=radmin-pw tags=management
+run "list users shows it" "\| $u +\| management " list users name tags
+run "declare permission" "permission declared" declare permission vhost="$v" user="$u" configure=".*" write=".*" read="^radmin"
+run "list permissions shows it" "\| $u +\| $v +\| \^radmin " list permissions user vhost read
+run "new user logs in over HTTP" "\| $v " -u "$u" -p radmin-pw list vhosts name
+run "delete permission" "permission deleted" delete permission vhost="$v" user="$u"
+run "delete user" "user deleted" delete user name="$u"
+refuse "deleted user is refused" "Access refused|401|not_authorized|Not_Authorized" -u "$u" -p radmin-pw list vhosts
+run "delete vhost" "vhost deleted" delete vhost name="$v"
+
+# Connections and channels: a pika client holds a connection (with a consumer) open while
+# they are listed, then it is closed over HTTP and the client sees 320 CONNECTION_FORCED.
+if [ -n "${AMQP_URL:-}" ] && python3 -c 'import pika' 2>/dev/null; then
+  holder_out=$(mktemp -t radmin-holder.XXXXXX)
+  python3 - "$AMQP_URL" "$q-c" >"$holder_out" 2>&1 <<'PY' &
+import sys, time
+import pika
+conn = pika.BlockingConnection(pika.URLParameters(sys.argv[1]))
+ch = conn.channel()
+ch.queue_declare(sys.argv[2], auto_delete=True)
+ch.basic_consume(sys.argv[2], lambda *a: None, consumer_tag="radmin-consumer")
+print("open", flush=True)
+try:
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        conn.process_data_events(time_limit=0.2)
+    print("still open after 60 s", flush=True)
+except pika.exceptions.ConnectionClosedByBroker as e:
+    print(f"closed {e.reply_code} {e.reply_text}", flush=True)
+PY
+  holder=$!
+  for _ in $(seq 1 100); do grep -q open "$holder_out" && break; sleep 0.1; done
+  run "list connections" "\| [0-9a-f.:]+:[0-9]+ -> [0-9a-f.:]+:[0-9]+ +\| [^ ]+ +\| 1 " list connections name user channels
+  run "list channels" " \(1\) +\| " list channels name user
+  run "list consumers" "radmin-consumer" list consumers consumer_tag
+  conn_name=$(admin -f tsv -q list connections name | head -n 1)
+  run "close connection" "connection closed" close connection name="$conn_name"
+  wait "$holder"
+  if grep -q "closed 320 CONNECTION_FORCED - Closed via management plugin" "$holder_out"; then
+    passed=$((passed + 1)); echo "ok   the client got 320 CONNECTION_FORCED"
+  else
+    failed=$((failed + 1)); echo "FAIL the client did not get 320 CONNECTION_FORCED:"
+    sed 's/^/     | /' "$holder_out"
+  fi
+  rm -f "$holder_out"
+else
+  echo "skip connections and channels: no AMQP_URL or no pika"
+fi
+
 echo "rabbitmqadmin: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

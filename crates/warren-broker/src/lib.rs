@@ -10,6 +10,9 @@
 //! Front ends (the server crate's AMQP channels) go through [`ops`], the operations layer: every
 //! call carries an [`Actor`] and is authorized there. Tests also drive the vhosts directly.
 //!
+//! [`registry`] is the read model for operators: live connections and channels, and message
+//! counts per channel, queue, vhost and node.
+//!
 //! Locking discipline: a vhost's topology lock may be held while taking a queue lock, and a queue
 //! lock may be held while calling into a [`queue::DeliveryTarget`] (a channel), never the reverse.
 //! Channels therefore never call back into a queue while holding their own lock. A vhost's
@@ -39,6 +42,7 @@ pub mod names;
 pub mod ops;
 pub mod persist;
 pub mod queue;
+pub mod registry;
 pub mod sender_selected;
 pub mod topic;
 pub mod vhost;
@@ -53,5 +57,6 @@ pub use message::{Message, QueuedMessage};
 pub use ops::{Actor, Ops};
 pub use persist::StorageOptions;
 pub use queue::{Consumer, DeliveryTarget, Queue};
+pub use registry::Registry;
 pub use vhost::{Broker, ExchangeSnapshot, PublishError, Published, VHost};
 pub use warren_store::{Completion, RecoveryReport};

@@ -200,7 +200,58 @@ impl Persistence {
     }
 }
 
+/// The access-control database changed at run time (users, vhosts, permissions), in
+/// RabbitMQ's definitions format: `<data_dir>/access.json`.
+const ACCESS_FILE: &str = "access.json";
+
 impl Persistence {
+    /// Writes the access-control database `json` (a definitions document) atomically: when
+    /// this returns `Ok`, it is on disk (fsynced, directory included).
+    ///
+    /// Errors: any I/O error (the old file is left whole), or the broker is closed.
+    pub(crate) fn save_access(&self, json: &str) -> std::io::Result<()> {
+        let held = self.dir.lock();
+        if held.is_none() {
+            return Err(std::io::Error::other("the broker is closed"));
+        }
+        let path = self.options.data_dir.join(ACCESS_FILE);
+        let tmp = path.with_extension("tmp");
+        let written = (|| {
+            use std::io::Write;
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(json.as_bytes())?;
+            f.sync_all()
+        })();
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+        std::fs::rename(&tmp, &path)?;
+        std::fs::File::open(&self.options.data_dir)?.sync_all()
+    }
+
+    /// The access-control database saved by [`Persistence::save_access`], if any.
+    ///
+    /// Errors: the file exists but cannot be read.
+    pub(crate) fn load_access(&self) -> Result<Option<String>, DefinitionsError> {
+        let path = self.options.data_dir.join(ACCESS_FILE);
+        match std::fs::read_to_string(&path) {
+            Ok(t) => Ok(Some(t)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(DefinitionsError {
+                path,
+                reason: e.to_string(),
+            }),
+        }
+    }
+}
+
+impl Persistence {
+    /// The data directory.
+    pub(crate) fn data_dir(&self) -> &Path {
+        &self.options.data_dir
+    }
+
     /// True once the broker has released its data directory: nothing is written any more.
     pub(crate) fn released(&self) -> bool {
         self.dir.lock().is_none()

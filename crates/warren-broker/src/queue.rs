@@ -186,6 +186,9 @@ pub struct Queue {
     backing: Option<Backing>,
     deliveries: std::sync::atomic::AtomicU64,
     stalled_at: std::sync::atomic::AtomicU64,
+    /// Message counts for operators (see [`crate::registry`]); deliveries to consumers are
+    /// [`Queue::deliveries`].
+    pub stats: crate::registry::QueueStats,
     state: Mutex<State>,
 }
 
@@ -326,6 +329,7 @@ impl Queue {
             backing: None,
             deliveries: std::sync::atomic::AtomicU64::new(0),
             stalled_at: std::sync::atomic::AtomicU64::new(u64::MAX),
+            stats: crate::registry::QueueStats::default(),
             state: Mutex::new(State {
                 priority: args.max_priority,
                 ..State::default()
@@ -552,6 +556,13 @@ impl Queue {
         }
     }
 
+    /// Body bytes of the ready messages (those paged out after a restart count 0 until read
+    /// back): RabbitMQ's `message_bytes_ready`.
+    pub fn ready_bytes(&self) -> u64 {
+        let st = self.state.lock();
+        (st.ready_bytes + st.spilled_bytes) as u64
+    }
+
     /// Current counts.
     pub fn counts(&self) -> QueueCounts {
         let st = self.state.lock();
@@ -606,6 +617,7 @@ impl Queue {
             self.settled(&qm);
             return false;
         }
+        crate::registry::bump(&self.stats.publish);
         if let Some(qm) = self.spill_if_full(&mut st, qm) {
             st.push_back(qm);
         }
@@ -1046,6 +1058,9 @@ impl Queue {
                     Err(None) => {}
                 }
             } else {
+                if !s.rejected {
+                    crate::registry::bump(&self.stats.ack);
+                }
                 self.forget_entry(b, &e);
             }
         }
@@ -1200,6 +1215,9 @@ impl Queue {
                         Ok(()) => {
                             self.deliveries
                                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            if !first {
+                                crate::registry::bump(&self.stats.redeliver);
+                            }
                             if c.no_ack {
                                 self.forget(seq, stored);
                                 if let (Some(t), true) = (ticket, stored.is_some()) {
@@ -1242,6 +1260,10 @@ impl Queue {
             self.publish_dead(dead);
             return None;
         };
+        crate::registry::bump(&self.stats.get);
+        if msg.redelivered {
+            crate::registry::bump(&self.stats.redeliver);
+        }
         if no_ack {
             self.settled(&msg);
         } else {
@@ -1295,6 +1317,7 @@ impl Queue {
             } else if s.rejected {
                 self.discard(&mut st, s.message, DeathReason::Rejected);
             } else {
+                crate::registry::bump(&self.stats.ack);
                 self.settled(&s.message);
             }
         }

@@ -46,6 +46,10 @@ pub struct Broker {
     ids: Arc<AtomicU64>,
     clock: Arc<dyn Clock>,
     limits: Arc<RwLock<Limits>>,
+    registry: Arc<crate::registry::Registry>,
+    /// The access-control database was loaded from the data directory (changed at run time
+    /// before), not built from scratch.
+    access_restored: bool,
 }
 
 impl Default for Broker {
@@ -93,6 +97,8 @@ impl Broker {
             ids: Arc::new(AtomicU64::new(1)),
             clock,
             limits: Arc::default(),
+            registry: crate::registry::Registry::new(),
+            access_restored: false,
         };
         b.add_vhost("/");
         b
@@ -123,14 +129,38 @@ impl Broker {
                 return Err(e.into());
             }
         };
+        // Users, vhosts and permissions changed at run time before (see ops::admin).
+        let stored_access = match persist.load_access() {
+            Ok(None) => None,
+            Ok(Some(text)) => match crate::ops::admin::parse_stored_access(&text) {
+                Ok(a) => Some(a),
+                Err(reason) => {
+                    store.close();
+                    return Err(crate::persist::DefinitionsError {
+                        path: options_dir(&persist).join("access.json"),
+                        reason,
+                    }
+                    .into());
+                }
+            },
+            Err(e) => {
+                store.close();
+                return Err(e.into());
+            }
+        };
+        let access_restored = stored_access.is_some();
         let b = Broker {
             vhosts: RwLock::new(HashMap::new()),
-            access: parking_lot::RwLock::new(crate::access::AccessControl::with_default_guest()),
+            access: parking_lot::RwLock::new(
+                stored_access.unwrap_or_else(crate::access::AccessControl::with_default_guest),
+            ),
             access_generation: AtomicU64::new(0),
             persist: Some(persist.clone()),
             ids: Arc::new(AtomicU64::new(0)),
             clock: Arc::new(SystemClock),
             limits: Arc::default(),
+            registry: crate::registry::Registry::new(),
+            access_restored,
         };
         for (defs, size) in definitions {
             let vh = b.add_vhost(get_str(&defs, "name"));
@@ -220,6 +250,29 @@ impl Broker {
         self.access_generation.load(Ordering::Acquire)
     }
 
+    /// True when the access-control database was loaded from the data directory, where
+    /// [`crate::ops::admin::Admin`] stores it after a change at run time.
+    pub fn access_restored(&self) -> bool {
+        self.access_restored
+    }
+
+    /// Stores the access-control database `json` (a definitions document) in the data
+    /// directory; nothing to do for an in-memory broker.
+    ///
+    /// Errors: the file could not be written and fsynced.
+    pub(crate) fn store_access(&self, json: &str) -> std::io::Result<()> {
+        match &self.persist {
+            Some(p) => p.save_access(json),
+            None => Ok(()),
+        }
+    }
+
+    /// The read model: live connections and channels, message counts (see
+    /// [`crate::registry`]).
+    pub fn registry(&self) -> &Arc<crate::registry::Registry> {
+        &self.registry
+    }
+
     /// The message store, for a durable broker.
     pub fn store(&self) -> Option<&Store> {
         self.persist.as_ref().map(|p| &p.store)
@@ -263,6 +316,54 @@ impl Broker {
                 })
             })
             .clone()
+    }
+
+    /// Deletes vhost `name` with everything in it (RabbitMQ's `rabbit_vhost:delete`): its
+    /// queues are deleted (their consumers get basic.cancel, their stored messages are
+    /// dropped), its exchanges and bindings go, and a durable broker removes the vhost's
+    /// definitions from its data directory, so that it does not come back at the next start.
+    /// The vhost's connections are not closed here (see
+    /// [`crate::registry::Registry::close_where`]); whatever they still do touches nothing.
+    ///
+    /// Blocks until the definitions files are removed (the definitions writer first writes
+    /// what was queued before): call it off the async runtime's threads. Returns false when
+    /// there was no such vhost.
+    ///
+    /// Errors: the definitions files could not be removed (the vhost is gone from memory;
+    /// the files are removed at the next start if it is not recreated).
+    pub fn remove_vhost(&self, name: &str) -> std::io::Result<bool> {
+        let Some(v) = self.vhosts.write().remove(name) else {
+            return Ok(false);
+        };
+        let queues: Vec<Arc<Queue>> = {
+            let mut topo = v.topology.write();
+            v.removed.store(true, Ordering::Release);
+            let queues = topo.queues.drain().map(|(_, q)| q).collect();
+            topo.exchanges.clear();
+            topo.bindings = 0;
+            queues
+        };
+        // Persistent messages it held stay in the store until the next start, which drops
+        // them with the vhost gone.
+        *v.delayed.lock() = delayed::Schedule::default();
+        for q in &queues {
+            finish_queue_delete(q);
+        }
+        self.registry.forget_vhost(name);
+        let Some(p) = &self.persist else {
+            return Ok(true);
+        };
+        // Records queued for this vhost before the flag was set are written first; then its
+        // snapshot and logs are removed.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let dir = p.definitions_dir();
+        let stem = crate::persist::file_stem(name);
+        p.defs.after_written(Box::new(move |_| {
+            let _ = tx.send(remove_vhost_files(&dir, &stem));
+        }));
+        rx.recv()
+            .unwrap_or_else(|_| Err(std::io::Error::other("the broker is closed")))?;
+        Ok(true)
     }
 
     /// Periodic housekeeping of every vhost (see [`VHost::sweep`]).
@@ -371,6 +472,8 @@ pub struct VHost {
     delayed: parking_lot::Mutex<delayed::Schedule>,
     /// Caps on queues, exchanges and bindings (shared with the broker).
     limits: Arc<RwLock<Limits>>,
+    /// The vhost was deleted: nothing of it is written to disk any more.
+    removed: std::sync::atomic::AtomicBool,
 }
 
 /// The pseudo-queue of RabbitMQ's direct reply-to: a requester consumes from it in no-ack
@@ -498,6 +601,7 @@ impl VHost {
             defs_retry_at: parking_lot::Mutex::new(None),
             delayed: parking_lot::Mutex::new(delayed::Schedule::default()),
             limits: Arc::default(),
+            removed: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -1441,6 +1545,31 @@ fn not_stored(what: &str, e: &dyn std::fmt::Display) -> BrokerError {
     BrokerError::internal(format!(
         "{what} because the definitions could not be stored: {e}"
     ))
+}
+
+fn options_dir(p: &Persistence) -> std::path::PathBuf {
+    p.data_dir().to_path_buf()
+}
+
+/// Removes a vhost's definitions snapshot and log files (names starting `<stem>.`) from
+/// `dir`, and makes the removal durable.
+fn remove_vhost_files(dir: &std::path::Path, stem: &str) -> std::io::Result<()> {
+    let prefix = format!("{stem}.");
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    for e in entries {
+        let e = e?;
+        if e.file_name()
+            .to_str()
+            .is_some_and(|n| n.starts_with(&prefix))
+        {
+            std::fs::remove_file(e.path())?;
+        }
+    }
+    std::fs::File::open(dir)?.sync_all()
 }
 
 /// Marks a queue deleted and cancels its consumers; returns its ready-message count.

@@ -1,9 +1,11 @@
 //! The HTTP handlers: RabbitMQ management API paths, JSON shapes and status codes
 //! (rabbitmq.com/docs/management, deps/rabbitmq_management in rabbitmq-server).
 
+use crate::admin;
 use crate::backend::{
     AckMode, Backend, BindingInfo, ExchangeInfo, LoginError, QueueInfo, UserInfo,
 };
+use crate::conns::{self, message_stats_json};
 use crate::error::ApiError;
 use crate::list;
 use axum::body::Bytes;
@@ -30,14 +32,14 @@ pub struct App {
     pub(crate) started: Instant,
 }
 
-type S = State<Arc<App>>;
-type Peer = ConnectInfo<SocketAddr>;
-type Q = Query<HashMap<String, String>>;
-type Reply = Result<Response, ApiError>;
+pub(crate) type S = State<Arc<App>>;
+pub(crate) type Peer = ConnectInfo<SocketAddr>;
+pub(crate) type Q = Query<HashMap<String, String>>;
+pub(crate) type Reply = Result<Response, ApiError>;
 
 /// What a path needs of the caller's tags (rabbit_mgmt_util's `is_authorized_*`).
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Need {
+pub(crate) enum Need {
     /// Any management user (management, policymaker, monitoring, administrator).
     Management,
     /// monitoring or administrator.
@@ -46,13 +48,13 @@ enum Need {
     Admin,
 }
 
-fn has(tags: &[String], any: &[&str]) -> bool {
+pub(crate) fn has(tags: &[String], any: &[&str]) -> bool {
     tags.iter().any(|t| any.contains(&t.as_str()))
 }
 
 /// Authenticates the request's basic credentials and checks its tags, and, with `vhost`,
 /// that the vhost is one the user may use (administrators may use all).
-fn authorize(
+pub(crate) fn authorize(
     app: &App,
     headers: &HeaderMap,
     peer: SocketAddr,
@@ -119,7 +121,7 @@ fn authorize(
 }
 
 /// The vhosts a user sees in lists: all for monitors and administrators.
-fn visible_vhosts(app: &App, user: &UserInfo) -> Vec<String> {
+pub(crate) fn visible_vhosts(app: &App, user: &UserInfo) -> Vec<String> {
     if has(&user.tags, &["administrator", "monitoring"]) {
         app.backend.vhosts()
     } else {
@@ -135,11 +137,11 @@ fn require_vhost(app: &App, v: &str) -> Result<(), ApiError> {
     }
 }
 
-fn ok_json(v: Value) -> Reply {
+pub(crate) fn ok_json(v: Value) -> Reply {
     Ok(Json(v).into_response())
 }
 
-fn listed(items: Vec<Value>, q: &HashMap<String, String>) -> Reply {
+pub(crate) fn listed(items: Vec<Value>, q: &HashMap<String, String>) -> Reply {
     ok_json(list::apply(items, q)?)
 }
 
@@ -152,7 +154,7 @@ fn exchange_name(name: &str) -> &str {
     }
 }
 
-fn body_json(body: &Bytes) -> Result<Map<String, Value>, ApiError> {
+pub(crate) fn body_json(body: &Bytes) -> Result<Map<String, Value>, ApiError> {
     if body.is_empty() {
         return Ok(Map::new());
     }
@@ -204,6 +206,8 @@ fn queue_json(app: &App, q: &QueueInfo) -> Value {
         "messages_ready": q.ready,
         "messages_unacknowledged": q.unacked,
         "consumers": q.consumers,
+        "message_bytes_ready": q.ready_bytes,
+        "message_stats": message_stats_json(&q.stats),
         "policy": null,
         "operator_policy": null,
         "effective_policy_definition": {},
@@ -333,14 +337,15 @@ async fn overview(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap) ->
             {"name": "topic", "description": "AMQP topic exchange, as per the AMQP specification", "enabled": true},
             {"name": "x-delayed-message", "description": "Delayed Message Exchange", "enabled": true},
         ],
-        "message_stats": {},
+        "message_stats": overview_stats(&app, &user, &vhosts),
         "queue_totals": {
             "messages": ready + unacked,
             "messages_ready": ready,
             "messages_unacknowledged": unacked,
         },
         "object_totals": {
-            "connections": n.connection_count(),
+            "connections": app.backend.connections().len(),
+            "channels": app.backend.channel_count(),
             "consumers": consumers,
             "exchanges": exchanges,
             "queues": queues.len(),
@@ -387,7 +392,21 @@ fn vhost_json(app: &App, v: &str) -> Value {
         "messages": ready + unacked,
         "messages_ready": ready,
         "messages_unacknowledged": unacked,
+        "message_stats": message_stats_json(&app.backend.vhost_stats(v)),
     })
+}
+
+/// The overview's `message_stats`: the node's for those who see every vhost, else the sum
+/// over the vhosts the user sees.
+fn overview_stats(app: &App, user: &UserInfo, vhosts: &[String]) -> Value {
+    if has(&user.tags, &["administrator", "monitoring"]) {
+        return message_stats_json(&app.backend.global_stats());
+    }
+    let mut total = crate::backend::MessageStats::default();
+    for v in vhosts {
+        total.add(&app.backend.vhost_stats(v));
+    }
+    message_stats_json(&total)
 }
 
 async fn vhosts(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap, q: Q) -> Reply {
@@ -457,11 +476,6 @@ async fn permission(
         .into_iter()
         .find(|p| p["vhost"] == v.as_str() && p["user"] == u.as_str())
         .map_or_else(|| Err(ApiError::not_found()), ok_json)
-}
-
-async fn topic_permissions(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap) -> Reply {
-    authorize(&app, &headers, peer, Need::Admin, None)?;
-    ok_json(json!([]))
 }
 
 fn sorted<T>(mut items: Vec<T>, key: impl Fn(&T) -> (String, String)) -> Vec<T> {
@@ -1189,12 +1203,29 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/api/nodes", get(nodes))
         .route("/api/nodes/{node}", get(node))
         .route("/api/vhosts", get(vhosts))
-        .route("/api/vhosts/{v}", get(vhost))
+        .route(
+            "/api/vhosts/{v}",
+            get(vhost).put(admin::vhost_put).delete(admin::vhost_delete),
+        )
         .route("/api/users", get(users))
-        .route("/api/users/{u}", get(user))
+        .route(
+            "/api/users/{u}",
+            get(user).put(admin::user_put).delete(admin::user_delete),
+        )
         .route("/api/permissions", get(permissions))
-        .route("/api/permissions/{v}/{u}", get(permission))
-        .route("/api/topic-permissions", get(topic_permissions))
+        .route(
+            "/api/permissions/{v}/{u}",
+            get(permission)
+                .put(admin::permission_put)
+                .delete(admin::permission_delete),
+        )
+        .route("/api/topic-permissions", get(admin::topic_permissions))
+        .route(
+            "/api/topic-permissions/{v}/{u}",
+            get(admin::topic_permission_get)
+                .put(admin::topic_permission_put)
+                .delete(admin::topic_permission_delete),
+        )
         .route("/api/exchanges", get(exchanges_all))
         .route("/api/exchanges/{v}", get(exchanges_vhost))
         .route(
@@ -1249,6 +1280,21 @@ pub fn router(app: Arc<App>) -> Router {
             "/api/health/checks/protocol-listener/{protocol}",
             get(health_protocol),
         )
+        .route("/api/connections", get(conns::connections))
+        .route(
+            "/api/connections/{name}",
+            get(conns::connection).delete(conns::connection_delete),
+        )
+        .route(
+            "/api/connections/{name}/channels",
+            get(conns::connection_channels),
+        )
+        .route("/api/vhosts/{v}/connections", get(conns::vhost_connections))
+        .route("/api/vhosts/{v}/channels", get(conns::vhost_channels))
+        .route("/api/channels", get(conns::channels))
+        .route("/api/channels/{name}", get(conns::channel))
+        .route("/api/consumers", get(conns::consumers))
+        .route("/api/consumers/{v}", get(conns::vhost_consumers))
         .route("/api/definitions", get(definitions))
         .route("/metrics", get(metrics))
         .route("/metrics/per-object", get(metrics_per_object))

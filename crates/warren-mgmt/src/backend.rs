@@ -14,11 +14,31 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use warren_amqp::properties::BasicProperties;
 use warren_amqp::table::FieldTable;
+use warren_broker::access::{PasswordHash, Permissions, UserRecord, UserTag, VhostRecord};
 use warren_broker::definitions::{json_to_table, table_to_json};
+use warren_broker::ops::Admin;
 use warren_broker::queue::Settlement;
 use warren_broker::vhost::{ExchangeDeclare, QueueDeclare};
 use warren_broker::{Actor, Ops};
 use warren_broker::{BrokerError, Destination};
+
+pub use warren_broker::registry::{
+    ChannelSnapshot, ConnectionDetails, ConnectionSnapshot, ConsumerDetails, MessageStats,
+};
+
+/// A queue's counters as [`MessageStats`]: what went in (`publish`), out to consumers
+/// (`deliver`) and basic.get (`get`), acknowledgements and redeliveries.
+fn queue_stats(q: &warren_broker::Queue) -> MessageStats {
+    use std::sync::atomic::Ordering::Relaxed;
+    MessageStats {
+        publish: q.stats.publish.load(Relaxed),
+        deliver: q.deliveries(),
+        get: q.stats.get.load(Relaxed),
+        ack: q.stats.ack.load(Relaxed),
+        redeliver: q.stats.redeliver.load(Relaxed),
+        ..MessageStats::default()
+    }
+}
 
 /// What the server that embeds the management API tells it besides the broker model: its
 /// connections, alarms and listeners. Implemented by `warren-server` for its shared state.
@@ -110,8 +130,13 @@ pub struct QueueInfo {
     pub unacked: u64,
     /// Consumers.
     pub consumers: u64,
-    /// Messages delivered to consumers and basic.get since the queue was created.
+    /// Messages delivered to consumers since the queue was created.
     pub deliveries: u64,
+    /// Body bytes of the ready messages.
+    pub ready_bytes: u64,
+    /// Message counts since the queue was created (`deliver` counts every delivery to a
+    /// consumer, acknowledging or not).
+    pub stats: MessageStats,
 }
 
 /// An exchange as the API shows it.
@@ -298,6 +323,197 @@ impl Backend {
         out
     }
 
+    // ---- connections and channels (the broker's read model) --------------------------
+
+    /// Every open connection, oldest first.
+    pub fn connections(&self) -> Vec<ConnectionSnapshot> {
+        self.broker().registry().connections()
+    }
+
+    /// Every open channel (of the connection named `connection` only, with one).
+    pub fn channels(&self, connection: Option<&str>) -> Vec<ChannelSnapshot> {
+        self.broker().registry().channels(connection)
+    }
+
+    /// Open channels, counted without reading them.
+    pub fn channel_count(&self) -> usize {
+        self.broker().registry().channel_count()
+    }
+
+    /// True when `user` may see a connection (or channel) of `owner`: its owner, monitoring
+    /// and administrator users (the operations layer's `ConnectionView`).
+    pub fn may_view_connection(&self, user: &UserInfo, owner: &str) -> bool {
+        let actor = self.actor(user, "/");
+        Admin::new(self.broker(), &actor)
+            .may_view_connection(owner)
+            .is_ok()
+    }
+
+    /// Closes the connection named `name` with 320 CONNECTION_FORCED and `reason`, as `user`
+    /// (its owner or an administrator). Errors: 404, or 401 "User not authorised to access
+    /// object".
+    pub fn close_connection(
+        &self,
+        user: &UserInfo,
+        name: &str,
+        reason: &str,
+    ) -> Result<(), ApiError> {
+        self.admin(user, |a| a.close_connection(name, reason))
+    }
+
+    // ---- operators' writes: vhosts, users, permissions ------------------------------
+    //
+    // They store the access-control database (an fsync) and a vhost delete waits for the
+    // definitions writer: the API calls them on a blocking thread.
+
+    /// Runs `f` with `user`'s broker-wide operations, mapping refusals to RabbitMQ's
+    /// replies: 404, 401 with the management refusal's reason, 500 for a store failure,
+    /// else 400.
+    fn admin<R>(
+        &self,
+        user: &UserInfo,
+        f: impl FnOnce(Admin<'_>) -> Result<R, BrokerError>,
+    ) -> Result<R, ApiError> {
+        let actor = self.actor(user, "/");
+        f(Admin::new(self.broker(), &actor)).map_err(|e| match e.code {
+            404 => ApiError::not_found(),
+            403 => ApiError::not_authorised(e.text),
+            541 => ApiError::internal(e.text),
+            _ => ApiError::bad_request(e.text),
+        })
+    }
+
+    /// Creates (true) or updates (false) vhost `name`.
+    pub fn put_vhost(
+        &self,
+        user: &UserInfo,
+        name: &str,
+        description: Option<String>,
+        tags: Option<Vec<String>>,
+        default_queue_type: Option<String>,
+    ) -> Result<bool, ApiError> {
+        let old = self.broker().access().vhost(name).cloned();
+        let mut record = old.unwrap_or_else(|| VhostRecord::new(name));
+        if let Some(d) = description {
+            record.description = d;
+        }
+        if let Some(t) = tags {
+            record.tags = t;
+        }
+        if default_queue_type.is_some() {
+            record.default_queue_type = default_queue_type;
+        }
+        self.admin(user, |a| a.put_vhost(record))
+    }
+
+    /// Deletes vhost `name` with everything in it, closing its connections.
+    pub fn delete_vhost(&self, user: &UserInfo, name: &str) -> Result<(), ApiError> {
+        self.admin(user, |a| a.delete_vhost(name))
+    }
+
+    /// Creates (true) or replaces (false) user `name` with `password` (a
+    /// [`PasswordHash`]) and `tags`.
+    pub fn put_user(
+        &self,
+        user: &UserInfo,
+        name: &str,
+        password: PasswordHash,
+        tags: Vec<UserTag>,
+    ) -> Result<bool, ApiError> {
+        let record = UserRecord {
+            name: name.to_string(),
+            password,
+            tags,
+            limits: Default::default(),
+        };
+        self.admin(user, |a| a.put_user(record))
+    }
+
+    /// Deletes user `name`, closing its connections.
+    pub fn delete_user(&self, user: &UserInfo, name: &str) -> Result<(), ApiError> {
+        self.admin(user, |a| a.delete_user(name))
+    }
+
+    /// Sets permissions of `who` in `vhost`; true when there were none.
+    pub fn set_permissions(
+        &self,
+        user: &UserInfo,
+        vhost: &str,
+        who: &str,
+        configure: &str,
+        write: &str,
+        read: &str,
+    ) -> Result<bool, ApiError> {
+        let perms = Permissions::new(configure, write, read)
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        self.admin(user, |a| a.set_permissions(who, vhost, perms))
+    }
+
+    /// Clears permissions of `who` in `vhost`.
+    pub fn clear_permissions(
+        &self,
+        user: &UserInfo,
+        vhost: &str,
+        who: &str,
+    ) -> Result<(), ApiError> {
+        self.admin(user, |a| a.clear_permissions(who, vhost))
+    }
+
+    /// Sets topic permissions of `who` on `exchange` in `vhost`.
+    pub fn set_topic_permissions(
+        &self,
+        user: &UserInfo,
+        vhost: &str,
+        who: &str,
+        exchange: &str,
+        write: &str,
+        read: &str,
+    ) -> Result<(), ApiError> {
+        self.admin(user, |a| {
+            a.set_topic_permissions(who, vhost, exchange, write, read)
+        })
+    }
+
+    /// Clears topic permissions of `who` in `vhost` (on `exchange` only, with one).
+    pub fn clear_topic_permissions(
+        &self,
+        user: &UserInfo,
+        vhost: &str,
+        who: &str,
+        exchange: Option<&str>,
+    ) -> Result<(), ApiError> {
+        self.admin(user, |a| a.clear_topic_permissions(who, vhost, exchange))
+    }
+
+    /// Topic permissions as (user, vhost, exchange, write, read), sorted.
+    pub fn topic_permissions(&self) -> Vec<(String, String, String, String, String)> {
+        let access = self.broker().access();
+        let mut out: Vec<_> = access
+            .all_topic_permissions()
+            .map(|(user, vhost, t)| {
+                (
+                    user.to_string(),
+                    vhost.to_string(),
+                    t.exchange().to_string(),
+                    t.write_source().to_string(),
+                    t.read_source().to_string(),
+                )
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// Message counts of `vhost` over its channels, open and closed.
+    pub fn vhost_stats(&self, vhost: &str) -> MessageStats {
+        self.broker().registry().vhost_stats(vhost)
+    }
+
+    /// Message counts of the node since it started.
+    pub fn global_stats(&self) -> MessageStats {
+        self.broker().registry().global_stats()
+    }
+
     // ---- topology reads --------------------------------------------------------------
 
     /// Every vhost name, sorted.
@@ -343,6 +559,8 @@ impl Backend {
                     unacked: c.unacked.into(),
                     consumers: c.consumers.into(),
                     deliveries: q.deliveries(),
+                    ready_bytes: q.ready_bytes(),
+                    stats: queue_stats(&q),
                 });
             }
         }

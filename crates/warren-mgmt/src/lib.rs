@@ -5,7 +5,8 @@
 //!
 //! - [`backend`]: the only module that calls into the broker model; the embedding server
 //!   implements [`Node`] for what lies outside it (connections, alarms, listeners).
-//! - `api`: the routes and JSON shapes; `list`: `sort`, `columns`, `page`...;
+//! - `api`: the routes and JSON shapes; `conns`: connections, channels and consumers;
+//!   `admin`: vhost, user and permission writes; `list`: `sort`, `columns`, `page`...;
 //!   `metrics`: the Prometheus text; `error`: RabbitMQ's error bodies.
 //!
 //! ```no_run
@@ -16,15 +17,19 @@
 //! # Ok(()) }
 //! ```
 
+mod admin;
 mod api;
 pub mod backend;
+mod conns;
 mod error;
 mod list;
+pub mod listener;
 mod metrics;
 
 pub use api::RABBITMQ_VERSION;
 pub use backend::Node;
 pub use error::ApiError;
+pub use listener::ListenerLimits;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -49,15 +54,32 @@ pub fn router(node: Arc<dyn Node>) -> axum::Router {
     }))
 }
 
-/// Serves the API on `listener` until `shutdown` turns true (requests in progress finish).
+/// Serves the API on `listener` with the default [`ListenerLimits`] until `shutdown` turns
+/// true (requests in progress finish).
 ///
 /// Errors: the listener failed.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     node: Arc<dyn Node>,
-    mut shutdown: tokio::sync::watch::Receiver<bool>,
+    shutdown: tokio::sync::watch::Receiver<bool>,
 ) -> std::io::Result<()> {
+    serve_with(listener, node, shutdown, ListenerLimits::default()).await
+}
+
+/// [`serve`] with the listener bounded by `limits` (connections held at once, idle and
+/// request-header timeouts; see [`listener`]).
+///
+/// Errors: the listener failed.
+pub async fn serve_with(
+    listener: tokio::net::TcpListener,
+    node: Arc<dyn Node>,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+    limits: ListenerLimits,
+) -> std::io::Result<()> {
+    use axum::serve::ListenerExt;
     let app = router(node).into_make_service_with_connect_info::<SocketAddr>();
+    // tap_io gives the bounded listener axum's ConnectInfo<SocketAddr>.
+    let listener = listener::Bounded::new(listener, limits).tap_io(|_| {});
     axum::serve(listener, app)
         .with_graceful_shutdown(async move {
             while !*shutdown.borrow() {

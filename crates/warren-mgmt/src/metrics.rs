@@ -60,8 +60,59 @@ pub fn render(app: &App, per_object: bool) -> Result<String, String> {
         &r,
         "rabbitmq_connections",
         "Connections currently open",
-        n.connection_count() as f64,
+        b.connections().len() as f64,
     )?;
+    gauge(
+        &r,
+        "rabbitmq_channels",
+        "Channels currently open",
+        b.channel_count() as f64,
+    )?;
+    // rabbitmq_prometheus's global counters (protocol label as it sets it for AMQP 0-9-1).
+    let g = b.global_stats();
+    let globals: [(&str, &str, u64); 7] = [
+        (
+            "rabbitmq_global_messages_received_total",
+            "Total number of messages received from publishers",
+            g.publish,
+        ),
+        (
+            "rabbitmq_global_messages_confirmed_total",
+            "Total number of messages confirmed to publishers",
+            g.confirm,
+        ),
+        (
+            "rabbitmq_global_messages_delivered_total",
+            "Total number of messages delivered to consumers",
+            g.deliver_get(),
+        ),
+        (
+            "rabbitmq_global_messages_delivered_get_manual_ack_total",
+            "Total number of messages delivered to consumers using basic.get with manual acknowledgment mode",
+            g.get,
+        ),
+        (
+            "rabbitmq_global_messages_redelivered_total",
+            "Total number of messages redelivered to consumers",
+            g.redeliver,
+        ),
+        (
+            "rabbitmq_global_messages_acknowledged_total",
+            "Total number of messages acknowledged by consumers",
+            g.ack,
+        ),
+        (
+            "rabbitmq_global_messages_unroutable_returned_total",
+            "Total number of messages published as mandatory into an exchange and returned to the publisher as unroutable",
+            g.return_unroutable,
+        ),
+    ];
+    for (name, help, value) in globals {
+        let c =
+            IntCounterVec::new(Opts::new(name, help), &["protocol"]).map_err(|e| e.to_string())?;
+        c.with_label_values(&["amqp091"]).inc_by(value);
+        r.register(Box::new(c)).map_err(|e| e.to_string())?;
+    }
     gauge(
         &r,
         "rabbitmq_queues",

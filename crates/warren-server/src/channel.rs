@@ -32,6 +32,9 @@ use warren_broker::log_limit::LogLimit;
 use warren_broker::ops::publish::PublishCheck;
 use warren_broker::ops::{DeclaredQueue, PublishGrant};
 use warren_broker::queue::Settlement;
+use warren_broker::registry::{
+    bump, bump_by, ChannelEntry, ChannelHandle, ChannelProbe, ConsumerDetails,
+};
 use warren_broker::vhost::log::DurableSink;
 use warren_broker::vhost::{ExchangeDeclare as ExchangeSpec, QueueDeclare as QueueSpec, REPLY_TO};
 use warren_broker::{
@@ -53,6 +56,9 @@ struct Unacked {
 
 struct ConsumerInfo {
     queue: Arc<Queue>,
+    /// What operators see of it (`None` for direct reply-to's consumer, which RabbitMQ does
+    /// not list).
+    details: Option<ConsumerDetails>,
 }
 
 struct SharedState {
@@ -85,6 +91,26 @@ pub struct ChannelShared {
     frame_max: u32,
     cancel_notify: bool,
     st: Mutex<SharedState>,
+    /// Counters and modes in the operators' read model.
+    stats: Arc<ChannelEntry>,
+}
+
+impl ChannelProbe for ChannelShared {
+    fn unacked(&self) -> u64 {
+        let st = self.st.lock();
+        (st.unacked.len() + st.paged.len()) as u64
+    }
+
+    fn consumers(&self) -> Vec<ConsumerDetails> {
+        let st = self.st.lock();
+        let mut out: Vec<ConsumerDetails> = st
+            .consumers
+            .values()
+            .filter_map(|c| c.details.clone())
+            .collect();
+        out.sort_by(|a, b| a.tag.cmp(&b.tag));
+        out
+    }
 }
 
 /// Writes a content-bearing method, its content header and body frames.
@@ -189,6 +215,15 @@ impl DeliveryTarget for ChannelShared {
             drop(st);
             self.outbox.park(queue);
             return Err(msg);
+        }
+        let counters = &self.stats.counters;
+        bump(if no_ack {
+            &counters.deliver_no_ack
+        } else {
+            &counters.deliver
+        });
+        if msg.redelivered {
+            bump(&counters.redeliver);
         }
         st.next_tag = tag;
         if !no_ack {
@@ -307,6 +342,7 @@ pub struct Confirms {
     channel: u16,
     outbox: Arc<Outbox>,
     book: Mutex<ConfirmBook>,
+    stats: Arc<ChannelEntry>,
 }
 
 struct ConfirmBook {
@@ -316,10 +352,11 @@ struct ConfirmBook {
 }
 
 impl Confirms {
-    fn new(channel: u16, outbox: Arc<Outbox>) -> Self {
+    fn new(channel: u16, outbox: Arc<Outbox>, stats: Arc<ChannelEntry>) -> Self {
         Confirms {
             channel,
             outbox,
+            stats,
             book: Mutex::new(ConfirmBook {
                 next_seq: 1,
                 waiting: BTreeSet::new(),
@@ -353,6 +390,10 @@ impl Confirms {
         let Some((&last, _)) = ready.last_key_value() else {
             return;
         };
+        bump_by(
+            &self.stats.counters.confirm,
+            ready.values().filter(|ok| **ok).count() as u64,
+        );
         if ready.values().all(|ok| *ok) {
             self.outbox.send(
                 self.channel,
@@ -426,6 +467,8 @@ pub enum Outcome {
 /// The connection-task half of a channel.
 pub struct Channel {
     shared: Arc<ChannelShared>,
+    /// The channel's place in the operators' read model (unregistered when dropped).
+    registration: ChannelHandle,
     /// Set after the server sent channel.close: everything but close-ok is discarded.
     pub closing: bool,
     content: Option<PendingContent>,
@@ -554,28 +597,39 @@ type MethodResult = Result<(), BrokerError>;
 
 impl Channel {
     /// A freshly opened channel.
-    pub fn new(id: u16, outbox: Arc<Outbox>, frame_max: u32, cancel_notify: bool) -> Self {
-        Channel {
-            shared: Arc::new(ChannelShared {
-                key: CHANNEL_KEYS.fetch_add(1, Ordering::Relaxed),
-                id,
-                outbox,
-                frame_max,
-                cancel_notify,
-                st: Mutex::new(SharedState {
-                    open: true,
-                    flow: true,
-                    next_tag: 0,
-                    unacked: BTreeMap::new(),
-                    unacked_bytes: 0,
-                    paged: PagedUnacked::default(),
-                    global_prefetch: 0,
-                    consumers: HashMap::new(),
-                    replying: false,
-                    deferred_cancels: Vec::new(),
-                    announcing: None,
-                }),
+    pub fn new(
+        id: u16,
+        outbox: Arc<Outbox>,
+        frame_max: u32,
+        cancel_notify: bool,
+        registration: ChannelHandle,
+    ) -> Self {
+        let shared = Arc::new(ChannelShared {
+            key: CHANNEL_KEYS.fetch_add(1, Ordering::Relaxed),
+            id,
+            outbox,
+            frame_max,
+            cancel_notify,
+            st: Mutex::new(SharedState {
+                open: true,
+                flow: true,
+                next_tag: 0,
+                unacked: BTreeMap::new(),
+                unacked_bytes: 0,
+                paged: PagedUnacked::default(),
+                global_prefetch: 0,
+                consumers: HashMap::new(),
+                replying: false,
+                deferred_cancels: Vec::new(),
+                announcing: None,
             }),
+            stats: registration.entry().clone(),
+        });
+        let probe: Arc<dyn ChannelProbe> = shared.clone();
+        registration.entry().set_probe(Arc::downgrade(&probe));
+        Channel {
+            shared,
+            registration,
             closing: false,
             content: None,
             confirm: None,
@@ -816,6 +870,7 @@ impl Channel {
                     ));
                 }
                 self.tx.get_or_insert_with(TxState::default);
+                self.registration.entry().set_transactional();
                 self.send(TxSelectOk {});
                 Ok(Outcome::Done)
             }
@@ -873,7 +928,9 @@ impl Channel {
                     self.confirm = Some(Arc::new(Confirms::new(
                         self.id(),
                         self.shared.outbox.clone(),
+                        self.registration.entry().clone(),
                     )));
+                    self.registration.entry().set_confirm();
                 }
                 if !m.nowait {
                     self.send(ConfirmSelectOk {});
@@ -981,6 +1038,9 @@ impl Channel {
             self.consumer_prefetch = m.prefetch_count;
             Vec::new()
         };
+        self.registration
+            .entry()
+            .set_prefetch(m.prefetch_count, m.global);
         self.send(BasicQosOk {});
         queues.iter().for_each(|q| q.dispatch());
         Ok(())
@@ -1010,6 +1070,14 @@ impl Channel {
         if m.queue == REPLY_TO {
             return self.consume_replies(ctx, tag, m.no_ack, m.nowait);
         }
+        let details = ConsumerDetails {
+            tag: tag.to_string(),
+            queue: String::new(),
+            ack_required: !m.no_ack,
+            exclusive: m.exclusive,
+            prefetch_count: self.consumer_prefetch,
+            arguments: m.arguments.clone(),
+        };
         let consumer = Consumer::new(
             tag.clone(),
             self.shared.clone(),
@@ -1028,11 +1096,16 @@ impl Channel {
                 return Err(e);
             }
         };
-        self.shared
-            .st
-            .lock()
-            .consumers
-            .insert(tag.clone(), ConsumerInfo { queue: q.clone() });
+        self.shared.st.lock().consumers.insert(
+            tag.clone(),
+            ConsumerInfo {
+                queue: q.clone(),
+                details: Some(ConsumerDetails {
+                    queue: q.name.clone(),
+                    ..details
+                }),
+            },
+        );
         if !m.nowait {
             self.send(BasicConsumeOk {
                 consumer_tag: tag.to_string(),
@@ -1071,6 +1144,7 @@ impl Channel {
             tag.clone(),
             ConsumerInfo {
                 queue: ctx.vhost.reply_queue().clone(),
+                details: None,
             },
         );
         if !nowait {
@@ -1107,6 +1181,15 @@ impl Channel {
             });
             return Ok(());
         };
+        let counters = &self.shared.stats.counters;
+        bump(if m.no_ack {
+            &counters.get_no_ack
+        } else {
+            &counters.get
+        });
+        if msg.redelivered {
+            bump(&counters.redeliver);
+        }
         let mut st = self.shared.st.lock();
         st.next_tag += 1;
         let tag = st.next_tag;
@@ -1187,6 +1270,12 @@ impl Channel {
             st.unacked_bytes -= body_bytes(&taken);
             (taken, paged, upto)
         };
+        if !rejected {
+            bump_by(
+                &self.shared.stats.counters.ack,
+                (taken.len() + paged.len()) as u64,
+            );
+        }
         settle(self.shared.key, taken, requeue, rejected);
         self.settle_paged(paged, upto, requeue, rejected);
         // Freed channel-wide credit may let other queues deliver.
@@ -1379,6 +1468,7 @@ impl Channel {
             body,
             self.reply_to.as_deref(),
         )?;
+        bump(&self.shared.stats.counters.publish);
         if let Some(tx) = self.tx.as_mut() {
             let bytes = msg.body.len() as u64;
             tx.admit(&ctx.limits, bytes)?;
@@ -1437,6 +1527,7 @@ impl Channel {
             }
         };
         if !published.routed && mandatory {
+            bump(&self.shared.stats.counters.return_unroutable);
             let method = Method::BasicReturn(BasicReturn {
                 reply_code: constants::NO_ROUTE,
                 reply_text: "NO_ROUTE".into(),

@@ -108,6 +108,26 @@ pub struct ManagementConfig {
     pub enabled: bool,
     /// Where it listens (RabbitMQ's `management.tcp.port`, default `0.0.0.0:15672`).
     pub listen: ListenAddr,
+    /// Most HTTP connections open at once (default 1024); more are closed as they are
+    /// accepted (RabbitMQ's `management.tcp.max_connections`).
+    pub max_connections: usize,
+    /// Seconds a connection may wait between requests before it is closed (default 120,
+    /// RabbitMQ's `management.tcp.idle_timeout`).
+    pub idle_timeout: u64,
+    /// Seconds a client has to send a request's line and headers once it started (default
+    /// 30; RabbitMQ's `management.tcp.request_timeout`).
+    pub request_timeout: u64,
+}
+
+impl ManagementConfig {
+    /// The listener's bounds.
+    pub fn limits(&self) -> warren_mgmt::ListenerLimits {
+        warren_mgmt::ListenerLimits {
+            max_connections: self.max_connections,
+            idle_timeout: std::time::Duration::from_secs(self.idle_timeout),
+            request_timeout: std::time::Duration::from_secs(self.request_timeout),
+        }
+    }
 }
 
 impl Default for ManagementConfig {
@@ -115,6 +135,9 @@ impl Default for ManagementConfig {
         ManagementConfig {
             enabled: true,
             listen: ListenAddr::Addr(std::net::SocketAddr::from(([0, 0, 0, 0], 15672))),
+            max_connections: 1024,
+            idle_timeout: 120,
+            request_timeout: 30,
         }
     }
 }
@@ -991,6 +1014,28 @@ impl Config {
                 "must be at least 1",
             );
         }
+        let m = &self.management;
+        if m.max_connections == 0 {
+            return bad(
+                "management.max_connections",
+                &m.max_connections,
+                "must be at least 1",
+            );
+        }
+        if m.idle_timeout == 0 {
+            return bad(
+                "management.idle_timeout",
+                &m.idle_timeout,
+                "must be at least 1 second",
+            );
+        }
+        if m.request_timeout == 0 {
+            return bad(
+                "management.request_timeout",
+                &m.request_timeout,
+                "must be at least 1 second",
+            );
+        }
         if a.max_table_depth == 0 || a.max_table_depth > warren_store::record::MAX_TABLE_DEPTH {
             return bad(
                 "amqp.max_table_depth",
@@ -1316,6 +1361,11 @@ topic_match_budget = {topic_match_budget}
 # The management HTTP API (RabbitMQ's /api paths and JSON, Prometheus text on /metrics).
 enabled = {management_enabled}
 listen = "{management_listen}"
+# Most HTTP connections open at once; more are closed as they are accepted.
+max_connections = {management_max_connections}
+# Seconds a connection may wait between requests, and to send a request's line and headers.
+idle_timeout = {management_idle_timeout}
+request_timeout = {management_request_timeout}
 
 [httpmq]
 # The httpmq/httpsqs-compatible HTTP queue API: /?name=Q&opt=put|get|view|status|...
@@ -1407,6 +1457,9 @@ login_failure_delay_ms = {login_failure_delay_ms}
             httpmq_max_body_bytes = d.httpmq.max_body_bytes,
             httpmq_max_connections = d.httpmq.max_connections,
             httpmq_checkpoint_ms = d.httpmq.checkpoint_ms,
+            management_max_connections = d.management.max_connections,
+            management_idle_timeout = d.management.idle_timeout,
+            management_request_timeout = d.management.request_timeout,
             channel_max = d.amqp.channel_max,
             heartbeat = d.amqp.heartbeat,
             max_message_size = d.amqp.max_message_size,

@@ -26,6 +26,7 @@ use warren_amqp::generated::*;
 use warren_amqp::table::{FieldTable, FieldValue};
 use warren_amqp::{constants, DecodeError, Method};
 use warren_broker::login::ConnectionSlot;
+use warren_broker::registry::{ConnectionDetails, ConnectionHandle};
 use warren_broker::vhost::log::DurableSink;
 use warren_broker::{Actor, BrokerError, Credentials, LoginSource, VHost};
 
@@ -304,6 +305,44 @@ struct Session {
     cancel_notify: bool,
     /// The client understands connection.blocked / unblocked.
     blocked_notify: bool,
+    /// The client's connection.start-ok properties.
+    client_properties: FieldTable,
+    /// The SASL mechanism it logged in with.
+    mechanism: String,
+}
+
+/// A request to close the connection from outside its task: an operator's
+/// `DELETE /api/connections/{name}`, its vhost or user deleted. The connection's frame loop
+/// picks it up and closes with 320 CONNECTION_FORCED.
+#[derive(Default)]
+struct ForcedClose {
+    requested: std::sync::atomic::AtomicBool,
+    reason: parking_lot::Mutex<Option<String>>,
+    notify: tokio::sync::Notify,
+}
+
+impl ForcedClose {
+    /// Waits for a close request; returns its error. The frame loop keeps one such future
+    /// pinned across its iterations, so waiting costs nothing per read.
+    async fn requested(&self) -> ConnError {
+        loop {
+            let notified = self.notify.notified();
+            if self.requested.load(std::sync::atomic::Ordering::Acquire) {
+                let reason = self.reason.lock().clone().unwrap_or_default();
+                return ConnError::new(constants::CONNECTION_FORCED, reason);
+            }
+            notified.await;
+        }
+    }
+}
+
+impl warren_broker::registry::ConnectionControl for ForcedClose {
+    fn force_close(&self, reason: &str) {
+        self.reason.lock().get_or_insert_with(|| reason.to_string());
+        self.requested
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.notify.notify_one();
+    }
 }
 
 struct Tuned {
@@ -438,7 +477,31 @@ where
         Some(peer),
     ));
     let durable = Arc::new(DurableReplies::new(outbox.clone()));
+    // Listed for operators (`/api/connections`) until the connection ends.
+    let forced = Arc::new(ForcedClose::default());
+    let registration = state.broker.registry().register(
+        ConnectionDetails {
+            id,
+            name: name.clone(),
+            peer,
+            local,
+            user: session.user.clone(),
+            vhost: vhost.name.clone(),
+            protocol: "AMQP 0-9-1",
+            tls: security.tls.is_some(),
+            auth_mechanism: session.mechanism.clone(),
+            client_properties: session.client_properties.clone(),
+            connected_at_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+            frame_max: tuned.frame_max,
+            channel_max: tuned.channel_max,
+            heartbeat: tuned.heartbeat,
+        },
+        forced.clone(),
+    );
     let mut conn = Conn {
+        registration,
         id,
         state: state.clone(),
         actor,
@@ -479,6 +542,8 @@ where
     );
     // Why the peer went away, when it did without connection.close.
     let mut eof_reason = "client unexpectedly closed TCP connection".to_string();
+    let forced_close = forced.requested();
+    tokio::pin!(forced_close);
 
     let end = 'outer: loop {
         // Frames are handled until the input runs out or the output backs up: a client that
@@ -517,9 +582,15 @@ where
         }
         if backlogged || outbox.is_backlogged() {
             let t = std::time::Instant::now();
-            if let Some(end) = paused(&mut rd, &mut rbuf, &outbox, &mut shutdown, true, || {
-                outbox.is_backlogged()
-            })
+            if let Some(end) = paused(
+                &mut rd,
+                &mut rbuf,
+                &outbox,
+                &mut shutdown,
+                &forced,
+                true,
+                || outbox.is_backlogged(),
+            )
             .await
             {
                 break end;
@@ -535,9 +606,15 @@ where
         // so acknowledge, freeing memory) keep going.
         if std::mem::take(&mut conn.published) && state.publishers_paused() {
             debug!("memory or disk alarm: publisher paused");
-            if let Some(end) = paused(&mut rd, &mut rbuf, &outbox, &mut shutdown, false, || {
-                state.publishers_paused()
-            })
+            if let Some(end) = paused(
+                &mut rd,
+                &mut rbuf,
+                &outbox,
+                &mut shutdown,
+                &forced,
+                false,
+                || state.publishers_paused(),
+            )
             .await
             {
                 break end;
@@ -576,6 +653,7 @@ where
                     "broker forced connection closure with reason 'shutdown'",
                 ));
             }
+            e = &mut forced_close => break End::Error(e),
         }
     };
 
@@ -815,6 +893,8 @@ where
             .unwrap_or(false)
     };
     let cancel_notify = cap("consumer_cancel_notify");
+    let client_properties = start_ok.client_properties.clone();
+    let mechanism = start_ok.mechanism.clone();
     let blocked_notify = cap("connection.blocked");
     let user = login(state, &start_ok, &offered, peer, security, cap)?;
     out.clear();
@@ -916,12 +996,16 @@ where
             slot,
             cancel_notify,
             blocked_notify,
+            client_properties,
+            mechanism,
         },
     ))
 }
 
 struct Conn {
     id: u64,
+    /// This connection's entry in the operators' read model.
+    registration: ConnectionHandle,
     vhost: Arc<VHost>,
     outbox: Arc<Outbox>,
     channels: HashMap<u16, Channel>,
@@ -992,6 +1076,7 @@ impl Conn {
                                 self.outbox.clone(),
                                 self.frame_max,
                                 self.cancel_notify,
+                                self.registration.open_channel(channel),
                             );
                             self.outbox.send(
                                 channel,
@@ -1211,6 +1296,7 @@ async fn paused<R: AsyncRead + Unpin>(
     rbuf: &mut BytesMut,
     outbox: &Outbox,
     shutdown: &mut watch::Receiver<bool>,
+    forced: &ForcedClose,
     drain: bool,
     mut blocked: impl FnMut() -> bool,
 ) -> Option<End> {
@@ -1240,6 +1326,7 @@ async fn paused<R: AsyncRead + Unpin>(
                     "broker forced connection closure with reason 'shutdown'",
                 )));
             }
+            e = forced.requested() => return Some(End::Error(e)),
             r = read_more(rd, rbuf), if can_read => {
                 if r.is_err() {
                     debug!("client closed the socket while its connection was paused");

@@ -60,11 +60,13 @@ pub(crate) async fn start(
     let mut known: Vec<(String, SocketAddr)> =
         amqp.iter().map(|a| ("amqp".to_string(), *a)).collect();
     known.extend(addrs.iter().map(|a| ("http".to_string(), *a)));
+    let state_limits = state.config.management.limits();
     let node: Arc<dyn warren_mgmt::Node> = Arc::new(Node {
         state,
         listeners: known,
     });
     let mut tasks = Vec::new();
+    let limits = state_limits;
     for l in listeners {
         if let Ok(a) = l.local_addr() {
             info!(addr = %a, "started HTTP listener for the management API");
@@ -72,7 +74,7 @@ pub(crate) async fn start(
         let node = node.clone();
         let rx = shutdown.clone();
         tasks.push(tokio::spawn(async move {
-            if let Err(e) = warren_mgmt::serve(l, node, rx).await {
+            if let Err(e) = warren_mgmt::serve_with(l, node, rx, limits).await {
                 tracing::error!(error = %e, "management listener failed");
             }
         }));

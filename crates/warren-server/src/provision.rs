@@ -7,6 +7,12 @@
 //! configuration lists users nor a definitions file is loaded, as RabbitMQ creates it only on
 //! a first boot without definitions (rabbitmq.com/docs/access-control, "Default Virtual Host
 //! and User"). Plain passwords of the configuration are hashed here and never logged.
+//!
+//! Users, vhosts and permissions changed at run time (the management API) are stored in the
+//! data directory and loaded by the broker before this runs; the configuration and the
+//! definitions file are then applied on top of them: what they name is set again at every
+//! start, what they do not name stays as it was changed (docs/security.md, "Users changed at
+//! run time"). `guest` is then removed only if it came from the first boot's default.
 
 use std::path::{Path, PathBuf};
 
@@ -67,13 +73,22 @@ pub fn provision(broker: &Broker, config: &Config) -> Result<(), ProvisionError>
             access.put_vhost(VhostRecord::new(name));
         }
     }
+    // Vhosts created at run time hold no durable definitions until something durable is
+    // declared in them: their record brings them back.
+    let recorded: Vec<String> = access.vhosts().map(|v| v.name.clone()).collect();
+    drop(access);
+    for name in recorded {
+        broker.add_vhost(&name);
+    }
     Ok(())
 }
 
 fn apply_config(broker: &Broker, config: &Config) -> Result<(), ProvisionError> {
     let err = |m: String| ProvisionError::Config(m);
     let mut access = broker.access_mut();
-    if !config.users.is_empty() || config.definitions.load_file.is_some() {
+    if (!config.users.is_empty() || config.definitions.load_file.is_some())
+        && !broker.access_restored()
+    {
         access.delete_user("guest");
     }
     for v in &config.vhosts {

@@ -36,7 +36,17 @@ fn user(name: &str, tags: &[&str]) -> UserConfig {
 
 impl Http {
     async fn start() -> Http {
-        let config = Config {
+        Self::start_in(None).await
+    }
+
+    /// A broker with its data in `data_dir` (in memory with `None`).
+    async fn start_in(data_dir: Option<std::path::PathBuf>) -> Http {
+        Self::start_with(|c| c.storage.data_dir = data_dir).await
+    }
+
+    /// A broker whose configuration `adjust` changes first.
+    async fn start_with(adjust: impl FnOnce(&mut Config)) -> Http {
+        let mut config = Config {
             users: vec![
                 user("admin", &["administrator"]),
                 user("mon", &["monitoring"]),
@@ -46,9 +56,11 @@ impl Http {
             management: ManagementConfig {
                 enabled: true,
                 listen: "127.0.0.1:0".parse().unwrap(),
+                ..ManagementConfig::default()
             },
             ..Config::default()
         };
+        adjust(&mut config);
         let broker = within(
             "broker start",
             warren_server::Broker::builder()
@@ -68,16 +80,37 @@ impl Http {
     }
 
     async fn amqp(&self) -> Connection {
+        self.amqp_as("admin", "%2f").await
+    }
+
+    /// An AMQP connection as `user` (password `<user>-pw`) to `vhost` (URI-encoded).
+    async fn amqp_as(&self, user: &str, vhost: &str) -> Connection {
         let addr = self.broker.as_ref().unwrap().amqp_addr();
         within(
             "connect",
             Connection::connect(
-                &format!("amqp://admin:admin-pw@{addr}/%2f"),
+                &format!("amqp://{user}:{user}-pw@{addr}/{vhost}"),
                 ConnectionProperties::default(),
             ),
         )
         .await
         .expect("AMQP connection")
+    }
+
+    /// Polls `GET path` as admin until `done` holds for the reply (bounded wait).
+    async fn wait_for(&self, path: &str, done: impl Fn(&Value) -> bool) -> Value {
+        let deadline = std::time::Instant::now() + lapin_support::WAIT;
+        loop {
+            let (s, _, v) = self.call(Method::GET, path, Some("admin"), None).await;
+            if s == StatusCode::OK && done(&v) {
+                return v;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "GET {path} never matched: {s} {v}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
     }
 
     async fn call(
@@ -912,4 +945,745 @@ async fn http_publishes_answered_survive_kill_9() {
     .unwrap();
     let q: Value = r.json().await.unwrap();
     assert_eq!(q["messages"], json!(n));
+}
+
+/// Percent-encodes a path segment (connection and channel names hold spaces, `>` and `:`).
+fn seg(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// Waits for the server's connection.close on `events` and returns (reply code, reply text).
+async fn forced_close(
+    events: &mut (impl futures_util::Stream<Item = lapin::Event> + Unpin),
+) -> (u16, String) {
+    use futures_util::StreamExt;
+    loop {
+        match within("connection.close", events.next()).await {
+            Some(lapin::Event::Error(e)) => match e.kind() {
+                lapin::ErrorKind::ProtocolError(amqp) => {
+                    return (amqp.get_id(), amqp.get_message().to_string())
+                }
+                other => panic!("expected a connection.close, got {other:?}"),
+            },
+            Some(_) => continue,
+            None => panic!("event stream ended without an error"),
+        }
+    }
+}
+
+/// Two lapin connections are listed with RabbitMQ's fields, their channels and consumers
+/// too, with the counts of what went through them; one is closed over HTTP and its client
+/// gets 320 CONNECTION_FORCED with the X-Reason text, the other keeps working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_channels_and_consumers_are_listed_and_closed() {
+    use lapin::options::{
+        BasicAckOptions, BasicConsumeOptions, BasicQosOptions, ConfirmSelectOptions,
+    };
+    let h = Http::start().await;
+    let a = h.amqp().await;
+    let b = h.amqp().await;
+    let mut a_events = a.events_listener();
+    let ach = within("channel", a.create_channel()).await.unwrap();
+    let bch = within("channel", b.create_channel()).await.unwrap();
+    within("qos", ach.basic_qos(7, BasicQosOptions::default()))
+        .await
+        .unwrap();
+    within(
+        "confirm",
+        bch.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await
+    .unwrap();
+    within(
+        "declare",
+        ach.queue_declare(
+            "work".into(),
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .unwrap();
+    let mut consumer = within(
+        "consume",
+        ach.basic_consume(
+            "work".into(),
+            "worker-1".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .unwrap();
+    for i in 0..3 {
+        within("publish", async {
+            bch.basic_publish(
+                "".into(),
+                "work".into(),
+                BasicPublishOptions::default(),
+                format!("m{i}").as_bytes(),
+                BasicProperties::default(),
+            )
+            .await?
+            .await
+        })
+        .await
+        .unwrap();
+    }
+    use futures_util::StreamExt;
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let d = within("delivery", consumer.next()).await.unwrap().unwrap();
+        held.push(d);
+    }
+    // One acknowledged, two left unacknowledged.
+    within("ack", held[0].ack(BasicAckOptions::default()))
+        .await
+        .unwrap();
+
+    let conns = h
+        .wait_for("/api/connections", |v| {
+            v.as_array().is_some_and(|a| a.len() == 2)
+        })
+        .await;
+    let amqp_port = h.broker.as_ref().unwrap().amqp_addr().port();
+    for c in conns.as_array().unwrap() {
+        assert_eq!(c["user"], "admin");
+        assert_eq!(c["vhost"], "/");
+        assert_eq!(c["protocol"], "AMQP 0-9-1");
+        assert_eq!(c["ssl"], false);
+        assert_eq!(c["auth_mechanism"], "PLAIN");
+        assert_eq!(c["channels"], 1);
+        assert_eq!(c["port"], amqp_port);
+        assert_eq!(c["peer_host"], "127.0.0.1");
+        let name = c["name"].as_str().unwrap();
+        assert_eq!(
+            name,
+            format!("127.0.0.1:{} -> 127.0.0.1:{amqp_port}", c["peer_port"]),
+        );
+        assert!(c["connected_at"].as_u64().unwrap() > 1_600_000_000_000);
+        assert_eq!(c["client_properties"]["product"], "lapin", "{c}");
+        assert!(c["client_properties"]["capabilities"].is_object(), "{c}");
+    }
+    // Which connection is which: the consuming one has the consumer's channel.
+    let channels = h
+        .wait_for("/api/channels", |v| {
+            v.as_array().is_some_and(|a| {
+                a.len() == 2
+                    && a.iter().any(|c| c["messages_unacknowledged"] == 2)
+                    && a.iter().any(|c| c["message_stats"]["confirm"] == 3)
+            })
+        })
+        .await;
+    let consuming = channels
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["consumer_count"] == 1)
+        .expect("the consumer's channel")
+        .clone();
+    assert_eq!(consuming["prefetch_count"], 7);
+    assert_eq!(consuming["number"], 1);
+    assert_eq!(consuming["confirm"], false);
+    assert_eq!(consuming["message_stats"]["deliver"], 3);
+    assert_eq!(consuming["message_stats"]["ack"], 1);
+    let conn_name = consuming["connection_details"]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(consuming["name"], format!("{conn_name} (1)"));
+    let publishing = channels
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["consumer_count"] == 0)
+        .unwrap()
+        .clone();
+    assert_eq!(publishing["confirm"], true);
+    assert_eq!(publishing["message_stats"]["publish"], 3);
+
+    let one = h
+        .get(&format!("/api/connections/{}", seg(&conn_name)))
+        .await;
+    assert_eq!(one["name"], conn_name.as_str());
+    let chs = h
+        .get(&format!("/api/connections/{}/channels", seg(&conn_name)))
+        .await;
+    assert_eq!(chs.as_array().unwrap().len(), 1);
+    assert_eq!(chs[0]["name"], consuming["name"]);
+    let ch = h
+        .get(&format!(
+            "/api/channels/{}",
+            seg(consuming["name"].as_str().unwrap())
+        ))
+        .await;
+    assert_eq!(ch["consumer_count"], 1);
+    assert_eq!(
+        h.get("/api/vhosts/%2F/connections")
+            .await
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+
+    let consumers = h.get("/api/consumers").await;
+    assert_eq!(consumers.as_array().unwrap().len(), 1, "{consumers}");
+    let c = &consumers[0];
+    assert_eq!(c["consumer_tag"], "worker-1");
+    assert_eq!(c["queue"], json!({"name": "work", "vhost": "/"}));
+    assert_eq!(c["ack_required"], true);
+    assert_eq!(c["prefetch_count"], 7);
+    assert_eq!(c["channel_details"]["connection_name"], conn_name.as_str());
+    assert_eq!(h.get("/api/consumers/%2F").await, consumers);
+
+    // Counts per queue, per vhost and for the node.
+    let q = h.get("/api/queues/%2F/work").await;
+    assert_eq!(q["message_stats"]["publish"], 3, "{q}");
+    assert_eq!(q["message_stats"]["deliver"], 3);
+    assert_eq!(q["message_stats"]["ack"], 1);
+    assert_eq!(q["messages_unacknowledged"], 2);
+    let v = h.get("/api/vhosts/%2F").await;
+    assert_eq!(v["message_stats"]["publish"], 3, "{v}");
+    assert_eq!(v["message_stats"]["deliver_get"], 3);
+    let o = h.get("/api/overview").await;
+    assert_eq!(o["message_stats"]["publish"], 3, "{o}");
+    assert_eq!(o["message_stats"]["confirm"], 3);
+    assert_eq!(o["object_totals"]["connections"], 2);
+    assert_eq!(o["object_totals"]["channels"], 2);
+
+    // Metrics from the same model.
+    let (_, _, text) = h.call(Method::GET, "/metrics", None, None).await;
+    let text = text.as_str().unwrap().to_string();
+    let metrics = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
+        .expect("Prometheus text");
+    let value = |name: &str| {
+        metrics
+            .samples
+            .iter()
+            .find(|s| s.metric == name)
+            .map(|s| match s.value {
+                prometheus_parse::Value::Counter(v)
+                | prometheus_parse::Value::Gauge(v)
+                | prometheus_parse::Value::Untyped(v) => v,
+                _ => f64::NAN,
+            })
+            .unwrap_or_else(|| panic!("{name} missing:\n{text}"))
+    };
+    assert_eq!(value("rabbitmq_connections"), 2.0);
+    assert_eq!(value("rabbitmq_channels"), 2.0);
+    assert_eq!(value("rabbitmq_consumers"), 1.0);
+    assert_eq!(value("rabbitmq_global_messages_received_total"), 3.0);
+    assert_eq!(value("rabbitmq_global_messages_confirmed_total"), 3.0);
+    assert_eq!(value("rabbitmq_global_messages_delivered_total"), 3.0);
+    assert_eq!(value("rabbitmq_global_messages_acknowledged_total"), 1.0);
+
+    // Closed over HTTP: the client gets 320 with the X-Reason text.
+    let resp = within(
+        "DELETE",
+        h.client
+            .delete(format!("{}/api/connections/{}", h.base, seg(&conn_name)))
+            .basic_auth("admin", Some("admin-pw"))
+            .header("X-Reason", "maintenance window")
+            .send(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(resp.status(), StatusCode::NO_CONTENT);
+    let (code, text) = forced_close(&mut a_events).await;
+    assert_eq!(
+        (code, text.as_str()),
+        (320, "CONNECTION_FORCED - maintenance window")
+    );
+    let conns = h
+        .wait_for("/api/connections", |v| {
+            v.as_array().is_some_and(|a| a.len() == 1)
+        })
+        .await;
+    assert_ne!(conns[0]["name"], conn_name.as_str());
+    // Its unacknowledged deliveries went back to the queue; counts stay in the vhost's.
+    h.wait_ready("work", 2).await;
+    let v = h.get("/api/vhosts/%2F").await;
+    assert_eq!(v["message_stats"]["deliver_get"], 3, "{v}");
+    // The other connection works on; an unknown name is 404.
+    within(
+        "publish",
+        bch.basic_publish(
+            "".into(),
+            "work".into(),
+            BasicPublishOptions::default(),
+            b"after",
+            BasicProperties::default(),
+        ),
+    )
+    .await
+    .unwrap();
+    let (s, _, _) = h
+        .call(Method::DELETE, "/api/connections/nope", Some("admin"), None)
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    h.stop().await;
+}
+
+/// As RabbitMQ: a management user sees only their own connections and channels and may not
+/// read or close another user's; monitoring users see all; consumers are listed for the
+/// vhosts a user may use.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_lists_show_what_the_user_may_see() {
+    let h = Http::start().await;
+    let admin = h.amqp().await;
+    let mine = h.amqp_as("mgmt", "%2f").await;
+    let _ach = within("channel", admin.create_channel()).await.unwrap();
+    let _mch = within("channel", mine.create_channel()).await.unwrap();
+    h.wait_for("/api/channels", |v| {
+        v.as_array().is_some_and(|a| a.len() == 2)
+    })
+    .await;
+    let (s, _, v) = h
+        .call(Method::GET, "/api/connections", Some("mgmt"), None)
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(v.as_array().unwrap().len(), 1, "{v}");
+    assert_eq!(v[0]["user"], "mgmt");
+    let (_, _, v) = h
+        .call(Method::GET, "/api/channels", Some("mgmt"), None)
+        .await;
+    assert_eq!(v.as_array().unwrap().len(), 1, "{v}");
+    assert_eq!(v[0]["user"], "mgmt");
+    let (_, _, v) = h
+        .call(Method::GET, "/api/connections", Some("mon"), None)
+        .await;
+    assert_eq!(v.as_array().unwrap().len(), 2, "{v}");
+    let all = h.get("/api/connections").await;
+    let theirs = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["user"] == "admin")
+        .unwrap()["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let not_yours =
+        json!({"error": "not_authorised", "reason": "User not authorised to access object"});
+    for method in [Method::GET, Method::DELETE] {
+        let (s, _, v) = h
+            .call(
+                method.clone(),
+                &format!("/api/connections/{}", seg(&theirs)),
+                Some("mgmt"),
+                None,
+            )
+            .await;
+        assert_eq!(
+            (s, v),
+            (StatusCode::UNAUTHORIZED, not_yours.clone()),
+            "{method}"
+        );
+    }
+    // Still open: the refused DELETE closed nothing.
+    assert_eq!(h.get("/api/connections").await.as_array().unwrap().len(), 2);
+    // A vhost the user has no permissions in is refused.
+    let broker = &h.broker.as_ref().unwrap().state().broker;
+    broker.add_vhost("private");
+    broker
+        .access_mut()
+        .put_vhost(warren_broker::access::VhostRecord::new("private"));
+    let (s, _, _) = h
+        .call(
+            Method::GET,
+            "/api/vhosts/private/connections",
+            Some("mgmt"),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    let (s, _, v) = h
+        .call(Method::GET, "/api/consumers/private", Some("mgmt"), None)
+        .await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED, "{v}");
+    h.stop().await;
+}
+
+/// PUT and DELETE on vhosts, users, permissions and topic permissions: administrators only,
+/// RabbitMQ's status codes; a user and a vhost created over HTTP are used over AMQP at once;
+/// deleting the vhost closes its connections with 320 (a consumer connected) and removes its
+/// queues; deleting a user closes the user's connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vhosts_users_and_permissions_change_at_run_time() {
+    use lapin::options::BasicConsumeOptions;
+    let h = Http::start().await;
+    let put = |path: &'static str, who: &'static str, body: Value| {
+        let h = &h;
+        async move { h.call(Method::PUT, path, Some(who), Some(body)).await }
+    };
+    // Administrators only.
+    let (s, _, v) = put("/api/vhosts/v1", "mgmt", json!({})).await;
+    assert_eq!(
+        (s, v),
+        (
+            StatusCode::UNAUTHORIZED,
+            json!({"error": "not_authorised", "reason": "Not administrator user"})
+        )
+    );
+    let (s, _, _) = put("/api/vhosts/v1", "admin", json!({"description": "first"})).await;
+    assert_eq!(s, StatusCode::CREATED);
+    let (s, _, _) = put("/api/vhosts/v1", "admin", json!({"description": "again"})).await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    let (s, _, _) = put(
+        "/api/users/app",
+        "admin",
+        json!({"password": "app-pw", "tags": "management"}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED);
+    // Without a password, as RabbitMQ allows: the user exists but cannot log in with one.
+    let (s, _, v) = put("/api/users/nopw", "admin", json!({"tags": "management"})).await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let (s, _, _) = h.call(Method::GET, "/api/whoami", Some("nopw"), None).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    let (s, _, _) = put(
+        "/api/permissions/v1/app",
+        "admin",
+        json!({"configure": ".*", "write": ".*", "read": ".*"}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED);
+    let (s, _, _) = put(
+        "/api/permissions/v1/ghost",
+        "admin",
+        json!({"configure": ".*", "write": ".*", "read": ".*"}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let (s, _, v) = put(
+        "/api/topic-permissions/v1/app",
+        "admin",
+        json!({"exchange": "amq.topic", "write": "^app\\.", "read": ".*"}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    assert_eq!(
+        h.get("/api/topic-permissions").await,
+        json!([{"user": "app", "vhost": "v1", "exchange": "amq.topic", "write": "^app\\.", "read": ".*"}])
+    );
+    let u = h.get("/api/users/app").await;
+    assert_eq!(u["tags"], json!(["management"]));
+    assert_eq!(u["hashing_algorithm"], "rabbit_password_hashing_sha256");
+
+    // The new user works in the new vhost over AMQP; a consumer stays connected.
+    let conn = h.amqp_as("app", "v1").await;
+    let mut events = conn.events_listener();
+    let ch = within("channel", conn.create_channel()).await.unwrap();
+    within(
+        "declare",
+        ch.queue_declare(
+            "jobs".into(),
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .unwrap();
+    let _consumer = within(
+        "consume",
+        ch.basic_consume(
+            "jobs".into(),
+            "c1".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .unwrap();
+    h.wait_for("/api/consumers/v1", |v| {
+        v.as_array().is_some_and(|a| a.len() == 1)
+    })
+    .await;
+    // The user sees their own connection in the vhost.
+    let (_, _, v) = h
+        .call(Method::GET, "/api/vhosts/v1/connections", Some("app"), None)
+        .await;
+    assert_eq!(v.as_array().map(Vec::len), Some(1), "{v}");
+
+    // Deleting the vhost closes the consumer's connection with 320 and drops its queues.
+    let (s, _, _) = h
+        .call(Method::DELETE, "/api/vhosts/v1", Some("admin"), None)
+        .await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    let (code, text) = forced_close(&mut events).await;
+    assert_eq!(
+        (code, text.as_str()),
+        (320, "CONNECTION_FORCED - vhost 'v1' is deleted")
+    );
+    for path in ["/api/vhosts/v1", "/api/queues/v1", "/api/queues/v1/jobs"] {
+        let (s, _, _) = h.call(Method::GET, path, Some("admin"), None).await;
+        assert_eq!(s, StatusCode::NOT_FOUND, "{path}");
+    }
+    let (s, _, _) = h
+        .call(Method::DELETE, "/api/vhosts/v1", Some("admin"), None)
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    h.wait_for("/api/connections", |v| {
+        v.as_array().is_some_and(|a| a.is_empty())
+    })
+    .await;
+    assert!(h
+        .get("/api/topic-permissions")
+        .await
+        .as_array()
+        .unwrap()
+        .is_empty());
+
+    // Deleting a user closes that user's connections.
+    let (s, _, _) = put(
+        "/api/permissions/%2F/app",
+        "admin",
+        json!({"configure": ".*", "write": ".*", "read": ".*"}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED);
+    let conn = h.amqp_as("app", "%2f").await;
+    let mut events = conn.events_listener();
+    let (s, _, _) = h
+        .call(Method::DELETE, "/api/users/app", Some("admin"), None)
+        .await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    let (code, text) = forced_close(&mut events).await;
+    assert_eq!(
+        (code, text.as_str()),
+        (320, "CONNECTION_FORCED - user 'app' is deleted")
+    );
+    let (s, _, _) = h
+        .call(Method::GET, "/api/users/app", Some("admin"), None)
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let (s, _, _) = h
+        .call(
+            Method::DELETE,
+            "/api/permissions/%2F/mgmt",
+            Some("admin"),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    let (s, _, _) = h
+        .call(
+            Method::DELETE,
+            "/api/permissions/%2F/mgmt",
+            Some("admin"),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    h.stop().await;
+}
+
+/// Users, vhosts and permissions created over HTTP survive a restart; a vhost deleted over
+/// HTTP stays deleted with its durable queues and stored messages; the configuration's
+/// users are still applied on top.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_users_and_vhosts_survive_a_restart() {
+    use lapin::options::{ConfirmSelectOptions, QueueDeclareOptions as QOpts};
+    let dir = std::env::temp_dir().join(format!("warren-mgmt-restart-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let h = Http::start_in(Some(dir.clone())).await;
+    for (path, body) in [
+        ("/api/vhosts/kept", json!({})),
+        ("/api/vhosts/gone", json!({})),
+        (
+            "/api/users/ops",
+            json!({"password": "ops-pw", "tags": ["administrator"]}),
+        ),
+        (
+            "/api/permissions/kept/ops",
+            json!({"configure": ".*", "write": ".*", "read": ".*"}),
+        ),
+        (
+            "/api/permissions/gone/ops",
+            json!({"configure": ".*", "write": ".*", "read": ".*"}),
+        ),
+    ] {
+        let (s, _, v) = h.call(Method::PUT, path, Some("admin"), Some(body)).await;
+        assert_eq!(s, StatusCode::CREATED, "{path}: {v}");
+    }
+    // A durable queue with a persistent message in the vhost about to go.
+    let conn = h.amqp_as("ops", "gone").await;
+    let ch = within("channel", conn.create_channel()).await.unwrap();
+    within(
+        "confirm",
+        ch.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await
+    .unwrap();
+    within(
+        "declare",
+        ch.queue_declare(
+            "orders".into(),
+            QOpts {
+                durable: true,
+                ..QOpts::default()
+            },
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .unwrap();
+    within("publish", async {
+        ch.basic_publish(
+            "".into(),
+            "orders".into(),
+            BasicPublishOptions::default(),
+            b"kept?",
+            BasicProperties::default().with_delivery_mode(2),
+        )
+        .await?
+        .await
+    })
+    .await
+    .unwrap();
+    let (s, _, _) = h
+        .call(Method::DELETE, "/api/vhosts/gone", Some("admin"), None)
+        .await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    // A vhost created again under the old name starts empty.
+    let (s, _, _) = h
+        .call(
+            Method::PUT,
+            "/api/vhosts/gone",
+            Some("admin"),
+            Some(json!({})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED);
+    let (s, _, _) = h
+        .call(Method::GET, "/api/queues/gone/orders", Some("admin"), None)
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let (s, _, _) = h
+        .call(Method::DELETE, "/api/vhosts/gone", Some("admin"), None)
+        .await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    drop(conn);
+    h.stop().await;
+
+    let h = Http::start_in(Some(dir.clone())).await;
+    let (s, _, v) = h.call(Method::GET, "/api/whoami", Some("ops"), None).await;
+    assert_eq!(
+        (s, v),
+        (
+            StatusCode::OK,
+            json!({"name": "ops", "tags": ["administrator"]})
+        )
+    );
+    assert_eq!(h.get("/api/vhosts/kept").await["name"], "kept");
+    let (s, _, _) = h
+        .call(Method::GET, "/api/vhosts/gone", Some("admin"), None)
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let perms = h.get("/api/permissions/kept/ops").await;
+    assert_eq!(perms["configure"], ".*");
+    // The configuration's users are there too, with their permissions on `/`.
+    assert_eq!(h.get("/api/users/mgmt").await["name"], "mgmt");
+    let conn = h.amqp_as("ops", "kept").await;
+    within("close", conn.close(200, "bye".into()))
+        .await
+        .unwrap();
+    h.stop().await;
+    // Nothing of the deleted vhost was left in the data directory.
+    let leftovers: Vec<String> = std::fs::read_dir(dir.join("definitions"))
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    let gone_stem = format!(
+        "vhost-{}.",
+        "gone"
+            .bytes()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    );
+    assert!(
+        leftovers.iter().all(|f| !f.starts_with(&gone_stem)),
+        "{leftovers:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Reads from `s` until the server closes it (EOF or reset), within the bounded wait.
+async fn closed_by_server(s: &mut tokio::net::TcpStream) {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 1024];
+    loop {
+        match within("server closes the socket", s.read(&mut buf)).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => continue,
+        }
+    }
+}
+
+/// The management listener holds at most `max_connections` sockets (one more is closed at
+/// once), closes idle ones after `idle_timeout` and slow senders of headers after
+/// `request_timeout`; a normal request goes through afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn management_listener_is_bounded() {
+    use tokio::io::AsyncWriteExt;
+    let h = Http::start_with(|c| {
+        c.management.max_connections = 3;
+        c.management.idle_timeout = 1;
+        c.management.request_timeout = 1;
+    })
+    .await;
+    let addr = h.broker.as_ref().unwrap().management_addrs()[0];
+    let connect = || async move {
+        within("connect", tokio::net::TcpStream::connect(addr))
+            .await
+            .expect("TCP connect")
+    };
+    // Three idle sockets fill the listener: the fourth is closed as soon as it is accepted
+    // (before any idle timeout could apply to it: it sends a request and gets no answer).
+    let mut idle = Vec::new();
+    for _ in 0..3 {
+        idle.push(connect().await);
+    }
+    let mut extra = connect().await;
+    let _ = extra
+        .write_all(b"GET /api/overview HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await;
+    closed_by_server(&mut extra).await;
+    // The idle ones are closed after idle_timeout.
+    for s in &mut idle {
+        closed_by_server(s).await;
+    }
+    // A client sending a header byte now and then is never idle, but is cut off.
+    let mut slow = connect().await;
+    slow.write_all(b"GET /api/overview HTTP/1.1\r\n")
+        .await
+        .unwrap();
+    let dripping = async {
+        for _ in 0..100 {
+            if slow.write_all(b"X").await.is_err() {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+        panic!("a slow header sender was never cut off");
+    };
+    within("slow sender cut off", dripping).await;
+    // Slots are free again: a normal request is served.
+    let (s, _, _) = h
+        .call(Method::GET, "/api/overview", Some("admin"), None)
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    h.stop().await;
 }

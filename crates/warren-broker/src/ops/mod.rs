@@ -19,6 +19,7 @@
 //! Operations on the channel's own state (ack, nack, reject, recover, qos, flow, tx, confirm)
 //! still pass [`Ops::authorize`], which needs no lock when the operation needs no permission.
 
+pub mod admin;
 pub mod publish;
 
 use std::net::SocketAddr;
@@ -37,6 +38,7 @@ use crate::vhost::{
 };
 use warren_amqp::table::FieldValue;
 
+pub use admin::Admin;
 pub use publish::PublishGrant;
 
 /// Who performs an operation: the authenticated user, the vhost, and where the request came

@@ -352,6 +352,10 @@ impl VHost {
         let Some(p) = &self.persist else {
             return Ok(());
         };
+        if self.removed.load(Ordering::Acquire) {
+            // A deleted vhost: its files are gone and stay gone.
+            return Ok(());
+        }
         let refuse = |topo: &mut Topology, undo: Undo, e: &dyn std::fmt::Display| {
             topo.rollback(undo);
             Err(not_stored(&what, e))
@@ -411,6 +415,9 @@ impl VHost {
         let Some(p) = &self.persist else {
             return;
         };
+        if self.removed.load(Ordering::Acquire) {
+            return;
+        }
         if p.released() {
             return;
         }
@@ -466,6 +473,10 @@ impl VHost {
             let Some(p) = &v.persist else {
                 return;
             };
+            if v.removed.load(Ordering::Acquire) {
+                v.defs_log.lock().compacting = false;
+                return;
+            }
             let written = if ok && p.defs.failures() == failures {
                 match p.save_definitions(&v.name, &snapshot) {
                     Ok(n) => {
@@ -527,6 +538,9 @@ impl VHost {
         let Some(p) = &self.persist else {
             return Ok(());
         };
+        if self.removed.load(Ordering::Acquire) {
+            return Ok(());
+        }
         let mut log = self.defs_log.lock();
         let next = log.generation + 1;
         let mut snapshot = topo.snapshot(&self.name);

@@ -1,0 +1,299 @@
+//! Operations on the broker as a whole: vhosts, users, permissions, topic permissions and
+//! client connections, for operators (the management API; a CLI later).
+//!
+//! Each call is authorized like every other operation, by [`required_access`] over an
+//! [`Operation`] (administrator for users, vhosts and permissions; the owner, a monitoring
+//! user or an administrator for a connection), then applied to the access-control database
+//! and, for a durable broker, stored at once: the whole database is written to
+//! `<data_dir>/access.json` in RabbitMQ's definitions format, which the next start loads
+//! before the configuration's `[[users]]` (see docs/security.md, "Users changed at run
+//! time"). A change is answered only once it is on disk.
+//!
+//! Deleting a vhost closes its connections with 320 CONNECTION_FORCED `vhost '<v>' is
+//! deleted` and removes its queues, exchanges, bindings and stored messages; deleting a user
+//! closes that user's connections with `user '<u>' is deleted`.
+//!
+//! These calls write files and wait for the definitions writer: call them off the async
+//! runtime's threads (`spawn_blocking`).
+
+use crate::access::operation::required_access;
+use crate::access::{AccessControl, Operation, Permissions, UserRecord, VhostRecord};
+use crate::error::{BrokerError, Result};
+use crate::ops::Actor;
+use crate::vhost::Broker;
+
+/// The reason given to the connections of a deleted vhost (RabbitMQ's `rabbit_vhost`).
+pub fn vhost_deleted_reason(vhost: &str) -> String {
+    format!("vhost '{vhost}' is deleted")
+}
+
+/// The reason given to the connections of a deleted user.
+pub fn user_deleted_reason(user: &str) -> String {
+    format!("user '{user}' is deleted")
+}
+
+/// `actor`'s operations on the broker as a whole.
+#[derive(Clone, Copy)]
+pub struct Admin<'a> {
+    broker: &'a Broker,
+    actor: &'a Actor,
+}
+
+/// Reads an access-control database stored by [`Admin`] (a definitions document with users,
+/// vhosts, permissions, topic permissions and vhost limits).
+///
+/// Errors: the text is not such a document, or an entry cannot be applied.
+pub fn parse_stored_access(text: &str) -> std::result::Result<AccessControl, String> {
+    let defs = crate::definitions::Definitions::from_json(text).map_err(|e| e.to_string())?;
+    let plan = crate::definitions::plan_import(&defs).map_err(|e| e.to_string())?;
+    let mut access = AccessControl::new();
+    for change in &plan.changes {
+        change
+            .apply_to_access(&mut access)
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(access)
+}
+
+impl<'a> Admin<'a> {
+    /// `actor`'s broker-wide operations on `broker`.
+    pub fn new(broker: &'a Broker, actor: &'a Actor) -> Self {
+        Admin { broker, actor }
+    }
+
+    /// Decides whether the actor may perform `op`.
+    ///
+    /// Errors: 403 ACCESS_REFUSED with the management refusal's reason ("Not administrator
+    /// user", "User not authorised to access object", ...).
+    pub fn authorize(&self, op: &Operation<'_>) -> Result<()> {
+        if required_access(op).is_none() {
+            return Ok(());
+        }
+        self.broker
+            .access()
+            .check(&self.actor.user, &self.actor.vhost, op)
+    }
+
+    /// Writes the access-control database to the data directory (durable brokers).
+    fn store(&self) -> Result<()> {
+        let json = crate::definitions::export::export_access(&self.broker.access()).to_json();
+        self.broker.store_access(&json).map_err(|e| {
+            BrokerError::internal(format!(
+                "the access-control database could not be stored: {e}"
+            ))
+        })
+    }
+
+    // --- Connections ---
+
+    /// May the actor see a connection of `owner`? (monitoring, administrator, or its owner)
+    pub fn may_view_connection(&self, owner: &str) -> Result<()> {
+        self.authorize(&Operation::ConnectionView { owner })
+    }
+
+    /// Closes the connection named `name` with 320 CONNECTION_FORCED and `reason`.
+    ///
+    /// Errors: 404 when there is no such connection; the refusal of
+    /// [`Operation::ConnectionForceClose`] (administrator or its owner).
+    pub fn close_connection(&self, name: &str, reason: &str) -> Result<()> {
+        let registry = self.broker.registry();
+        let owner = registry
+            .connection(name)
+            .map(|c| c.details.user.clone())
+            .ok_or_else(|| BrokerError::not_found(format!("no connection '{name}'")))?;
+        self.authorize(&Operation::ConnectionForceClose { owner: &owner })?;
+        tracing::info!(connection = name, by = %self.actor.user, "closing connection: {reason}");
+        if registry.close_connection(name, reason) {
+            Ok(())
+        } else {
+            Err(BrokerError::not_found(format!("no connection '{name}'")))
+        }
+    }
+
+    // --- Vhosts ---
+
+    /// Creates vhost `record.name` (or updates its description, tags and default queue
+    /// type, keeping its limits). Returns true when it was created.
+    ///
+    /// Errors: not an administrator; the database could not be stored.
+    pub fn put_vhost(&self, record: VhostRecord) -> Result<bool> {
+        self.authorize(&Operation::VhostPut {
+            vhost: &record.name,
+        })?;
+        let name = record.name.clone();
+        let created = {
+            let mut access = self.broker.access_mut();
+            let old = access.vhost(&name).cloned();
+            let limits = old.as_ref().map(|o| o.limits).unwrap_or(record.limits);
+            access.put_vhost(VhostRecord { limits, ..record });
+            old.is_none()
+        };
+        self.broker.add_vhost(&name);
+        self.store()?;
+        if created {
+            tracing::info!(vhost = %name, by = %self.actor.user, "vhost created");
+        }
+        Ok(created)
+    }
+
+    /// Deletes vhost `name`: its permissions, its connections (closed with 320), its queues,
+    /// exchanges, bindings and stored messages.
+    ///
+    /// Errors: 404 when it does not exist; not an administrator; the change could not be
+    /// stored.
+    pub fn delete_vhost(&self, name: &str) -> Result<()> {
+        self.authorize(&Operation::VhostDelete { vhost: name })?;
+        let had_record = self.broker.access_mut().delete_vhost(name);
+        // No new connection gets in from here on (connection.open needs the record);
+        // those open now are closed.
+        let reason = vhost_deleted_reason(name);
+        self.broker
+            .registry()
+            .close_where(|c| c.vhost == name, &reason);
+        let had_topology = self.broker.remove_vhost(name).map_err(|e| {
+            BrokerError::internal(format!(
+                "vhost '{name}' deleted, but its definitions could not be removed: {e}"
+            ))
+        })?;
+        if !had_record && !had_topology {
+            return Err(BrokerError::not_found(format!("no vhost '{name}'")));
+        }
+        self.store()?;
+        tracing::info!(vhost = %name, by = %self.actor.user, "vhost deleted");
+        Ok(())
+    }
+
+    // --- Users ---
+
+    /// Creates or replaces user `record.name` (keeping an existing user's limits). Returns
+    /// true when it was created.
+    ///
+    /// Errors: not an administrator; the database could not be stored.
+    pub fn put_user(&self, record: UserRecord) -> Result<bool> {
+        self.authorize(&Operation::UserPut { user: &record.name })?;
+        let name = record.name.clone();
+        let created = {
+            let mut access = self.broker.access_mut();
+            let old = access.user(&name).map(|u| u.limits);
+            access.put_user(UserRecord {
+                limits: old.unwrap_or(record.limits),
+                ..record
+            });
+            old.is_none()
+        };
+        self.store()?;
+        tracing::info!(user = %name, by = %self.actor.user, created, "user stored");
+        Ok(created)
+    }
+
+    /// Deletes user `name` with its permissions, and closes its connections.
+    ///
+    /// Errors: 404 when there is no such user; not an administrator; the change could not
+    /// be stored.
+    pub fn delete_user(&self, name: &str) -> Result<()> {
+        self.authorize(&Operation::UserDelete { user: name })?;
+        if !self.broker.access_mut().delete_user(name) {
+            return Err(BrokerError::not_found(format!("no user '{name}'")));
+        }
+        let reason = user_deleted_reason(name);
+        self.broker
+            .registry()
+            .close_where(|c| c.user == name, &reason);
+        self.store()?;
+        tracing::info!(user = %name, by = %self.actor.user, "user deleted");
+        Ok(())
+    }
+
+    // --- Permissions ---
+
+    /// Sets `user`'s permissions in `vhost`. Returns true when the user had none there.
+    ///
+    /// Errors: not an administrator; 404 for an unknown user or vhost; the database could
+    /// not be stored.
+    pub fn set_permissions(&self, user: &str, vhost: &str, perms: Permissions) -> Result<bool> {
+        self.authorize(&Operation::PermissionsSet { user, vhost })?;
+        let created = {
+            let mut access = self.broker.access_mut();
+            let created = access.permissions(user, vhost).is_none();
+            access
+                .set_permissions(user, vhost, perms)
+                .map_err(|e| BrokerError::not_found(e.to_string()))?;
+            created
+        };
+        self.store()?;
+        Ok(created)
+    }
+
+    /// Clears `user`'s permissions in `vhost`.
+    ///
+    /// Errors: not an administrator; 404 when there were none; the change could not be
+    /// stored.
+    pub fn clear_permissions(&self, user: &str, vhost: &str) -> Result<()> {
+        self.authorize(&Operation::PermissionsClear { user, vhost })?;
+        if !self.broker.access_mut().clear_permissions(user, vhost) {
+            return Err(BrokerError::not_found(format!(
+                "no permissions for user '{user}' in vhost '{vhost}'"
+            )));
+        }
+        self.store()
+    }
+
+    /// Sets `user`'s topic permissions on `exchange` in `vhost` (write and read patterns on
+    /// routing keys).
+    ///
+    /// Errors: not an administrator; 404 for an unknown user or vhost, 400 for a bad
+    /// pattern; the database could not be stored.
+    pub fn set_topic_permissions(
+        &self,
+        user: &str,
+        vhost: &str,
+        exchange: &str,
+        write: &str,
+        read: &str,
+    ) -> Result<()> {
+        self.authorize(&Operation::TopicPermissionsSet {
+            user,
+            vhost,
+            exchange,
+        })?;
+        {
+            let mut access = self.broker.access_mut();
+            if access.user(user).is_none() || access.vhost(vhost).is_none() {
+                return Err(BrokerError::not_found(format!(
+                    "no user '{user}' or no vhost '{vhost}'"
+                )));
+            }
+            access
+                .set_topic_permissions(user, vhost, exchange, write, read)
+                .map_err(|e| BrokerError::precondition_failed(e.to_string()))?;
+        }
+        self.store()
+    }
+
+    /// Clears `user`'s topic permissions in `vhost` on `exchange` (all exchanges: `None`).
+    ///
+    /// Errors: not an administrator; 404 when there were none; the change could not be
+    /// stored.
+    pub fn clear_topic_permissions(
+        &self,
+        user: &str,
+        vhost: &str,
+        exchange: Option<&str>,
+    ) -> Result<()> {
+        self.authorize(&Operation::TopicPermissionsClear {
+            user,
+            vhost,
+            exchange,
+        })?;
+        if !self
+            .broker
+            .access_mut()
+            .clear_topic_permissions(user, vhost, exchange)
+        {
+            return Err(BrokerError::not_found(format!(
+                "no topic permissions for user '{user}' in vhost '{vhost}'"
+            )));
+        }
+        self.store()
+    }
+}

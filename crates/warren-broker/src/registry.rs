@@ -1,0 +1,655 @@
+//! The read model for operators: which connections and channels are open, who opened them,
+//! and how many messages went through them, through each queue and through each vhost.
+//!
+//! The management API (`GET /api/connections`, `/api/channels`, `/api/consumers`, the
+//! `message_stats` of queues, vhosts and `/api/overview`) and `/metrics` read it; front ends
+//! (the AMQP server) write into it.
+//!
+//! What it costs on the hot path: nothing is locked to count. Each channel owns its
+//! [`MessageCounters`] (atomics only its connection task and the queues delivering to it
+//! touch, so the cache line is rarely shared); a queue counts in [`QueueStats`] under the
+//! lock it holds anyway. Totals per vhost and for the node are added up when someone reads
+//! them: the live channels' counters plus what closed channels left behind (folded into
+//! per-vhost totals when a channel closes). The registry's own locks are taken when a
+//! connection or channel opens or closes, and when an operator reads.
+//!
+//! What RabbitMQ calls things: a connection is named `"<peer ip>:<port> -> <local ip>:<port>"`
+//! and a channel `"<connection name> (<number>)"` (rabbit_reader / rabbit_channel); the
+//! counters are the `message_stats` fields of its management API (`publish`, `confirm`,
+//! `deliver`, `deliver_no_ack`, `get`, `get_no_ack`, `ack`, `redeliver`,
+//! `return_unroutable`).
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+use parking_lot::{Mutex, RwLock};
+use warren_amqp::table::FieldTable;
+
+/// Message counts of a channel, as atomics its owner bumps (Relaxed: they are statistics).
+/// Aligned to 128 bytes (two cache lines, what x86's adjacent-line prefetch pairs) so that
+/// two channels' counters, allocated side by side and bumped from different threads, never
+/// share a line.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+pub struct MessageCounters {
+    /// basic.publish received (whole messages).
+    pub publish: AtomicU64,
+    /// Publisher confirms sent (basic.ack to the publisher, per message).
+    pub confirm: AtomicU64,
+    /// Deliveries to consumers that acknowledge.
+    pub deliver: AtomicU64,
+    /// Deliveries to no-ack consumers.
+    pub deliver_no_ack: AtomicU64,
+    /// basic.get answered with a message, to be acknowledged.
+    pub get: AtomicU64,
+    /// basic.get answered with a message, no-ack.
+    pub get_no_ack: AtomicU64,
+    /// Deliveries acknowledged by the client (basic.ack, per message).
+    pub ack: AtomicU64,
+    /// Deliveries (and gets) of messages delivered before.
+    pub redeliver: AtomicU64,
+    /// Mandatory publishes returned unroutable (basic.return 312).
+    pub return_unroutable: AtomicU64,
+}
+
+/// Adds one to a counter.
+#[inline]
+pub fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Adds `n` to a counter.
+#[inline]
+pub fn bump_by(c: &AtomicU64, n: u64) {
+    if n != 0 {
+        c.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+impl MessageCounters {
+    /// The counts now.
+    pub fn snapshot(&self) -> MessageStats {
+        let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        MessageStats {
+            publish: l(&self.publish),
+            confirm: l(&self.confirm),
+            deliver: l(&self.deliver),
+            deliver_no_ack: l(&self.deliver_no_ack),
+            get: l(&self.get),
+            get_no_ack: l(&self.get_no_ack),
+            ack: l(&self.ack),
+            redeliver: l(&self.redeliver),
+            return_unroutable: l(&self.return_unroutable),
+        }
+    }
+}
+
+/// Message counts at one moment (see [`MessageCounters`] for what each counts). RabbitMQ's
+/// `deliver_get` is [`MessageStats::deliver_get`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MessageStats {
+    /// basic.publish received.
+    pub publish: u64,
+    /// Publisher confirms sent.
+    pub confirm: u64,
+    /// Deliveries to acknowledging consumers.
+    pub deliver: u64,
+    /// Deliveries to no-ack consumers.
+    pub deliver_no_ack: u64,
+    /// basic.get with acknowledgement.
+    pub get: u64,
+    /// basic.get without acknowledgement.
+    pub get_no_ack: u64,
+    /// Acknowledgements.
+    pub ack: u64,
+    /// Redeliveries.
+    pub redeliver: u64,
+    /// Unroutable mandatory publishes returned.
+    pub return_unroutable: u64,
+}
+
+impl MessageStats {
+    /// Every delivery and get: RabbitMQ's `deliver_get`.
+    pub fn deliver_get(&self) -> u64 {
+        self.deliver + self.deliver_no_ack + self.get + self.get_no_ack
+    }
+
+    /// Adds `o` into `self`.
+    pub fn add(&mut self, o: &MessageStats) {
+        self.publish += o.publish;
+        self.confirm += o.confirm;
+        self.deliver += o.deliver;
+        self.deliver_no_ack += o.deliver_no_ack;
+        self.get += o.get;
+        self.get_no_ack += o.get_no_ack;
+        self.ack += o.ack;
+        self.redeliver += o.redeliver;
+        self.return_unroutable += o.return_unroutable;
+    }
+}
+
+/// A queue's message counts since it was created (or recovered), counted under the queue's
+/// own lock.
+#[derive(Debug, Default)]
+pub struct QueueStats {
+    /// Messages enqueued (published or dead-lettered into the queue).
+    pub publish: AtomicU64,
+    /// Messages taken by basic.get.
+    pub get: AtomicU64,
+    /// Deliveries acknowledged by consumers.
+    pub ack: AtomicU64,
+    /// Deliveries and gets of messages delivered before.
+    pub redeliver: AtomicU64,
+}
+
+/// What a connection is, fixed when it opens (RabbitMQ's connection details).
+#[derive(Debug, Clone)]
+pub struct ConnectionDetails {
+    /// Process-unique id (the owner id of its exclusive queues).
+    pub id: u64,
+    /// RabbitMQ's name: `"<peer> -> <local>"`, e.g. `"127.0.0.1:54022 -> 127.0.0.1:5672"`.
+    pub name: String,
+    /// The client's address.
+    pub peer: SocketAddr,
+    /// The broker's address the client connected to.
+    pub local: SocketAddr,
+    /// The authenticated user.
+    pub user: String,
+    /// The vhost.
+    pub vhost: String,
+    /// `"AMQP 0-9-1"`.
+    pub protocol: &'static str,
+    /// Over TLS.
+    pub tls: bool,
+    /// The SASL mechanism the client logged in with (`PLAIN`, `AMQPLAIN`, ...).
+    pub auth_mechanism: String,
+    /// The client's connection.start-ok properties.
+    pub client_properties: FieldTable,
+    /// Milliseconds since the Unix epoch when the connection opened.
+    pub connected_at_ms: u64,
+    /// Negotiated frame_max, bytes.
+    pub frame_max: u32,
+    /// Negotiated channel_max.
+    pub channel_max: u16,
+    /// Negotiated heartbeat interval, seconds (0: none).
+    pub heartbeat: u16,
+}
+
+/// Closes a connection from outside its task (an operator's `DELETE /api/connections/x`, a
+/// vhost or user deleted). Implemented by the front end that owns the connection.
+pub trait ConnectionControl: Send + Sync {
+    /// Closes the connection with 320 CONNECTION_FORCED and `reason` (sent as
+    /// `"CONNECTION_FORCED - <reason>"`). Returns at once; the close happens on the
+    /// connection's task.
+    fn force_close(&self, reason: &str);
+}
+
+/// A consumer as a channel reports it.
+#[derive(Debug, Clone)]
+pub struct ConsumerDetails {
+    /// The consumer tag.
+    pub tag: String,
+    /// The queue it consumes from.
+    pub queue: String,
+    /// The client acknowledges deliveries (not no-ack).
+    pub ack_required: bool,
+    /// basic.consume's exclusive flag.
+    pub exclusive: bool,
+    /// The consumer's prefetch (basic.qos global=false in force at basic.consume; 0: none).
+    pub prefetch_count: u16,
+    /// basic.consume's arguments.
+    pub arguments: FieldTable,
+}
+
+/// What only the channel itself knows, read when an operator asks (it may lock the channel
+/// briefly; never called on a hot path).
+pub trait ChannelProbe: Send + Sync {
+    /// Deliveries not yet acknowledged.
+    fn unacked(&self) -> u64;
+    /// The channel's consumers.
+    fn consumers(&self) -> Vec<ConsumerDetails>;
+}
+
+/// One open channel: its counters and modes.
+pub struct ChannelEntry {
+    /// The channel number.
+    pub number: u16,
+    /// Its message counts.
+    pub counters: MessageCounters,
+    prefetch: AtomicU32,
+    global_prefetch: AtomicU32,
+    confirm: AtomicBool,
+    tx: AtomicBool,
+    probe: Mutex<Option<Weak<dyn ChannelProbe>>>,
+}
+
+impl ChannelEntry {
+    fn new(number: u16) -> Self {
+        ChannelEntry {
+            number,
+            counters: MessageCounters::default(),
+            prefetch: AtomicU32::new(0),
+            global_prefetch: AtomicU32::new(0),
+            confirm: AtomicBool::new(false),
+            tx: AtomicBool::new(false),
+            probe: Mutex::new(None),
+        }
+    }
+
+    /// Sets what answers for the channel's unacked deliveries and consumers.
+    pub fn set_probe(&self, probe: Weak<dyn ChannelProbe>) {
+        *self.probe.lock() = Some(probe);
+    }
+
+    /// basic.qos: `global` false sets the per-consumer prefetch, true the channel's.
+    pub fn set_prefetch(&self, count: u16, global: bool) {
+        let slot = if global {
+            &self.global_prefetch
+        } else {
+            &self.prefetch
+        };
+        slot.store(u32::from(count), Ordering::Relaxed);
+    }
+
+    /// confirm.select was accepted.
+    pub fn set_confirm(&self) {
+        self.confirm.store(true, Ordering::Relaxed);
+    }
+
+    /// tx.select was accepted.
+    pub fn set_transactional(&self) {
+        self.tx.store(true, Ordering::Relaxed);
+    }
+
+    fn probe(&self) -> Option<Arc<dyn ChannelProbe>> {
+        self.probe.lock().as_ref().and_then(Weak::upgrade)
+    }
+}
+
+/// A registered connection.
+pub struct ConnectionEntry {
+    /// What it is.
+    pub details: Arc<ConnectionDetails>,
+    channels: Mutex<BTreeMap<u16, Arc<ChannelEntry>>>,
+    control: Arc<dyn ConnectionControl>,
+}
+
+/// A connection as read by an operator.
+#[derive(Debug, Clone)]
+pub struct ConnectionSnapshot {
+    /// What it is.
+    pub details: Arc<ConnectionDetails>,
+    /// Channels open now.
+    pub channels: usize,
+    /// Message counts of its open channels.
+    pub stats: MessageStats,
+}
+
+/// A channel as read by an operator.
+#[derive(Debug, Clone)]
+pub struct ChannelSnapshot {
+    /// Its connection.
+    pub connection: Arc<ConnectionDetails>,
+    /// The channel number.
+    pub number: u16,
+    /// Per-consumer prefetch (basic.qos global=false).
+    pub prefetch_count: u16,
+    /// Channel-wide prefetch (basic.qos global=true).
+    pub global_prefetch_count: u16,
+    /// Deliveries not yet acknowledged.
+    pub unacked: u64,
+    /// Consumers on the channel.
+    pub consumers: Vec<ConsumerDetails>,
+    /// In confirm mode.
+    pub confirm: bool,
+    /// In transactional mode.
+    pub transactional: bool,
+    /// Message counts.
+    pub stats: MessageStats,
+}
+
+impl ChannelSnapshot {
+    /// RabbitMQ's channel name: `"<connection name> (<number>)"`.
+    pub fn name(&self) -> String {
+        format!("{} ({})", self.connection.name, self.number)
+    }
+}
+
+/// The registry of live connections and channels, with the counts closed channels left.
+#[derive(Default)]
+pub struct Registry {
+    connections: RwLock<BTreeMap<u64, Arc<ConnectionEntry>>>,
+    /// Counts of closed channels, per vhost.
+    retired: Mutex<HashMap<String, MessageStats>>,
+    /// Counts of closed channels of vhosts since deleted.
+    retired_gone: Mutex<MessageStats>,
+}
+
+/// A connection's place in the [`Registry`]: dropping it unregisters the connection (and
+/// retires its channels' counts).
+pub struct ConnectionHandle {
+    registry: Arc<Registry>,
+    entry: Arc<ConnectionEntry>,
+}
+
+impl ConnectionHandle {
+    /// Registers channel `number` (opened). The channel bumps the counters of the returned
+    /// handle's [`ChannelEntry`]; dropping the handle unregisters it, keeping its counts in
+    /// the vhost's totals.
+    pub fn open_channel(&self, number: u16) -> ChannelHandle {
+        let ch = Arc::new(ChannelEntry::new(number));
+        self.entry.channels.lock().insert(number, ch.clone());
+        ChannelHandle {
+            registry: self.registry.clone(),
+            connection: self.entry.clone(),
+            entry: ch,
+        }
+    }
+
+    /// The connection's details.
+    pub fn details(&self) -> &Arc<ConnectionDetails> {
+        &self.entry.details
+    }
+}
+
+/// A channel's place in the [`Registry`] (see [`ConnectionHandle::open_channel`]).
+pub struct ChannelHandle {
+    registry: Arc<Registry>,
+    connection: Arc<ConnectionEntry>,
+    entry: Arc<ChannelEntry>,
+}
+
+impl ChannelHandle {
+    /// The channel's entry: its counters and modes.
+    pub fn entry(&self) -> &Arc<ChannelEntry> {
+        &self.entry
+    }
+}
+
+impl Drop for ChannelHandle {
+    fn drop(&mut self) {
+        let mut channels = self.connection.channels.lock();
+        // The connection may be gone already (its handle retired every channel), or the
+        // number reused by a newer channel: only this entry is removed.
+        if channels
+            .get(&self.entry.number)
+            .is_some_and(|c| Arc::ptr_eq(c, &self.entry))
+        {
+            channels.remove(&self.entry.number);
+            drop(channels);
+            self.registry.retire(
+                &self.connection.details.vhost,
+                &self.entry.counters.snapshot(),
+            );
+        }
+    }
+}
+
+impl Drop for ConnectionHandle {
+    fn drop(&mut self) {
+        self.registry
+            .connections
+            .write()
+            .remove(&self.entry.details.id);
+        let channels = std::mem::take(&mut *self.entry.channels.lock());
+        let mut total = MessageStats::default();
+        for ch in channels.values() {
+            total.add(&ch.counters.snapshot());
+        }
+        self.registry.retire(&self.entry.details.vhost, &total);
+    }
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new() -> Arc<Self> {
+        Arc::default()
+    }
+
+    /// Registers a connection that completed its handshake; it stays listed until the handle
+    /// is dropped.
+    pub fn register(
+        self: &Arc<Self>,
+        details: ConnectionDetails,
+        control: Arc<dyn ConnectionControl>,
+    ) -> ConnectionHandle {
+        let entry = Arc::new(ConnectionEntry {
+            details: Arc::new(details),
+            channels: Mutex::new(BTreeMap::new()),
+            control,
+        });
+        self.connections
+            .write()
+            .insert(entry.details.id, entry.clone());
+        ConnectionHandle {
+            registry: self.clone(),
+            entry,
+        }
+    }
+
+    fn retire(&self, vhost: &str, stats: &MessageStats) {
+        if *stats == MessageStats::default() {
+            return;
+        }
+        self.retired
+            .lock()
+            .entry(vhost.to_string())
+            .or_default()
+            .add(stats);
+    }
+
+    fn entries(&self) -> Vec<Arc<ConnectionEntry>> {
+        self.connections.read().values().cloned().collect()
+    }
+
+    /// Connections open now (cheap: no snapshot).
+    pub fn connection_count(&self) -> usize {
+        self.connections.read().len()
+    }
+
+    /// Channels open now.
+    pub fn channel_count(&self) -> usize {
+        self.entries().iter().map(|c| c.channels.lock().len()).sum()
+    }
+
+    /// Every connection, oldest first.
+    pub fn connections(&self) -> Vec<ConnectionSnapshot> {
+        self.entries()
+            .into_iter()
+            .map(|c| {
+                let channels = c.channels.lock();
+                let mut stats = MessageStats::default();
+                for ch in channels.values() {
+                    stats.add(&ch.counters.snapshot());
+                }
+                ConnectionSnapshot {
+                    details: c.details.clone(),
+                    channels: channels.len(),
+                    stats,
+                }
+            })
+            .collect()
+    }
+
+    /// The connection named `name` (RabbitMQ's name, see [`ConnectionDetails::name`]).
+    pub fn connection(&self, name: &str) -> Option<ConnectionSnapshot> {
+        self.connections()
+            .into_iter()
+            .find(|c| c.details.name == name)
+    }
+
+    /// Every channel of every connection (or of the connection named `connection`).
+    pub fn channels(&self, connection: Option<&str>) -> Vec<ChannelSnapshot> {
+        let mut out = Vec::new();
+        for c in self.entries() {
+            if connection.is_some_and(|n| n != c.details.name) {
+                continue;
+            }
+            let channels: Vec<Arc<ChannelEntry>> = c.channels.lock().values().cloned().collect();
+            for ch in channels {
+                let probe = ch.probe();
+                let l = |a: &AtomicU32| a.load(Ordering::Relaxed) as u16;
+                out.push(ChannelSnapshot {
+                    connection: c.details.clone(),
+                    number: ch.number,
+                    prefetch_count: l(&ch.prefetch),
+                    global_prefetch_count: l(&ch.global_prefetch),
+                    unacked: probe.as_ref().map_or(0, |p| p.unacked()),
+                    consumers: probe.as_ref().map_or_else(Vec::new, |p| p.consumers()),
+                    confirm: ch.confirm.load(Ordering::Relaxed),
+                    transactional: ch.tx.load(Ordering::Relaxed),
+                    stats: ch.counters.snapshot(),
+                });
+            }
+        }
+        out
+    }
+
+    /// Message counts of `vhost`: its open channels' and those its closed channels left.
+    pub fn vhost_stats(&self, vhost: &str) -> MessageStats {
+        let mut total = self.retired.lock().get(vhost).copied().unwrap_or_default();
+        for c in self.entries() {
+            if c.details.vhost == vhost {
+                for ch in c.channels.lock().values() {
+                    total.add(&ch.counters.snapshot());
+                }
+            }
+        }
+        total
+    }
+
+    /// Message counts of the whole node since it started.
+    pub fn global_stats(&self) -> MessageStats {
+        let mut total = *self.retired_gone.lock();
+        for s in self.retired.lock().values() {
+            total.add(s);
+        }
+        for c in self.entries() {
+            for ch in c.channels.lock().values() {
+                total.add(&ch.counters.snapshot());
+            }
+        }
+        total
+    }
+
+    /// Closes the connection named `name` with 320 CONNECTION_FORCED and `reason`; false
+    /// when there is no such connection.
+    pub fn close_connection(&self, name: &str, reason: &str) -> bool {
+        let found = self.entries().into_iter().find(|c| c.details.name == name);
+        match found {
+            Some(c) => {
+                c.control.force_close(reason);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Closes every connection for which `select` holds; returns how many.
+    pub fn close_where(&self, select: impl Fn(&ConnectionDetails) -> bool, reason: &str) -> usize {
+        let mut n = 0;
+        for c in self.entries() {
+            if select(&c.details) {
+                c.control.force_close(reason);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Forgets the closed channels' counts of a deleted vhost (they stay in the node's
+    /// totals).
+    pub fn forget_vhost(&self, vhost: &str) {
+        if let Some(s) = self.retired.lock().remove(vhost) {
+            self.retired_gone.lock().add(&s);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Closer(Mutex<Vec<String>>);
+    impl ConnectionControl for Closer {
+        fn force_close(&self, reason: &str) {
+            self.0.lock().push(reason.to_string());
+        }
+    }
+
+    fn details(id: u64, vhost: &str) -> ConnectionDetails {
+        ConnectionDetails {
+            id,
+            name: format!("127.0.0.1:{} -> 127.0.0.1:5672", 40000 + id),
+            peer: format!("127.0.0.1:{}", 40000 + id).parse().unwrap(),
+            local: "127.0.0.1:5672".parse().unwrap(),
+            user: "guest".into(),
+            vhost: vhost.into(),
+            protocol: "AMQP 0-9-1",
+            tls: false,
+            auth_mechanism: "PLAIN".into(),
+            client_properties: FieldTable::new(),
+            connected_at_ms: 0,
+            frame_max: 131072,
+            channel_max: 2047,
+            heartbeat: 60,
+        }
+    }
+
+    #[test]
+    fn counts_survive_closed_channels_and_connections() {
+        let r = Registry::new();
+        let closer = Arc::new(Closer(Mutex::new(Vec::new())));
+        let a = r.register(details(1, "/"), closer.clone());
+        let b = r.register(details(2, "other"), closer.clone());
+        let ch = a.open_channel(1);
+        bump_by(&ch.entry().counters.publish, 3);
+        bump(&ch.entry().counters.ack);
+        let ch2 = b.open_channel(7);
+        bump(&ch2.entry().counters.publish);
+        assert_eq!(r.connection_count(), 2);
+        assert_eq!(r.channel_count(), 2);
+        assert_eq!(r.vhost_stats("/").publish, 3);
+        drop(ch);
+        assert_eq!(r.channel_count(), 1);
+        assert_eq!(
+            r.vhost_stats("/").publish,
+            3,
+            "closed channel's counts kept"
+        );
+        drop(b);
+        drop(ch2);
+        assert_eq!(r.connection_count(), 1);
+        assert_eq!(r.vhost_stats("other").publish, 1);
+        assert_eq!(r.global_stats().publish, 4);
+        r.forget_vhost("other");
+        assert_eq!(r.vhost_stats("other").publish, 0);
+        assert_eq!(r.global_stats().publish, 4);
+        assert_eq!(r.global_stats().ack, 1);
+    }
+
+    #[test]
+    fn close_by_name_and_by_selection() {
+        let r = Registry::new();
+        let closer = Arc::new(Closer(Mutex::new(Vec::new())));
+        let a = r.register(details(1, "/"), closer.clone());
+        let _b = r.register(details(2, "v"), closer.clone());
+        assert!(r.close_connection(&a.details().name, "bye"));
+        assert!(!r.close_connection("nope", "bye"));
+        assert_eq!(r.close_where(|d| d.vhost == "v", "vhost 'v' is deleted"), 1);
+        assert_eq!(*closer.0.lock(), vec!["bye", "vhost 'v' is deleted"]);
+        let ch = a.open_channel(3);
+        assert_eq!(
+            r.channels(None)[0].name(),
+            format!("{} (3)", a.details().name)
+        );
+        ch.entry().set_prefetch(10, false);
+        ch.entry().set_confirm();
+        let snap = &r.channels(Some(&a.details().name))[0];
+        assert_eq!(snap.prefetch_count, 10);
+        assert!(snap.confirm);
+        assert!(r.channels(Some("nope")).is_empty());
+    }
+}

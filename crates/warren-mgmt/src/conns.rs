@@ -1,0 +1,336 @@
+//! Connections, channels and consumers (`/api/connections`, `/api/channels`,
+//! `/api/consumers` and their per-vhost and per-object paths), read from the broker's read
+//! model, and `DELETE /api/connections/{name}`.
+//!
+//! Who sees what follows rabbit_mgmt_util: monitoring and administrator users see every
+//! connection and channel; other management users only their own (`filter_user`), and a
+//! single connection or channel of another user is refused with 401 "User not authorised to
+//! access object". Consumers are listed for the vhosts the user may see.
+
+use crate::api::{authorize, listed, ok_json, visible_vhosts, App, Need, Peer, Reply, Q, S};
+use crate::backend::{ChannelSnapshot, ConnectionDetails, ConnectionSnapshot, MessageStats};
+use crate::error::ApiError;
+use axum::extract::{ConnectInfo, Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::IntoResponse;
+use serde_json::{json, Value};
+use warren_broker::definitions::table_to_json;
+
+/// RabbitMQ's default reason for a connection closed over the API (rabbit_mgmt_wm_connection),
+/// replaced by the request's `X-Reason` header when it has one.
+pub const DEFAULT_CLOSE_REASON: &str = "Closed via management plugin";
+
+/// `message_stats` as RabbitMQ's management API shows it: counts only (Warren keeps no rate
+/// samples; the `*_details` objects are left out rather than filled with made-up rates).
+pub fn message_stats_json(s: &MessageStats) -> Value {
+    json!({
+        "publish": s.publish,
+        "confirm": s.confirm,
+        "deliver": s.deliver,
+        "deliver_no_ack": s.deliver_no_ack,
+        "get": s.get,
+        "get_no_ack": s.get_no_ack,
+        "deliver_get": s.deliver_get(),
+        "ack": s.ack,
+        "redeliver": s.redeliver,
+        "return_unroutable": s.return_unroutable,
+    })
+}
+
+fn connection_json(app: &App, c: &ConnectionSnapshot) -> Value {
+    let d = &c.details;
+    let props = table_to_json(&d.client_properties);
+    json!({
+        "name": d.name,
+        "node": app.node,
+        "type": "network",
+        "state": "running",
+        "vhost": d.vhost,
+        "user": d.user,
+        "user_who_performed_action": d.user,
+        "protocol": d.protocol,
+        "auth_mechanism": d.auth_mechanism,
+        "host": d.local.ip().to_canonical().to_string(),
+        "port": d.local.port(),
+        "peer_host": d.peer.ip().to_canonical().to_string(),
+        "peer_port": d.peer.port(),
+        "ssl": d.tls,
+        "client_properties": Value::Object(props),
+        "connected_at": d.connected_at_ms,
+        "channels": c.channels,
+        "channel_max": d.channel_max,
+        "frame_max": d.frame_max,
+        "timeout": d.heartbeat,
+    })
+}
+
+fn connection_details_json(d: &ConnectionDetails) -> Value {
+    json!({
+        "name": d.name,
+        "peer_host": d.peer.ip().to_canonical().to_string(),
+        "peer_port": d.peer.port(),
+    })
+}
+
+fn channel_json(app: &App, c: &ChannelSnapshot) -> Value {
+    let d = &c.connection;
+    json!({
+        "name": c.name(),
+        "node": app.node,
+        "number": c.number,
+        "user": d.user,
+        "user_who_performed_action": d.user,
+        "vhost": d.vhost,
+        "state": "running",
+        "connection_details": connection_details_json(d),
+        "prefetch_count": c.prefetch_count,
+        "global_prefetch_count": c.global_prefetch_count,
+        "messages_unacknowledged": c.unacked,
+        "consumer_count": c.consumers.len(),
+        "confirm": c.confirm,
+        "transactional": c.transactional,
+        "message_stats": message_stats_json(&c.stats),
+    })
+}
+
+fn consumer_items(app: &App, channels: &[ChannelSnapshot]) -> Vec<Value> {
+    let mut out = Vec::new();
+    for ch in channels {
+        let d = &ch.connection;
+        for c in &ch.consumers {
+            out.push(json!({
+                "consumer_tag": c.tag,
+                "queue": {"name": c.queue, "vhost": d.vhost},
+                "channel_details": {
+                    "name": ch.name(),
+                    "number": ch.number,
+                    "connection_name": d.name,
+                    "peer_host": d.peer.ip().to_canonical().to_string(),
+                    "peer_port": d.peer.port(),
+                    "user": d.user,
+                    "node": app.node,
+                },
+                "ack_required": c.ack_required,
+                "exclusive": c.exclusive,
+                "prefetch_count": c.prefetch_count,
+                "arguments": Value::Object(table_to_json(&c.arguments)),
+                "active": true,
+                "activity_status": "up",
+            }));
+        }
+    }
+    out
+}
+
+/// The connections `user` may see, of `vhost` only when given.
+fn visible_connections(
+    app: &App,
+    user: &crate::backend::UserInfo,
+    vhost: Option<&str>,
+) -> Vec<ConnectionSnapshot> {
+    app.backend
+        .connections()
+        .into_iter()
+        .filter(|c| app.backend.may_view_connection(user, &c.details.user))
+        .filter(|c| vhost.is_none_or(|v| c.details.vhost == v))
+        .collect()
+}
+
+/// A connection by name, refused (401) when it is another user's and the caller may not see
+/// it.
+fn find_connection(
+    app: &App,
+    user: &crate::backend::UserInfo,
+    name: &str,
+) -> Result<ConnectionSnapshot, ApiError> {
+    let c = app
+        .backend
+        .connections()
+        .into_iter()
+        .find(|c| c.details.name == name)
+        .ok_or_else(ApiError::not_found)?;
+    if !app.backend.may_view_connection(user, &c.details.user) {
+        return Err(ApiError::not_authorised(
+            "User not authorised to access object",
+        ));
+    }
+    Ok(c)
+}
+
+pub(crate) async fn connections(
+    State(app): S,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    q: Q,
+) -> Reply {
+    let user = authorize(&app, &headers, peer, Need::Management, None)?;
+    let items = visible_connections(&app, &user, None)
+        .iter()
+        .map(|c| connection_json(&app, c))
+        .collect();
+    listed(items, &q)
+}
+
+pub(crate) async fn vhost_connections(
+    State(app): S,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path(v): Path<String>,
+    q: Q,
+) -> Reply {
+    let user = authorize(&app, &headers, peer, Need::Management, Some(&v))?;
+    if !app.backend.vhost_exists(&v) {
+        return Err(ApiError::not_found());
+    }
+    let items = visible_connections(&app, &user, Some(&v))
+        .iter()
+        .map(|c| connection_json(&app, c))
+        .collect();
+    listed(items, &q)
+}
+
+pub(crate) async fn connection(
+    State(app): S,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Reply {
+    let user = authorize(&app, &headers, peer, Need::Management, None)?;
+    let c = find_connection(&app, &user, &name)?;
+    ok_json(connection_json(&app, &c))
+}
+
+/// `DELETE /api/connections/{name}`: the client gets connection.close 320 CONNECTION_FORCED
+/// with the `X-Reason` header's text, or "Closed via management plugin"; 204.
+pub(crate) async fn connection_delete(
+    State(app): S,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Reply {
+    let user = authorize(&app, &headers, peer, Need::Management, None)?;
+    let reason = headers
+        .get("x-reason")
+        .and_then(|v| v.to_str().ok())
+        .filter(|r| !r.is_empty())
+        .unwrap_or(DEFAULT_CLOSE_REASON);
+    app.backend.close_connection(&user, &name, reason)?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+pub(crate) async fn connection_channels(
+    State(app): S,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    q: Q,
+) -> Reply {
+    let user = authorize(&app, &headers, peer, Need::Management, None)?;
+    let c = find_connection(&app, &user, &name)?;
+    let items = app
+        .backend
+        .channels(Some(&c.details.name))
+        .iter()
+        .map(|ch| channel_json(&app, ch))
+        .collect();
+    listed(items, &q)
+}
+
+fn visible_channels(app: &App, user: &crate::backend::UserInfo) -> Vec<ChannelSnapshot> {
+    app.backend
+        .channels(None)
+        .into_iter()
+        .filter(|c| app.backend.may_view_connection(user, &c.connection.user))
+        .collect()
+}
+
+pub(crate) async fn channels(
+    State(app): S,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    q: Q,
+) -> Reply {
+    let user = authorize(&app, &headers, peer, Need::Management, None)?;
+    let items = visible_channels(&app, &user)
+        .iter()
+        .map(|c| channel_json(&app, c))
+        .collect();
+    listed(items, &q)
+}
+
+pub(crate) async fn vhost_channels(
+    State(app): S,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path(v): Path<String>,
+    q: Q,
+) -> Reply {
+    let user = authorize(&app, &headers, peer, Need::Management, Some(&v))?;
+    if !app.backend.vhost_exists(&v) {
+        return Err(ApiError::not_found());
+    }
+    let items = visible_channels(&app, &user)
+        .iter()
+        .filter(|c| c.connection.vhost == v)
+        .map(|c| channel_json(&app, c))
+        .collect();
+    listed(items, &q)
+}
+
+pub(crate) async fn channel(
+    State(app): S,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Reply {
+    let user = authorize(&app, &headers, peer, Need::Management, None)?;
+    let c = app
+        .backend
+        .channels(None)
+        .into_iter()
+        .find(|c| c.name() == name)
+        .ok_or_else(ApiError::not_found)?;
+    if !app.backend.may_view_connection(&user, &c.connection.user) {
+        return Err(ApiError::not_authorised(
+            "User not authorised to access object",
+        ));
+    }
+    ok_json(channel_json(&app, &c))
+}
+
+pub(crate) async fn consumers(
+    State(app): S,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    q: Q,
+) -> Reply {
+    let user = authorize(&app, &headers, peer, Need::Management, None)?;
+    let vhosts = visible_vhosts(&app, &user);
+    let channels: Vec<ChannelSnapshot> = app
+        .backend
+        .channels(None)
+        .into_iter()
+        .filter(|c| vhosts.contains(&c.connection.vhost))
+        .collect();
+    listed(consumer_items(&app, &channels), &q)
+}
+
+pub(crate) async fn vhost_consumers(
+    State(app): S,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path(v): Path<String>,
+    q: Q,
+) -> Reply {
+    authorize(&app, &headers, peer, Need::Management, Some(&v))?;
+    if !app.backend.vhost_exists(&v) {
+        return Err(ApiError::not_found());
+    }
+    let channels: Vec<ChannelSnapshot> = app
+        .backend
+        .channels(None)
+        .into_iter()
+        .filter(|c| c.connection.vhost == v)
+        .collect();
+    listed(consumer_items(&app, &channels), &q)
+}
