@@ -741,7 +741,7 @@ impl Ctx<'_> {
                 "state",
             ],
             Consumers => &[
-                "vhost",
+                "queue.vhost",
                 "queue.name",
                 "consumer_tag",
                 "channel_details.name",

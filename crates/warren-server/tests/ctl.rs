@@ -995,7 +995,7 @@ async fn connections_channels_consumers_and_close() {
     let rows = table(&env.ctl(&["list", "consumers"]).await.ok());
     let c = row(&rows, "consumer_tag", "ctl-tag");
     assert_eq!(c["queue.name"], "cq");
-    assert_eq!(c["vhost"], "/");
+    assert_eq!(c["queue.vhost"], "/");
     let rows = table(&env.ctl(&["list", "consumers", "--vhost", "/"]).await.ok());
     row(&rows, "consumer_tag", "ctl-tag");
 
