@@ -798,6 +798,11 @@ const SECTIONS: &[&str] = &[
 /// start inherits them.
 pub const NON_CONFIG_VARIABLES: &[&str] = &["WARREN_BIN", "WARREN_PORT"];
 
+/// Prefixes of `WARREN_*` variables that are not the broker's configuration: `WARREN_CTL_*`
+/// are `warren ctl`'s (URL, credentials, vhost), which an operator may keep exported in the
+/// shell that also starts the broker.
+pub const NON_CONFIG_PREFIXES: &[&str] = &["WARREN_CTL_"];
+
 /// A setting given on the command line: `section.key = value`, from flag `flag`.
 #[derive(Debug, Clone)]
 pub struct Override {
@@ -899,6 +904,7 @@ impl Config {
             .into_iter()
             .filter(|(k, _)| k.starts_with("WARREN_"))
             .filter(|(k, _)| !NON_CONFIG_VARIABLES.contains(&k.as_str()))
+            .filter(|(k, _)| !NON_CONFIG_PREFIXES.iter().any(|p| k.starts_with(p)))
             .collect();
         env.sort();
         for (var, text) in env {
@@ -1656,6 +1662,8 @@ mod tests {
                 ("WARREN_LOG_LEVEL", "debug"),
                 ("WARREN_STORAGE_DISK_FREE_LIMIT", "1GB"),
                 ("WARREN_BIN", "target/debug/warren"),
+                ("WARREN_CTL_PASSWORD", "secret"),
+                ("WARREN_CTL_URL", "http://localhost:15672"),
                 ("OTHER", "x"),
             ]),
         )

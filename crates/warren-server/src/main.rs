@@ -9,6 +9,9 @@
 //!
 //! `warren --hash-password [PASSWORD]` prints a RabbitMQ SHA-256 password hash for a
 //! `[[users]]` entry's `password_hash` (the password is read from standard input when not given).
+//!
+//! `warren ctl ...` is the command-line client of a running broker's management HTTP API
+//! (the `warren-ctl` crate); `warren ctl --help` lists its commands.
 
 use clap::Parser;
 
@@ -25,8 +28,16 @@ use warren_server::{Broker, Config, RunningBroker};
 
 /// Warren, an AMQP 0-9-1 message broker that RabbitMQ clients use unchanged.
 #[derive(Parser, Debug)]
-#[command(name = "warren", version, about)]
+#[command(
+    name = "warren",
+    version,
+    about,
+    args_conflicts_with_subcommands = true
+)]
 struct Args {
+    /// Without a command, the broker starts.
+    #[command(subcommand)]
+    command: Option<Command>,
     /// TOML configuration file (see --generate-config).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
@@ -61,6 +72,13 @@ struct Args {
     /// password_hash and exit. Without PASSWORD, the first line of standard input is hashed.
     #[arg(long, value_name = "PASSWORD", num_args = 0..=1)]
     hash_password: Option<Option<String>>,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum Command {
+    /// Manage a running broker (Warren or RabbitMQ) through its management HTTP API: list,
+    /// declare, delete, purge, publish, get, export and import definitions, health checks.
+    Ctl(warren_ctl::CtlArgs),
 }
 
 impl Args {
@@ -222,6 +240,9 @@ fn hash_password(given: Option<&str>) -> ExitCode {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if let Some(Command::Ctl(ctl)) = args.command {
+        return warren_ctl::run(ctl, &mut std::io::stdout().lock(), &mut std::io::stderr());
+    }
     if let Some(path) = &args.generate_config {
         return generate_config(path);
     }
