@@ -382,18 +382,27 @@ fn vhost_json(app: &App, v: &str) -> Value {
     let queues = app.backend.queues(Some(v));
     let ready: u64 = queues.iter().map(|q| q.ready).sum();
     let unacked: u64 = queues.iter().map(|q| q.unacked).sum();
-    json!({
+    let record = app.backend.vhost_record(v).unwrap_or_default();
+    let mut metadata = json!({"description": record.description, "tags": record.tags});
+    if let Some(t) = &record.default_queue_type {
+        metadata["default_queue_type"] = Value::from(t.as_str());
+    }
+    let mut out = json!({
         "name": v,
-        "description": "",
-        "tags": [],
-        "metadata": {"description": "", "tags": []},
+        "description": record.description,
+        "tags": record.tags,
+        "metadata": metadata,
         "tracing": false,
         "cluster_state": {app.node.clone(): "running"},
         "messages": ready + unacked,
         "messages_ready": ready,
         "messages_unacknowledged": unacked,
         "message_stats": message_stats_json(&app.backend.vhost_stats(v)),
-    })
+    });
+    if let Some(t) = &record.default_queue_type {
+        out["default_queue_type"] = Value::from(t.as_str());
+    }
+    out
 }
 
 /// The overview's `message_stats`: the node's for those who see every vhost, else the sum

@@ -523,6 +523,12 @@ impl Backend {
         v
     }
 
+    /// Vhost `name`'s metadata (description, tags, default queue type, limits), if the
+    /// access-control database has it.
+    pub fn vhost_record(&self, name: &str) -> Option<VhostRecord> {
+        self.broker().access().vhost(name).cloned()
+    }
+
     /// True when vhost `name` exists.
     pub fn vhost_exists(&self, name: &str) -> bool {
         self.broker().vhost(name).is_some()
@@ -917,7 +923,17 @@ impl Backend {
         let vhosts: Vec<Value> = self
             .vhosts()
             .into_iter()
-            .map(|v| serde_json::json!({"name": v, "limits": [], "metadata": {"description": "", "tags": []}}))
+            .map(|v| {
+                let r = self
+                    .vhost_record(&v)
+                    .unwrap_or_else(|| VhostRecord::new(v.as_str()));
+                let mut metadata =
+                    serde_json::json!({"description": r.description, "tags": r.tags});
+                if let Some(t) = &r.default_queue_type {
+                    metadata["default_queue_type"] = Value::from(t.as_str());
+                }
+                serde_json::json!({"name": v, "limits": [], "metadata": metadata})
+            })
             .collect();
         let permissions: Vec<Value> = self
             .permissions()

@@ -938,7 +938,6 @@ async fn definitions_export_import_round_trip() {
 
 /// Connections, channels and consumers of a lapin client, then the connection closed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "enable once branch i8-readmodel (/api/connections, /api/channels, /api/consumers) is merged"]
 async fn connections_channels_consumers_and_close() {
     let env = Env::start().await;
     env.ctl(&["declare", "queue", "--name", "cq", "--durable", "false"])
@@ -1033,7 +1032,6 @@ async fn connections_channels_consumers_and_close() {
 
 /// A vhost, a user and a permission created with ctl, used by the new user, then deleted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "enable once branch i8-readmodel (vhost, user and permission writes) is merged"]
 async fn vhosts_users_and_permissions() {
     let env = Env::start().await;
     assert_eq!(
