@@ -38,6 +38,7 @@ pub mod message;
 pub mod names;
 pub mod ops;
 pub mod persist;
+pub mod policy;
 pub mod queue;
 pub mod sender_selected;
 pub mod topic;

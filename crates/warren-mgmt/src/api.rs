@@ -18,6 +18,9 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
+use warren_broker::policy::definition_json;
+
+mod policies;
 
 /// The RabbitMQ version whose management API Warren answers as (`rabbitmq_version`,
 /// `management_version`); `product_name` / `product_version` say what it really is.
@@ -204,15 +207,15 @@ fn queue_json(app: &App, q: &QueueInfo) -> Value {
         "messages_ready": q.ready,
         "messages_unacknowledged": q.unacked,
         "consumers": q.consumers,
-        "policy": null,
-        "operator_policy": null,
-        "effective_policy_definition": {},
+        "policy": q.policy.policy,
+        "operator_policy": q.policy.operator_policy,
+        "effective_policy_definition": definition_json(&q.policy.definition),
         "exclusive_consumer_tag": null,
     })
 }
 
 fn exchange_json(x: &ExchangeInfo) -> Value {
-    json!({
+    let mut v = json!({
         "name": x.name,
         "vhost": x.vhost,
         "type": x.kind,
@@ -221,7 +224,12 @@ fn exchange_json(x: &ExchangeInfo) -> Value {
         "internal": x.internal,
         "arguments": x.arguments,
         "user_who_performed_action": "rmq-internal",
-    })
+    });
+    // RabbitMQ shows an exchange's `policy` only when one applies.
+    if let (Some(p), Value::Object(m)) = (&x.policy.policy, &mut v) {
+        m.insert("policy".into(), Value::from(p.as_str()));
+    }
+    v
 }
 
 /// RabbitMQ's `properties_key`: the binding's id in paths (`~` for an empty key without
@@ -543,6 +551,7 @@ async fn exchange_put(
             auto_delete: get_bool(&b, "auto_delete", false)?,
             internal: get_bool(&b, "internal", false)?,
             arguments: get_args(&b)?,
+            policy: Arc::default(),
         },
     )?;
     Ok(created_or_not(created))
@@ -1249,6 +1258,7 @@ pub fn router(app: Arc<App>) -> Router {
             "/api/health/checks/protocol-listener/{protocol}",
             get(health_protocol),
         )
+        .merge(policies::routes())
         .route("/api/definitions", get(definitions))
         .route("/metrics", get(metrics))
         .route("/metrics/per-object", get(metrics_per_object))

@@ -112,6 +112,8 @@ pub struct QueueInfo {
     pub consumers: u64,
     /// Messages delivered to consumers and basic.get since the queue was created.
     pub deliveries: u64,
+    /// The policy and operator policy that apply.
+    pub policy: Arc<warren_broker::policy::Applied>,
 }
 
 /// An exchange as the API shows it.
@@ -131,6 +133,8 @@ pub struct ExchangeInfo {
     pub internal: bool,
     /// Declared arguments as JSON.
     pub arguments: Map<String, Value>,
+    /// The policy and operator policy that apply.
+    pub policy: Arc<warren_broker::policy::Applied>,
 }
 
 /// A binding as the API shows it.
@@ -189,7 +193,7 @@ pub struct Backend {
 /// A refused declare, delete or bind as RabbitMQ's management API reports it: 404 for a
 /// missing object, 401 "Access refused." for 403 ACCESS_REFUSED, else 400 with the reply
 /// text (without its code).
-fn broker_error(e: BrokerError) -> ApiError {
+pub(crate) fn broker_error(e: BrokerError) -> ApiError {
     match e.code {
         404 => ApiError::not_found(),
         403 => ApiError::access_refused(),
@@ -343,6 +347,7 @@ impl Backend {
                     unacked: c.unacked.into(),
                     consumers: c.consumers.into(),
                     deliveries: q.deliveries(),
+                    policy: q.applied_policy(),
                 });
             }
         }
@@ -362,6 +367,7 @@ impl Backend {
                     auto_delete: x.auto_delete,
                     internal: x.internal,
                     arguments: table_to_json(&x.arguments),
+                    policy: x.policy,
                 });
             }
         }
@@ -407,6 +413,21 @@ impl Backend {
         out
     }
 
+    /// Every vhost's policies in RabbitMQ's definitions format (with `vhost`).
+    fn policies_json(&self) -> Vec<Value> {
+        let mut out = Vec::new();
+        for v in self.vhost_list(None) {
+            for p in v.policies(false) {
+                let mut j = p.to_json();
+                if let Value::Object(m) = &mut j {
+                    m.insert("vhost".into(), Value::from(v.name.as_str()));
+                }
+                out.push(j);
+            }
+        }
+        out
+    }
+
     // ---- writes ------------------------------------------------------------------------
 
     fn vhost(&self, name: &str) -> Result<Arc<warren_broker::VHost>, ApiError> {
@@ -416,7 +437,7 @@ impl Backend {
     /// The actor of a request by `user` in `vhost`: every write goes through the broker's
     /// operations layer with it, so that the user's configure / write / read permissions and
     /// topic permissions are checked exactly as for AMQP.
-    fn actor(&self, user: &UserInfo, vhost: &str) -> Actor {
+    pub(crate) fn actor(&self, user: &UserInfo, vhost: &str) -> Actor {
         let tags: Vec<warren_broker::access::UserTag> = self
             .broker()
             .access()
@@ -748,7 +769,7 @@ impl Backend {
             "topic_permissions": [],
             "parameters": [],
             "global_parameters": [],
-            "policies": [],
+            "policies": self.policies_json(),
             "queues": queues,
             "exchanges": exchanges,
             "bindings": bindings,
