@@ -1389,7 +1389,9 @@ impl Topology {
                         self.bindings -= usize::from(x.unbind(&b));
                     }
                 }
-                Removed::Exchange(x) => {
+                Removed::Exchange(mut x) => {
+                    // Policies may have changed since it was removed.
+                    x.apply_policy(self.policies.applied(&x.name, false));
                     self.bindings += x.bindings().len();
                     self.exchanges.insert(x.name.clone(), x);
                 }
@@ -1399,6 +1401,7 @@ impl Topology {
                     }
                 }
                 Removed::Queue(q) => {
+                    q.apply_policy(self.policies.applied(&q.name, true));
                     self.queues.insert(q.name.clone(), q);
                 }
                 Removed::Policy {

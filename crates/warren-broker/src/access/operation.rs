@@ -893,6 +893,10 @@ mod tests {
             Operation::PermissionsList,
             Operation::DefinitionsExport,
             Operation::DefinitionsImport,
+            Operation::OperatorPolicyChange {
+                vhost: "v",
+                name: "o",
+            },
         ] {
             assert_eq!(m(op), Some(M::Administrator), "{op:?}");
         }
