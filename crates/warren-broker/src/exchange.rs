@@ -109,6 +109,8 @@ pub struct Exchange {
     /// Declared arguments (e.g. `alternate-exchange`).
     pub arguments: FieldTable,
     bindings: Vec<Binding>,
+    /// The policy and operator policy that apply, and their merged definition.
+    applied: std::sync::Arc<crate::policy::Applied>,
     /// The type whose routing table this exchange keeps: `kind`, or the `x-delayed-type` of
     /// a delayed-message exchange.
     routing_kind: ExchangeKind,
@@ -146,6 +148,7 @@ impl Exchange {
             internal,
             arguments,
             bindings: Vec::new(),
+            applied: std::sync::Arc::default(),
             routing_kind,
             table,
         }
@@ -162,9 +165,25 @@ impl Exchange {
         &self.bindings
     }
 
-    /// The `alternate-exchange` argument, if set (RabbitMQ extension).
+    /// The alternate exchange (RabbitMQ extension): the `alternate-exchange` argument, else
+    /// the one of the policy that applies.
     pub fn alternate_exchange(&self) -> Option<&str> {
-        self.arguments.get("alternate-exchange")?.as_str()
+        match self.arguments.get("alternate-exchange") {
+            Some(v) => v.as_str(),
+            None => self.applied.alternate_exchange(),
+        }
+    }
+
+    /// The policy and operator policy applied to the exchange.
+    pub fn applied_policy(&self) -> &std::sync::Arc<crate::policy::Applied> {
+        &self.applied
+    }
+
+    /// Applies `applied` (the policies matching the exchange now).
+    pub fn apply_policy(&mut self, applied: crate::policy::Applied) {
+        if *self.applied != applied {
+            self.applied = std::sync::Arc::new(applied);
+        }
     }
 
     /// Adds a binding; returns false when the identical binding already exists (binding is

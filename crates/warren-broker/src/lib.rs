@@ -41,6 +41,7 @@ pub mod message;
 pub mod names;
 pub mod ops;
 pub mod persist;
+pub mod policy;
 pub mod queue;
 pub mod registry;
 pub mod sender_selected;

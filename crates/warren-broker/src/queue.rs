@@ -175,8 +175,15 @@ pub struct Queue {
     pub auto_delete: bool,
     /// Declared arguments (`x-…`).
     pub arguments: FieldTable,
-    /// The arguments the queue acts on, parsed from `arguments`.
-    pub args: QueueArgs,
+    /// The arguments parsed from `arguments`.
+    declared: QueueArgs,
+    /// `arguments` has `x-overflow` (which then wins over a policy's `overflow`).
+    overflow_declared: bool,
+    /// The settings the queue acts on: `declared` merged with the policies that apply
+    /// (see [`crate::policy::effective_queue_args`]).
+    effective: parking_lot::RwLock<Arc<QueueArgs>>,
+    /// The policy and operator policy that apply, and their merged definition.
+    applied: parking_lot::RwLock<Arc<crate::policy::Applied>>,
     clock: Arc<dyn Clock>,
     dead_letters: Option<Weak<dyn DeadLetterSink>>,
     /// When the queue was last used (consumer, basic.get, declare), for `x-expires`.
@@ -322,7 +329,6 @@ impl Queue {
             durable,
             exclusive_owner,
             auto_delete,
-            arguments,
             last_used: AtomicU64::new(clock.now_ms()),
             clock,
             dead_letters: None,
@@ -334,8 +340,36 @@ impl Queue {
                 priority: args.max_priority,
                 ..State::default()
             }),
-            args,
+            overflow_declared: arguments.contains_key("x-overflow"),
+            effective: parking_lot::RwLock::new(Arc::new(args.clone())),
+            applied: parking_lot::RwLock::new(Arc::default()),
+            declared: args,
+            arguments,
         }
+    }
+
+    /// The settings the queue acts on now: its arguments merged with the policies that apply.
+    pub fn args(&self) -> Arc<QueueArgs> {
+        self.effective.read().clone()
+    }
+
+    /// The policy and operator policy applied to the queue, and their merged definition.
+    pub fn applied_policy(&self) -> Arc<crate::policy::Applied> {
+        self.applied.read().clone()
+    }
+
+    /// Applies `applied` (the policies matching the queue now): the queue acts on its
+    /// arguments merged with it from now on. Returns true when its settings changed; the
+    /// caller then calls [`Queue::enforce_limits`] (outside the topology lock), as RabbitMQ
+    /// applies a new length limit at once. Messages already queued keep the expiry they got
+    /// when they were enqueued, as in RabbitMQ.
+    pub fn apply_policy(&self, applied: crate::policy::Applied) -> bool {
+        let args =
+            crate::policy::effective_queue_args(&self.declared, self.overflow_declared, &applied);
+        let changed = *self.effective.read().as_ref() != args;
+        *self.effective.write() = Arc::new(args);
+        *self.applied.write() = Arc::new(applied);
+        changed
     }
 
     /// Gives the queue the clock its TTLs and expiry are measured with.
@@ -376,7 +410,7 @@ impl Queue {
             .expiration
             .as_ref()
             .and_then(|e| crate::args::parse_expiration(e.as_str()?).ok());
-        match (self.args.message_ttl, own) {
+        match (self.args().message_ttl, own) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
@@ -395,7 +429,7 @@ impl Queue {
     /// rejected): it is settled, and dead-lettered if the queue has a dead-letter exchange.
     fn discard(&self, st: &mut State, qm: QueuedMessage, reason: DeathReason) {
         self.settled(&qm);
-        if self.args.dead_letter_exchange.is_some() {
+        if self.args().dead_letter_exchange.is_some() {
             st.dead.push(DeadLetter {
                 message: qm.message,
                 reason,
@@ -415,19 +449,21 @@ impl Queue {
         if dead.is_empty() {
             return;
         }
-        if let Some(source) = self.dead_letter_source() {
+        let args = self.args();
+        if let Some(source) = self.dead_letter_source(&args) {
             if let Some(sink) = self.dead_letters.as_ref().and_then(Weak::upgrade) {
                 sink.dead_letter(&source, dead);
             }
         }
     }
 
-    /// Where this queue's dead letters go, if it has a dead-letter exchange.
-    pub fn dead_letter_source(&self) -> Option<DeadLetterSource<'_>> {
+    /// Where this queue's dead letters go under `args` (its [`Queue::args`]), if it has a
+    /// dead-letter exchange.
+    pub fn dead_letter_source<'a>(&'a self, args: &'a QueueArgs) -> Option<DeadLetterSource<'a>> {
         Some(DeadLetterSource {
             queue: &self.name,
-            exchange: self.args.dead_letter_exchange.as_deref()?,
-            routing_key: self.args.dead_letter_routing_key.as_deref(),
+            exchange: args.dead_letter_exchange.as_deref()?,
+            routing_key: args.dead_letter_routing_key.as_deref(),
         })
     }
 
@@ -466,8 +502,9 @@ impl Queue {
     /// Drops (or dead-letters) messages from the head while the queue is over its
     /// `x-max-length` / `x-max-length-bytes` (overflow `drop-head`).
     fn enforce_max_length(&self, st: &mut State) {
-        let (max_len, max_bytes) = (self.args.max_length, self.args.max_length_bytes);
-        if self.args.overflow != Overflow::DropHead || (max_len.is_none() && max_bytes.is_none()) {
+        let (max_len, max_bytes) = (self.args().max_length, self.args().max_length_bytes);
+        if self.args().overflow != Overflow::DropHead || (max_len.is_none() && max_bytes.is_none())
+        {
             return;
         }
         loop {
@@ -486,8 +523,9 @@ impl Queue {
     /// True when the queue refuses `msg` because it is full and its overflow is
     /// `reject-publish` or `reject-publish-dlx`.
     pub fn rejects_publish(&self, msg: &Message) -> bool {
-        let (max_len, max_bytes) = (self.args.max_length, self.args.max_length_bytes);
-        if self.args.overflow == Overflow::DropHead || (max_len.is_none() && max_bytes.is_none()) {
+        let (max_len, max_bytes) = (self.args().max_length, self.args().max_length_bytes);
+        if self.args().overflow == Overflow::DropHead || (max_len.is_none() && max_bytes.is_none())
+        {
             return false;
         }
         let st = self.state.lock();
@@ -513,7 +551,7 @@ impl Queue {
         let last = self.last_used.load(std::sync::atomic::Ordering::Relaxed);
         unused
             && self
-                .args
+                .args()
                 .expires
                 .is_some_and(|e| self.clock.now_ms() >= last.saturating_add(e))
     }
@@ -1050,7 +1088,7 @@ impl Queue {
             if s.requeue {
                 e.redelivered = true;
                 st.paged.insert_sorted(e, |x| entry_key(x, max));
-            } else if s.rejected && self.args.dead_letter_exchange.is_some() {
+            } else if s.rejected && self.args().dead_letter_exchange.is_some() {
                 match self.read_back(b, e) {
                     Ok(qm) => self.discard(&mut st, qm, DeathReason::Rejected),
                     // Rejected: it leaves the queue whether or not it can be dead-lettered.
@@ -1187,7 +1225,7 @@ impl Queue {
             if st.ready.is_empty() {
                 break;
             }
-            let single = self.args.single_active_consumer;
+            let single = self.args().single_active_consumer;
             let n = if single { 1 } else { st.consumers.len() };
             let mut delivered = false;
             // Consumers are sorted by priority: try each priority group in turn, round-robin

@@ -14,6 +14,7 @@ use crate::error::{resource, BrokerError, Result};
 mod delaying;
 mod durable;
 pub mod log;
+mod policies;
 mod routing;
 
 use crate::equivalence::{arg_type_and_value, check_args, check_field, EQUIVALENT_QUEUE_ARGS};
@@ -520,6 +521,8 @@ struct Topology {
     queues: HashMap<String, Arc<Queue>>,
     /// Bindings of all exchanges, for the binding limit.
     bindings: usize,
+    /// Policies and operator policies.
+    policies: crate::policy::Policies,
 }
 
 /// The exchanges every vhost has from the start: they do not count against the exchange
@@ -771,10 +774,11 @@ impl VHost {
                 !refuse
             });
             for q in &rejected {
-                if q.args.overflow != crate::args::Overflow::RejectPublishDlx {
+                let args = q.args();
+                if args.overflow != crate::args::Overflow::RejectPublishDlx {
                     continue;
                 }
-                if let Some(source) = q.dead_letter_source() {
+                if let Some(source) = q.dead_letter_source(&args) {
                     self.dead_letter(
                         &source,
                         vec![DeadLetter {
@@ -971,17 +975,16 @@ impl VHost {
         if kind == ExchangeKind::DelayedMessage {
             delayed::routing_kind(&d.arguments)?;
         }
-        topo.exchanges.insert(
+        let mut x = Exchange::new(
             d.name.clone(),
-            Exchange::new(
-                d.name.clone(),
-                kind,
-                d.durable,
-                d.auto_delete,
-                d.internal,
-                d.arguments.clone(),
-            ),
+            kind,
+            d.durable,
+            d.auto_delete,
+            d.internal,
+            d.arguments.clone(),
         );
+        x.apply_policy(topo.policies.applied(&d.name, false));
+        topo.exchanges.insert(d.name.clone(), x);
         if d.durable {
             let put = TopologyCommand::PutExchange {
                 name: d.name.clone(),
@@ -1128,6 +1131,7 @@ impl VHost {
             d.auto_delete,
             d.arguments.clone(),
         )));
+        q.apply_policy(topo.policies.applied(&name, true));
         topo.queues.insert(name.clone(), q.clone());
         if topo.queue_is_durable(&name) {
             let put = TopologyCommand::PutQueue {
@@ -1489,7 +1493,9 @@ impl Topology {
                         self.bindings -= usize::from(x.unbind(&b));
                     }
                 }
-                Removed::Exchange(x) => {
+                Removed::Exchange(mut x) => {
+                    // Policies may have changed since it was removed.
+                    x.apply_policy(self.policies.applied(&x.name, false));
                     self.bindings += x.bindings().len();
                     self.exchanges.insert(x.name.clone(), x);
                 }
@@ -1499,7 +1505,20 @@ impl Topology {
                     }
                 }
                 Removed::Queue(q) => {
+                    q.apply_policy(self.policies.applied(&q.name, true));
                     self.queues.insert(q.name.clone(), q);
+                }
+                Removed::Policy {
+                    operator,
+                    name,
+                    previous,
+                } => {
+                    let list = self.policies.of_mut(operator);
+                    match previous {
+                        Some(p) => list.insert(name, p),
+                        None => list.remove(&name),
+                    };
+                    self.reapply_policies();
                 }
             }
         }
@@ -1536,6 +1555,15 @@ pub(crate) enum Removed {
     /// A binding removed from the named source exchange.
     Binding(String, Binding),
     Queue(Arc<Queue>),
+    /// A policy a change replaced or removed (`None`: it added it).
+    Policy {
+        /// An operator policy.
+        operator: bool,
+        /// Its name.
+        name: String,
+        /// What was there before.
+        previous: Option<crate::policy::Policy>,
+    },
 }
 
 /// 541 INTERNAL_ERROR for a topology change refused because the definitions could not be
@@ -1636,6 +1664,8 @@ pub struct ExchangeSnapshot {
     pub arguments: FieldTable,
     /// Its bindings as a source, in binding order.
     pub bindings: Vec<Binding>,
+    /// The policy and operator policy that apply to it.
+    pub policy: Arc<crate::policy::Applied>,
 }
 
 impl VHost {
@@ -1654,6 +1684,7 @@ impl VHost {
                 internal: x.internal,
                 arguments: x.arguments.clone(),
                 bindings: x.bindings().to_vec(),
+                policy: x.applied_policy().clone(),
             })
             .collect()
     }

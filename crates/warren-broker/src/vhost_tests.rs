@@ -897,3 +897,103 @@ fn vhost_limits() {
     assert_eq!(v.topology.read().bindings, 0);
     v.declare_exchange(&xd("x2", "direct", &[])).unwrap();
 }
+
+fn policy(name: &str, pattern: &str, def: serde_json::Value) -> crate::policy::Policy {
+    crate::policy::Policy::from_json(
+        name,
+        &serde_json::json!({"pattern": pattern, "definition": def}),
+        false,
+    )
+    .unwrap()
+}
+
+#[test]
+fn policy_limits_apply_to_existing_queues_and_go_with_the_policy() {
+    let (_, v) = clocked();
+    let q = declare_with(&v, "pq", &[]);
+    for b in [b"a", b"b", b"c"] {
+        send(&v, "pq", b);
+    }
+    v.set_policy(
+        false,
+        policy("cap", "^pq", serde_json::json!({"max-length": 2})),
+    )
+    .unwrap();
+    // Applied at once: the head goes.
+    assert_eq!(q.counts().ready, 2);
+    assert_eq!(q.applied_policy().policy.as_deref(), Some("cap"));
+    send(&v, "pq", b"d");
+    assert_eq!(bodies(&q), ["c", "d"]);
+    // A queue declared later gets it too; one that does not match does not.
+    let later = declare_with(&v, "pq-later", &[]);
+    assert_eq!(later.args().max_length, Some(2));
+    let other = declare_with(&v, "other", &[]);
+    assert_eq!(other.args().max_length, None);
+    assert!(v.clear_policy(false, "cap").unwrap());
+    assert!(!v.clear_policy(false, "cap").unwrap());
+    assert_eq!(q.args().max_length, None);
+    assert_eq!(q.applied_policy().policy, None);
+    for b in [b"e", b"f", b"g"] {
+        send(&v, "pq", b);
+    }
+    assert_eq!(q.counts().ready, 3);
+}
+
+#[test]
+fn policy_ttl_and_expires_with_arguments_lower_wins() {
+    let (clock, v) = clocked();
+    let with_arg = declare_with(&v, "t-arg", &[("x-message-ttl", FieldValue::I32(100))]);
+    let plain = declare_with(&v, "t-plain", &[]);
+    v.set_policy(
+        false,
+        policy(
+            "ttl",
+            "^t-",
+            serde_json::json!({"message-ttl": 500, "expires": 10_000}),
+        ),
+    )
+    .unwrap();
+    let op = policy("op", "^t-plain$", serde_json::json!({"message-ttl": 300}));
+    v.set_policy(true, op).unwrap();
+    assert_eq!(with_arg.args().message_ttl, Some(100));
+    assert_eq!(plain.args().message_ttl, Some(300));
+    assert_eq!(
+        plain.applied_policy().operator_policy.as_deref(),
+        Some("op")
+    );
+    send(&v, "t-arg", b"x");
+    send(&v, "t-plain", b"y");
+    clock.advance(100);
+    v.sweep();
+    assert_eq!((with_arg.counts().ready, plain.counts().ready), (0, 1));
+    clock.advance(200);
+    v.sweep();
+    assert_eq!(plain.counts().ready, 0);
+    // The policy's expires deletes both once unused for 10 s.
+    clock.advance(10_000);
+    v.sweep();
+    assert_eq!(v.queue("t-plain", 1).unwrap_err().code, 404);
+    assert_eq!(v.queue("t-arg", 1).unwrap_err().code, 404);
+}
+
+#[test]
+fn policy_commands_round_trip_as_tables() {
+    use crate::vhost::log::TopologyCommand;
+    let put = TopologyCommand::PutPolicy {
+        operator: true,
+        policy: policy(
+            "p",
+            "^a",
+            serde_json::json!({"max-length": 3, "dead-letter-exchange": "dlx"}),
+        ),
+    };
+    assert_eq!(TopologyCommand::from_table(&put.to_table()).unwrap(), put);
+    let remove = TopologyCommand::RemovePolicy {
+        operator: false,
+        name: "p".into(),
+    };
+    assert_eq!(
+        TopologyCommand::from_table(&remove.to_table()).unwrap(),
+        remove
+    );
+}

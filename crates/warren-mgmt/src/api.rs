@@ -20,6 +20,9 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
+use warren_broker::policy::definition_json;
+
+mod policies;
 
 /// The RabbitMQ version whose management API Warren answers as (`rabbitmq_version`,
 /// `management_version`); `product_name` / `product_version` say what it really is.
@@ -208,15 +211,15 @@ fn queue_json(app: &App, q: &QueueInfo) -> Value {
         "consumers": q.consumers,
         "message_bytes_ready": q.ready_bytes,
         "message_stats": message_stats_json(&q.stats),
-        "policy": null,
-        "operator_policy": null,
-        "effective_policy_definition": {},
+        "policy": q.policy.policy,
+        "operator_policy": q.policy.operator_policy,
+        "effective_policy_definition": definition_json(&q.policy.definition),
         "exclusive_consumer_tag": null,
     })
 }
 
 fn exchange_json(x: &ExchangeInfo) -> Value {
-    json!({
+    let mut v = json!({
         "name": x.name,
         "vhost": x.vhost,
         "type": x.kind,
@@ -225,7 +228,12 @@ fn exchange_json(x: &ExchangeInfo) -> Value {
         "internal": x.internal,
         "arguments": x.arguments,
         "user_who_performed_action": "rmq-internal",
-    })
+    });
+    // RabbitMQ shows an exchange's `policy` only when one applies.
+    if let (Some(p), Value::Object(m)) = (&x.policy.policy, &mut v) {
+        m.insert("policy".into(), Value::from(p.as_str()));
+    }
+    v
 }
 
 /// RabbitMQ's `properties_key`: the binding's id in paths (`~` for an empty key without
@@ -566,6 +574,7 @@ async fn exchange_put(
             auto_delete: get_bool(&b, "auto_delete", false)?,
             internal: get_bool(&b, "internal", false)?,
             arguments: get_args(&b)?,
+            policy: Arc::default(),
         },
     )?;
     Ok(created_or_not(created))
@@ -1304,6 +1313,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/api/channels/{name}", get(conns::channel))
         .route("/api/consumers", get(conns::consumers))
         .route("/api/consumers/{v}", get(conns::vhost_consumers))
+        .merge(policies::routes())
         .route("/api/definitions", get(definitions))
         .route("/metrics", get(metrics))
         .route("/metrics/per-object", get(metrics_per_object))

@@ -137,6 +137,8 @@ pub struct QueueInfo {
     /// Message counts since the queue was created (`deliver` counts every delivery to a
     /// consumer, acknowledging or not).
     pub stats: MessageStats,
+    /// The policy and operator policy that apply.
+    pub policy: Arc<warren_broker::policy::Applied>,
 }
 
 /// An exchange as the API shows it.
@@ -156,6 +158,8 @@ pub struct ExchangeInfo {
     pub internal: bool,
     /// Declared arguments as JSON.
     pub arguments: Map<String, Value>,
+    /// The policy and operator policy that apply.
+    pub policy: Arc<warren_broker::policy::Applied>,
 }
 
 /// A binding as the API shows it.
@@ -214,7 +218,7 @@ pub struct Backend {
 /// A refused declare, delete or bind as RabbitMQ's management API reports it: 404 for a
 /// missing object, 401 "Access refused." for 403 ACCESS_REFUSED, else 400 with the reply
 /// text (without its code).
-fn broker_error(e: BrokerError) -> ApiError {
+pub(crate) fn broker_error(e: BrokerError) -> ApiError {
     match e.code {
         404 => ApiError::not_found(),
         403 => ApiError::access_refused(),
@@ -567,6 +571,7 @@ impl Backend {
                     deliveries: q.deliveries(),
                     ready_bytes: q.ready_bytes(),
                     stats: queue_stats(&q),
+                    policy: q.applied_policy(),
                 });
             }
         }
@@ -586,6 +591,7 @@ impl Backend {
                     auto_delete: x.auto_delete,
                     internal: x.internal,
                     arguments: table_to_json(&x.arguments),
+                    policy: x.policy,
                 });
             }
         }
@@ -631,6 +637,21 @@ impl Backend {
         out
     }
 
+    /// Every vhost's policies in RabbitMQ's definitions format (with `vhost`).
+    fn policies_json(&self) -> Vec<Value> {
+        let mut out = Vec::new();
+        for v in self.vhost_list(None) {
+            for p in v.policies(false) {
+                let mut j = p.to_json();
+                if let Value::Object(m) = &mut j {
+                    m.insert("vhost".into(), Value::from(v.name.as_str()));
+                }
+                out.push(j);
+            }
+        }
+        out
+    }
+
     // ---- writes ------------------------------------------------------------------------
 
     fn vhost(&self, name: &str) -> Result<Arc<warren_broker::VHost>, ApiError> {
@@ -640,7 +661,7 @@ impl Backend {
     /// The actor of a request by `user` in `vhost`: every write goes through the broker's
     /// operations layer with it, so that the user's configure / write / read permissions and
     /// topic permissions are checked exactly as for AMQP.
-    fn actor(&self, user: &UserInfo, vhost: &str) -> Actor {
+    pub(crate) fn actor(&self, user: &UserInfo, vhost: &str) -> Actor {
         let tags: Vec<warren_broker::access::UserTag> = self
             .broker()
             .access()
@@ -982,7 +1003,7 @@ impl Backend {
             "topic_permissions": [],
             "parameters": [],
             "global_parameters": [],
-            "policies": [],
+            "policies": self.policies_json(),
             "queues": queues,
             "exchanges": exchanges,
             "bindings": bindings,

@@ -283,6 +283,14 @@ pub enum Operation<'a> {
         /// Policy name.
         name: &'a str,
     },
+    /// Create, update or delete an operator policy in a vhost (administrators only, as in
+    /// RabbitMQ's `rabbit_mgmt_wm_operator_policy`).
+    OperatorPolicyChange {
+        /// Vhost name.
+        vhost: &'a str,
+        /// Policy name.
+        name: &'a str,
+    },
     /// Set a vhost-scoped runtime parameter (e.g. a federation upstream).
     ParameterPut {
         /// Vhost name.
@@ -634,7 +642,8 @@ pub fn required_access<'a>(op: &Operation<'a>) -> Requirement<'a> {
         | Operation::UsersList
         | Operation::PermissionsList
         | Operation::DefinitionsExport
-        | Operation::DefinitionsImport => Requirement::management(M::Administrator),
+        | Operation::DefinitionsImport
+        | Operation::OperatorPolicyChange { .. } => Requirement::management(M::Administrator),
 
         Operation::PolicyPut { vhost, .. }
         | Operation::PolicyDelete { vhost, .. }
@@ -884,6 +893,10 @@ mod tests {
             Operation::PermissionsList,
             Operation::DefinitionsExport,
             Operation::DefinitionsImport,
+            Operation::OperatorPolicyChange {
+                vhost: "v",
+                name: "o",
+            },
         ] {
             assert_eq!(m(op), Some(M::Administrator), "{op:?}");
         }

@@ -35,8 +35,10 @@ pub struct AppliedImport {
     pub queues: usize,
     /// Bindings added or already present.
     pub bindings: usize,
-    /// Entries left out, each with its reason (queue types Warren lacks, policies and runtime
-    /// parameters, which Warren keeps no use for yet, and what the plan skipped).
+    /// Policies created or replaced.
+    pub policies: usize,
+    /// Entries left out, each with its reason (queue types Warren lacks, runtime parameters,
+    /// which Warren keeps no use for yet, and what the plan skipped).
     pub skipped: Vec<String>,
 }
 
@@ -195,10 +197,32 @@ impl Broker {
             Change::SetGlobalParameter { name, .. } => done
                 .skipped
                 .push(format!("global parameter '{name}': kept for later use")),
-            Change::SetPolicy(p) => done.skipped.push(format!(
-                "policy '{}' in vhost '{}': policies are not applied yet",
-                p.name, p.vhost
-            )),
+            Change::SetPolicy(p) => {
+                let what = || format!("policy '{}' in vhost '{}'", p.name, p.vhost);
+                let body = serde_json::json!({
+                    "pattern": p.pattern,
+                    "apply-to": p.apply_to,
+                    "priority": p.priority,
+                    "definition": p.definition,
+                });
+                let policy =
+                    crate::policy::Policy::from_json(&p.name, &body, false).map_err(|reason| {
+                        ApplyError::Broker {
+                            what: what(),
+                            source: BrokerError::precondition_failed(reason.trim_end().to_string()),
+                        }
+                    })?;
+                let vh = self.vhost(&p.vhost).ok_or_else(|| ApplyError::Broker {
+                    what: what(),
+                    source: BrokerError::not_found(format!("no vhost '{}'", p.vhost)),
+                })?;
+                vh.set_policy(false, policy)
+                    .map_err(|source| ApplyError::Broker {
+                        what: what(),
+                        source,
+                    })?;
+                done.policies += 1;
+            }
             Change::SetParameter {
                 vhost,
                 component,

@@ -308,6 +308,37 @@ impl<'a> Ops<'a> {
         Ok(())
     }
 
+    // --- Policies ---
+
+    /// Creates or replaces a policy of the actor's vhost (an operator policy with
+    /// `operator`): a policymaker or administrator with access to the vhost may set
+    /// policies, only an administrator operator policies (rabbitmq.com/docs/policies); then
+    /// [`VHost::set_policy`].
+    ///
+    /// Errors: 403 ACCESS_REFUSED for a user without those rights; 541 when it cannot be
+    /// stored.
+    pub fn set_policy(&self, operator: bool, policy: crate::policy::Policy) -> Result<()> {
+        self.authorize_policy(operator, &policy.name, true)?;
+        self.change(|| self.vhost.set_policy(operator, policy))
+    }
+
+    /// Removes a policy (an operator policy with `operator`), with the checks of
+    /// [`Ops::set_policy`]; false when there was none.
+    pub fn clear_policy(&self, operator: bool, name: &str) -> Result<bool> {
+        self.authorize_policy(operator, name, false)?;
+        self.change(|| self.vhost.clear_policy(operator, name))
+    }
+
+    fn authorize_policy(&self, operator: bool, name: &str, put: bool) -> Result<()> {
+        let vhost = &*self.actor.vhost;
+        let op = match (operator, put) {
+            (true, _) => Operation::OperatorPolicyChange { vhost, name },
+            (false, true) => Operation::PolicyPut { vhost, name },
+            (false, false) => Operation::PolicyDelete { vhost, name },
+        };
+        self.authorize(&op)
+    }
+
     // --- Queues ---
 
     /// queue.declare. Passive: any permission on the queue, then the lookup (404, 405).

@@ -1,4 +1,5 @@
-//! Durable definitions of a vhost: the snapshot of its durable exchanges, queues and bindings
+//! Durable definitions of a vhost: the snapshot of its policies, durable exchanges, queues and
+//! bindings
 //! (written at compaction, see [`super::log`]), its retry after a failed write, and reading it
 //! back at start.
 
@@ -32,8 +33,10 @@ impl VHost {
                 .map(|a| a.iter().filter_map(|v| v.as_table().cloned()).collect())
                 .unwrap_or_default()
         };
-        // Exchanges first, then queues, then the bindings between them.
+        // Policies first (they apply to what is created next), then exchanges, then queues,
+        // then the bindings between them.
         for (key, op) in [
+            ("policies", "put_policy"),
             ("exchanges", "put_exchange"),
             ("queues", "put_queue"),
             ("bindings", "add_binding"),
@@ -95,8 +98,22 @@ impl Topology {
                 })
             })
             .collect();
+        let policies = [false, true]
+            .into_iter()
+            .flat_map(|operator| {
+                self.policies
+                    .of(operator)
+                    .values()
+                    .map(move |p| TopologyCommand::PutPolicy {
+                        operator,
+                        policy: p.clone(),
+                    })
+            })
+            .map(entry)
+            .collect();
         let mut t = FieldTable::new();
         t.insert("name", s(vhost));
+        t.insert("policies", FieldValue::Array(policies));
         t.insert("exchanges", FieldValue::Array(exchanges));
         t.insert("queues", FieldValue::Array(queues));
         t.insert("bindings", FieldValue::Array(bindings));

@@ -22,6 +22,7 @@
 //! whose checksum does not match stops the start, as a damaged snapshot does.
 
 use super::*;
+use crate::policy::{ApplyTo, Policy, PolicyValue};
 use bytes::BufMut;
 use std::path::{Path, PathBuf};
 use warren_amqp::table::{decode_table, encode_table, Decoder};
@@ -77,6 +78,20 @@ pub enum TopologyCommand {
         source: String,
         /// The binding.
         binding: Binding,
+    },
+    /// Create or replace a policy (or an operator policy).
+    PutPolicy {
+        /// An operator policy.
+        operator: bool,
+        /// The policy.
+        policy: Policy,
+    },
+    /// Remove a policy (or an operator policy).
+    RemovePolicy {
+        /// An operator policy.
+        operator: bool,
+        /// Its name.
+        name: String,
     },
 }
 
@@ -135,6 +150,30 @@ impl TopologyCommand {
                 t.insert("op", s("remove_queue"));
                 t.insert("name", s(name));
             }
+            TopologyCommand::PutPolicy { operator, policy } => {
+                t.insert("op", s("put_policy"));
+                t.insert("operator", FieldValue::Bool(*operator));
+                t.insert("name", s(&policy.name));
+                t.insert("pattern", s(&policy.pattern));
+                t.insert("apply_to", s(policy.apply_to.as_str()));
+                t.insert("priority", FieldValue::I64(policy.priority));
+                let mut d = FieldTable::new();
+                for (k, v) in &policy.definition {
+                    d.insert(
+                        k.as_str(),
+                        match v {
+                            PolicyValue::Int(i) => FieldValue::I64(*i),
+                            PolicyValue::Text(x) => s(x),
+                        },
+                    );
+                }
+                t.insert("definition", FieldValue::Table(d));
+            }
+            TopologyCommand::RemovePolicy { operator, name } => {
+                t.insert("op", s("remove_policy"));
+                t.insert("operator", FieldValue::Bool(*operator));
+                t.insert("name", s(name));
+            }
         }
         t
     }
@@ -185,6 +224,34 @@ impl TopologyCommand {
             },
             "remove_exchange" => TopologyCommand::RemoveExchange { name: name() },
             "remove_queue" => TopologyCommand::RemoveQueue { name: name() },
+            "put_policy" => {
+                let mut definition = crate::policy::Definition::new();
+                for (k, v) in get_table(t, "definition").iter() {
+                    let v = match v {
+                        FieldValue::I64(i) => PolicyValue::Int(*i),
+                        other => PolicyValue::Text(other.as_str().unwrap_or_default().into()),
+                    };
+                    definition.insert(k.to_string(), v);
+                }
+                let priority = match t.get("priority") {
+                    Some(FieldValue::I64(i)) => *i,
+                    _ => 0,
+                };
+                TopologyCommand::PutPolicy {
+                    operator: get_bool(t, "operator"),
+                    policy: Policy::new(
+                        name(),
+                        get_str(t, "pattern"),
+                        ApplyTo::parse(get_str(t, "apply_to")).unwrap_or_default(),
+                        priority,
+                        definition,
+                    )?,
+                }
+            }
+            "remove_policy" => TopologyCommand::RemovePolicy {
+                operator: get_bool(t, "operator"),
+                name: name(),
+            },
             other => return Err(format!("unknown definitions command '{other}'")),
         })
     }
@@ -207,10 +274,12 @@ impl TopologyCommand {
                     source: source.clone(),
                     binding: b.clone(),
                 }),
-                // Additions are undone by removal, which is listed where it happens.
-                Removed::AddedExchange(_) | Removed::AddedQueue(_) | Removed::AddedBinding(..) => {
-                    None
-                }
+                // Additions are undone by removal, which is listed where it happens; policy
+                // changes are recorded by the change itself.
+                Removed::AddedExchange(_)
+                | Removed::AddedQueue(_)
+                | Removed::AddedBinding(..)
+                | Removed::Policy { .. } => None,
             })
             .collect()
     }
@@ -603,16 +672,18 @@ impl VHost {
                 internal,
                 arguments,
             } => {
-                topo.exchanges.entry(name.clone()).or_insert_with(|| {
-                    Exchange::new(
+                if !topo.exchanges.contains_key(name) {
+                    let mut x = Exchange::new(
                         name.clone(),
                         *kind,
                         true,
                         *auto_delete,
                         *internal,
                         arguments.clone(),
-                    )
-                });
+                    );
+                    x.apply_policy(topo.policies.applied(name, false));
+                    topo.exchanges.insert(name.clone(), x);
+                }
             }
             TopologyCommand::PutQueue {
                 name,
@@ -628,6 +699,7 @@ impl VHost {
                         *auto_delete,
                         arguments.clone(),
                     ));
+                    queue.apply_policy(topo.policies.applied(name, true));
                     topo.queues.insert(name.clone(), Arc::new(queue));
                 }
             }
@@ -650,6 +722,16 @@ impl VHost {
             }
             TopologyCommand::RemoveQueue { name } => {
                 topo.queues.remove(name);
+            }
+            TopologyCommand::PutPolicy { operator, policy } => {
+                topo.policies
+                    .of_mut(*operator)
+                    .insert(policy.name.clone(), policy.clone());
+                topo.reapply_policies();
+            }
+            TopologyCommand::RemovePolicy { operator, name } => {
+                topo.policies.of_mut(*operator).remove(name);
+                topo.reapply_policies();
             }
         }
     }
