@@ -1177,7 +1177,6 @@ async fn vhosts_users_and_permissions() {
 /// A policy set with ctl applies to an existing queue (its `policy` field, and max-length
 /// taking effect), is listed, and goes away with delete.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "enable once branch i10-policies (/api/policies) is merged"]
 async fn policies() {
     let env = Env::start().await;
     env.ctl(&["declare", "queue", "--name", "pol-q", "--durable", "false"])

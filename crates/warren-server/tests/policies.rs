@@ -63,6 +63,7 @@ impl Http {
             management: ManagementConfig {
                 enabled: true,
                 listen: "127.0.0.1:0".parse().unwrap(),
+                ..ManagementConfig::default()
             },
             ..Config::default()
         };
