@@ -7,6 +7,8 @@
 # Environment:
 #   MGMT_PORT       management API port on 127.0.0.1 (default 15672)
 #   MGMT_USER       user (default guest), MGMT_PASSWORD (default guest)
+#   WARREN_BIN      a Warren binary: the export is imported into a fresh Warren started from
+#                   it (skipped without it)
 #   RABBITMQADMIN   the tool (default: rabbitmqadmin on PATH; otherwise it is extracted from
 #                   Debian's rabbitmq-server package without installing or starting RabbitMQ)
 set -uo pipefail
@@ -129,6 +131,50 @@ then
   passed=$((passed + 1)); echo "ok   export holds the queue, exchange, binding and policy"
 else
   failed=$((failed + 1)); echo "FAIL export holds the queue, exchange, binding and policy"
+fi
+# Import into a fresh Warren (WARREN_BIN, exported by run.sh when it starts Warren): the
+# export, imported twice (idempotent), exports again the same.
+if [ -n "${WARREN_BIN:-}" ] && [ -x "$WARREN_BIN" ]; then
+  free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
+  fresh_amqp=$(free_port)
+  fresh_mgmt=$(free_port)
+  fresh_dir=$(mktemp -d -t radmin-fresh.XXXXXX)
+  "$WARREN_BIN" --amqp-listen "127.0.0.1:$fresh_amqp" --management-listen "127.0.0.1:$fresh_mgmt" \
+    --httpmq-listen 127.0.0.1:0 --data-dir "$fresh_dir/data" --log-level warn >"$fresh_dir/log" 2>&1 &
+  fresh_pid=$!
+  for _ in $(seq 1 150); do
+    python3 -c "import socket,sys; socket.create_connection(('127.0.0.1', $fresh_mgmt), timeout=1).close()" \
+      2>/dev/null && break
+    sleep 0.2
+  done
+  fresh() { python3 "$tool" -H 127.0.0.1 -P "$fresh_mgmt" -u guest -p guest "$@"; }
+  reexport="$fresh_dir/reexport.json"
+  status=0
+  import_out=$(fresh import "$export_file" 2>&1 && fresh import "$export_file" 2>&1 \
+    && fresh export "$reexport" 2>&1) || status=$?
+  if [ "$status" -eq 0 ] && python3 - "$export_file" "$reexport" <<'PY'
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:3])
+def items(d, k, strip=()):
+    return sorted(json.dumps({f: v for f, v in o.items() if f not in strip}, sort_keys=True)
+                  for o in d.get(k, []))
+for k in ["queues", "exchanges", "bindings", "policies", "permissions", "topic_permissions"]:
+    assert items(a, k) == items(b, k), (k, items(a, k), items(b, k))
+for k in ["users", "vhosts"]:
+    assert sorted(o["name"] for o in a[k]) == sorted(o["name"] for o in b[k]), k
+PY
+  then
+    passed=$((passed + 1)); echo "ok   import into a fresh Warren (twice) exports the same definitions"
+  else
+    failed=$((failed + 1)); echo "FAIL import into a fresh Warren (exit $status)"
+    printf '%s\n' "$import_out" | sed 's/^/     | /'
+    tail -n 50 "$fresh_dir/log" | sed 's/^/     log | /'
+  fi
+  kill "$fresh_pid" 2>/dev/null
+  wait "$fresh_pid" 2>/dev/null
+  rm -rf "$fresh_dir"
+else
+  echo "skip import into a fresh Warren: no WARREN_BIN"
 fi
 rm -f "$export_file"
 run "delete policy" "policy deleted" delete policy name="$p"

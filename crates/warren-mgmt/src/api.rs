@@ -22,6 +22,7 @@ use std::sync::Arc;
 use std::time::Instant;
 use warren_broker::policy::definition_json;
 
+mod definitions;
 mod policies;
 
 /// The RabbitMQ version whose management API Warren answers as (`rabbitmq_version`,
@@ -1177,11 +1178,6 @@ async fn health_protocol(
     }
 }
 
-async fn definitions(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap) -> Reply {
-    authorize(&app, &headers, peer, Need::Admin, None)?;
-    ok_json(app.backend.definitions(RABBITMQ_VERSION))
-}
-
 async fn metrics(State(app): S) -> Reply {
     text_metrics(crate::metrics::render(&app, false))
 }
@@ -1314,7 +1310,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/api/consumers", get(conns::consumers))
         .route("/api/consumers/{v}", get(conns::vhost_consumers))
         .merge(policies::routes())
-        .route("/api/definitions", get(definitions))
+        .merge(definitions::routes())
         .route("/metrics", get(metrics))
         .route("/metrics/per-object", get(metrics_per_object))
         .fallback(not_found)

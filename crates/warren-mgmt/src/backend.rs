@@ -15,7 +15,9 @@ use std::sync::Arc;
 use warren_amqp::properties::BasicProperties;
 use warren_amqp::table::FieldTable;
 use warren_broker::access::{PasswordHash, Permissions, UserRecord, UserTag, VhostRecord};
-use warren_broker::definitions::{json_to_table, table_to_json};
+use warren_broker::definitions::{
+    json_to_table, plan_import, plan_vhost_import, table_to_json, AppliedImport, Definitions,
+};
 use warren_broker::ops::Admin;
 use warren_broker::queue::Settlement;
 use warren_broker::vhost::{ExchangeDeclare, QueueDeclare};
@@ -963,6 +965,14 @@ impl Backend {
                 serde_json::json!({"user": user, "vhost": vhost, "configure": configure, "write": write, "read": read})
             })
             .collect();
+        let topic_permissions: Vec<Value> = self
+            .topic_permissions()
+            .into_iter()
+            .map(|(user, vhost, exchange, write, read)| {
+                serde_json::json!({"user": user, "vhost": vhost, "exchange": exchange,
+                    "write": write, "read": read})
+            })
+            .collect();
         let queues: Vec<Value> = self
             .queues(None)
             .into_iter()
@@ -1000,7 +1010,7 @@ impl Backend {
             "users": users,
             "vhosts": vhosts,
             "permissions": permissions,
-            "topic_permissions": [],
+            "topic_permissions": topic_permissions,
             "parameters": [],
             "global_parameters": [],
             "policies": self.policies_json(),
@@ -1008,6 +1018,68 @@ impl Backend {
             "exchanges": exchanges,
             "bindings": bindings,
         })
+    }
+
+    /// The definitions of vhost `vhost` in RabbitMQ's per-vhost export shape
+    /// (`GET /api/definitions/{vhost}`): its policies, queues, exchanges and bindings, without
+    /// `vhost` fields, and no users, vhosts or permissions, as `rabbit_definitions` exports a
+    /// vhost. `None` when the vhost does not exist.
+    pub fn vhost_definitions(&self, vhost: &str, rabbit_version: &str) -> Option<Value> {
+        if !self.vhost_exists(vhost) {
+            return None;
+        }
+        let all = self.definitions(rabbit_version);
+        let of_vhost = |key: &str| -> Value {
+            Value::Array(
+                all[key]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|o| o["vhost"] == vhost)
+                    .map(|o| {
+                        let mut o = o.clone();
+                        if let Some(m) = o.as_object_mut() {
+                            m.remove("vhost");
+                        }
+                        o
+                    })
+                    .collect(),
+            )
+        };
+        Some(serde_json::json!({
+            "rabbit_version": rabbit_version,
+            "rabbitmq_version": rabbit_version,
+            "product_name": "Warren",
+            "product_version": env!("CARGO_PKG_VERSION"),
+            "parameters": [],
+            "policies": of_vhost("policies"),
+            "queues": of_vhost("queues"),
+            "exchanges": of_vhost("exchanges"),
+            "bindings": of_vhost("bindings"),
+        }))
+    }
+
+    /// Imports the definitions file `text` (`POST /api/definitions`): the whole broker's, or,
+    /// with `vhost`, one vhost's exchanges, queues, bindings and policies placed in it
+    /// (`POST /api/definitions/{vhost}`). The file is parsed and checked whole first
+    /// (400 with the reason, nothing applied), then applied through the operations layer
+    /// ([`Admin::import_definitions`]).
+    pub fn import_definitions(
+        &self,
+        user: &UserInfo,
+        text: &[u8],
+        vhost: Option<&str>,
+    ) -> Result<AppliedImport, ApiError> {
+        let text = std::str::from_utf8(text)
+            .map_err(|_| ApiError::bad_request("the definitions are not UTF-8 text"))?;
+        let defs =
+            Definitions::from_json(text).map_err(|e| ApiError::bad_request(e.to_string()))?;
+        let plan = match vhost {
+            None => plan_import(&defs),
+            Some(v) => plan_vhost_import(&defs, v),
+        }
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        self.admin(user, |a| a.import_definitions(&plan))
     }
 }
 

@@ -2,9 +2,6 @@
 //! `warren` binary running `ctl` commands against it, and lapin on the AMQP side. Checks
 //! what the commands print (tables and `--json`), what they do to the broker, and their exit
 //! status and standard error on failure (the server's `reason`).
-//!
-//! Commands whose endpoints are not on this branch yet are tested too, `#[ignore]`d with the
-//! change that brings the endpoint: they run with `cargo test --test ctl -- --ignored`.
 
 mod lapin_support;
 
@@ -851,7 +848,6 @@ async fn import_refuses_what_is_not_a_definitions_document() {
 /// Export from one broker, import into a fresh one with `import definitions` (a file, then
 /// standard input), export again: the same queues, exchanges and bindings.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "enable once POST /api/definitions (definitions import over HTTP) is merged"]
 async fn definitions_export_import_round_trip() {
     let a = Env::start().await;
     a.ctl(&[

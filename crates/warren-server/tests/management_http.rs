@@ -141,6 +141,28 @@ impl Http {
         (status, headers, v)
     }
 
+    /// `POST path` as `who` with `body` sent as is, with `content_type`.
+    async fn post_raw(
+        &self,
+        path: &str,
+        who: &str,
+        content_type: &str,
+        body: Vec<u8>,
+    ) -> (StatusCode, Value) {
+        let req = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .basic_auth(who, Some(format!("{who}-pw")))
+            .header(reqwest::header::CONTENT_TYPE, content_type)
+            .body(body);
+        let resp = within("HTTP request", req.send())
+            .await
+            .expect("HTTP reply");
+        let status = resp.status();
+        let text = within("HTTP body", resp.text()).await.expect("body");
+        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+
     async fn get(&self, path: &str) -> Value {
         let (s, _, v) = self.call(Method::GET, path, Some("admin"), None).await;
         assert_eq!(s, StatusCode::OK, "GET {path}: {v}");
@@ -1685,5 +1707,361 @@ async fn management_listener_is_bounded() {
         .call(Method::GET, "/api/overview", Some("admin"), None)
         .await;
     assert_eq!(s, StatusCode::OK);
+    h.stop().await;
+}
+
+/// The parts of an export an import must reproduce (sorted, without version fields and
+/// password hashes: the configuration's users get fresh salts at every start).
+fn topology(defs: &Value) -> Vec<(String, Vec<String>)> {
+    [
+        "users",
+        "vhosts",
+        "permissions",
+        "topic_permissions",
+        "policies",
+        "queues",
+        "exchanges",
+        "bindings",
+    ]
+    .iter()
+    .map(|k| {
+        let mut items: Vec<String> = defs[*k]
+            .as_array()
+            .unwrap_or_else(|| panic!("{k} in {defs}"))
+            .iter()
+            .map(|o| {
+                let mut o = o.clone();
+                if let Some(m) = o.as_object_mut() {
+                    m.remove("password_hash");
+                }
+                o.to_string()
+            })
+            .collect();
+        items.sort();
+        (k.to_string(), items)
+    })
+    .collect()
+}
+
+/// Checks that what `export_then_import` put into a broker is there: the queue with its
+/// arguments, the binding, the user, the policy, and a login over AMQP with the imported
+/// password hash.
+async fn imported_objects_are_there(h: &Http) {
+    let q = h.get("/api/queues/imp/iq").await;
+    assert_eq!(
+        (q["durable"].clone(), q["arguments"]["x-max-length"].clone()),
+        (json!(true), json!(7))
+    );
+    assert_eq!(q["policy"], "imp-ttl", "{q}");
+    let b = h.get("/api/bindings/imp/e/ix/q/iq").await;
+    assert_eq!(b[0]["routing_key"], "k.#", "{b}");
+    let u = h.get("/api/users/importer").await;
+    assert_eq!(u["tags"], json!(["management"]), "{u}");
+    let p = h.get("/api/policies/imp/imp-ttl").await;
+    assert_eq!(p["definition"], json!({"message-ttl": 60000}), "{p}");
+    let t = h.get("/api/topic-permissions/imp/importer").await;
+    assert_eq!(t[0]["write"], "^k\\.", "{t}");
+    let conn = h.amqp_as("importer", "imp").await;
+    within("close", conn.close(200, "bye".into()))
+        .await
+        .unwrap();
+}
+
+/// `GET /api/definitions` from one broker, `POST /api/definitions` into a fresh one with a
+/// data directory: 204, everything there (a user logs in over AMQP with its imported
+/// password hash), importing again changes nothing, and it all survives a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn definitions_import_over_http_round_trips_and_survives_restart() {
+    let a = Http::start().await;
+    for (method, path, body) in [
+        (
+            Method::PUT,
+            "/api/vhosts/imp",
+            json!({"description": "imported"}),
+        ),
+        (
+            Method::PUT,
+            "/api/permissions/imp/admin",
+            json!({"configure": ".*", "write": ".*", "read": ".*"}),
+        ),
+        (
+            Method::PUT,
+            "/api/users/importer",
+            json!({"password": "importer-pw", "tags": "management"}),
+        ),
+        (
+            Method::PUT,
+            "/api/permissions/imp/importer",
+            json!({"configure": ".*", "write": ".*", "read": ".*"}),
+        ),
+        (
+            Method::PUT,
+            "/api/topic-permissions/imp/importer",
+            json!({"exchange": "ix", "write": "^k\\.", "read": ".*"}),
+        ),
+        (
+            Method::PUT,
+            "/api/queues/imp/iq",
+            json!({"durable": true, "arguments": {"x-max-length": 7}}),
+        ),
+        (
+            Method::PUT,
+            "/api/exchanges/imp/ix",
+            json!({"type": "topic", "durable": true}),
+        ),
+        (
+            Method::POST,
+            "/api/bindings/imp/e/ix/q/iq",
+            json!({"routing_key": "k.#"}),
+        ),
+        (
+            Method::PUT,
+            "/api/policies/imp/imp-ttl",
+            json!({"pattern": "^i", "apply-to": "queues", "definition": {"message-ttl": 60000}}),
+        ),
+    ] {
+        let (s, _, v) = a.call(method, path, Some("admin"), Some(body)).await;
+        assert!(s.is_success(), "{path}: {s} {v}");
+    }
+    let exported = a.get("/api/definitions").await;
+    a.stop().await;
+
+    let dir = std::env::temp_dir().join(format!("warren-defs-import-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let b = Http::start_in(Some(dir.clone())).await;
+    let (s, _, v) = b
+        .call(Method::GET, "/api/queues/imp/iq", Some("admin"), None)
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "{v}");
+    let (s, _, v) = b
+        .call(
+            Method::POST,
+            "/api/definitions",
+            Some("admin"),
+            Some(exported.clone()),
+        )
+        .await;
+    assert_eq!((s, v), (StatusCode::NO_CONTENT, Value::Null));
+    imported_objects_are_there(&b).await;
+    let first = b.get("/api/definitions").await;
+    assert_eq!(topology(&first), topology(&exported));
+    // Idempotent: the same file again changes nothing.
+    let (s, _, _) = b
+        .call(
+            Method::POST,
+            "/api/definitions",
+            Some("admin"),
+            Some(exported.clone()),
+        )
+        .await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    assert_eq!(topology(&b.get("/api/definitions").await), topology(&first));
+    b.stop().await;
+
+    let b = Http::start_in(Some(dir.clone())).await;
+    imported_objects_are_there(&b).await;
+    assert_eq!(topology(&b.get("/api/definitions").await), topology(&first));
+    b.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A file that cannot be imported whole is refused with 400 and its reason, and nothing of
+/// it is applied; only administrators may import (401 "Not administrator user").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn definitions_import_refuses_bad_files_and_non_administrators() {
+    let h = Http::start().await;
+    let before = topology(&h.get("/api/definitions").await);
+    let partly_good = |binding_to: &str, exchange_type: &str| {
+        json!({
+            "users": [{"name": "newuser", "password_hash": "", "tags": []}],
+            "vhosts": [{"name": "newvh"}],
+            "permissions": [{"user": "newuser", "vhost": "newvh",
+                "configure": ".*", "write": ".*", "read": ".*"}],
+            "queues": [{"name": "nq", "vhost": "newvh", "durable": true,
+                "auto_delete": false, "arguments": {}}],
+            "exchanges": [{"name": "nx", "vhost": "newvh", "type": exchange_type,
+                "durable": true, "auto_delete": false, "internal": false, "arguments": {}}],
+            "bindings": [{"source": "nx", "vhost": "newvh", "destination": binding_to,
+                "destination_type": "queue", "routing_key": "", "arguments": {}}],
+        })
+    };
+    let cases = [
+        (
+            partly_good("missing", "direct"),
+            "binding of 'nx' to 'missing' with key '' in vhost 'newvh': no queue 'missing'",
+        ),
+        (
+            partly_good("nq", "x-nope"),
+            "exchange 'nx' in vhost 'newvh': unknown exchange type 'x-nope'",
+        ),
+        (
+            json!({"permissions": [{"user": "nobody", "vhost": "/",
+                "configure": ".*", "write": ".*", "read": ".*"}]}),
+            "permissions of 'nobody' in vhost '/'",
+        ),
+        (
+            json!({"vhosts": [{"name": "newvh"}], "policies": [{"name": "p", "vhost": "newvh",
+                "pattern": "^", "apply-to": "queues", "priority": 0,
+                "definition": {"no-such-key": 1}}]}),
+            "policy 'p' in vhost 'newvh'",
+        ),
+    ];
+    for (file, reason) in cases {
+        let (s, _, v) = h
+            .call(Method::POST, "/api/definitions", Some("admin"), Some(file))
+            .await;
+        assert_eq!(
+            (s, &v["error"]),
+            (StatusCode::BAD_REQUEST, &json!("bad_request")),
+            "{v}"
+        );
+        let got = v["reason"].as_str().unwrap_or_default();
+        assert!(
+            got.starts_with(reason),
+            "{got:?} should start with {reason:?}"
+        );
+    }
+    for body in [&b"{not json"[..], b"[1, 2]", b""] {
+        let (s, v) = h
+            .post_raw(
+                "/api/definitions",
+                "admin",
+                "application/json",
+                body.to_vec(),
+            )
+            .await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    }
+    assert_eq!(topology(&h.get("/api/definitions").await), before);
+    let (s, _, _) = h
+        .call(Method::GET, "/api/vhosts/newvh", Some("admin"), None)
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+
+    let good = json!({"vhosts": [{"name": "bynonadmin"}]});
+    for (who, reason) in [
+        ("mon", "Not administrator user"),
+        ("mgmt", "Not administrator user"),
+        ("plain", "Not management user"),
+    ] {
+        for path in ["/api/definitions", "/api/definitions/%2F"] {
+            let (s, _, v) = h
+                .call(Method::POST, path, Some(who), Some(good.clone()))
+                .await;
+            assert_eq!(
+                (s, v),
+                (
+                    StatusCode::UNAUTHORIZED,
+                    json!({"error": "not_authorised", "reason": reason})
+                ),
+                "{who} {path}"
+            );
+        }
+    }
+    let (s, _, _) = h
+        .call(Method::GET, "/api/vhosts/bynonadmin", Some("admin"), None)
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    h.stop().await;
+}
+
+const RABBITMQ_3_10_8_EXPORT: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../warren-broker/tests/fixtures/definitions-rabbitmq-3.10.8.json"
+);
+
+/// RabbitMQ 3.10.8's `rabbitmqctl export_definitions` file imports over HTTP, as a JSON body
+/// and as the web UI's multipart upload; a vhost's export (`GET /api/definitions/{vhost}`)
+/// imports into another vhost (`POST /api/definitions/{vhost}`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rabbitmq_export_imports_over_http_as_json_and_multipart() {
+    let h = Http::start().await;
+    let file = std::fs::read(RABBITMQ_3_10_8_EXPORT).unwrap();
+    let (s, v) = h
+        .post_raw(
+            "/api/definitions",
+            "admin",
+            "application/json",
+            file.clone(),
+        )
+        .await;
+    assert_eq!(s, StatusCode::NO_CONTENT, "{v}");
+    let app = h.get("/api/users/app").await;
+    assert_eq!(app["tags"], json!(["monitoring", "policymaker"]), "{app}");
+    assert_eq!(h.get("/api/vhosts/staging").await["name"], "staging");
+    let audit = h.get("/api/queues/staging/app.audit").await;
+    assert_eq!(audit["policy"], "app-ttl", "{audit}");
+    let b = h
+        .get("/api/bindings/staging/e/app.events/q/app.orders")
+        .await;
+    assert_eq!(b[0]["routing_key"], "orders.#", "{b}");
+    let once = topology(&h.get("/api/definitions").await);
+
+    // The web UI's upload: a multipart form with the file in its `file` field.
+    let mut form =
+        b"--b0undary\r\nContent-Disposition: form-data; name=\"redirect\"\r\n\r\n../\r\n\
+        --b0undary\r\nContent-Disposition: form-data; name=\"file\"; filename=\"defs.json\"\r\n\
+        Content-Type: application/json\r\n\r\n"
+            .to_vec();
+    form.extend_from_slice(&file);
+    form.extend_from_slice(b"\r\n--b0undary--\r\n");
+    let (s, v) = h
+        .post_raw(
+            "/api/definitions",
+            "admin",
+            "multipart/form-data; boundary=b0undary",
+            form,
+        )
+        .await;
+    assert_eq!(s, StatusCode::NO_CONTENT, "{v}");
+    assert_eq!(topology(&h.get("/api/definitions").await), once);
+
+    // One vhost's definitions, into another vhost.
+    let staging = h.get("/api/definitions/staging").await;
+    assert!(staging.get("users").is_none(), "{staging}");
+    assert!(staging["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|q| q.get("vhost").is_none() && q["name"].is_string()));
+    let (s, _, v) = h
+        .call(
+            Method::POST,
+            "/api/definitions/copy",
+            Some("admin"),
+            Some(staging.clone()),
+        )
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "no vhost 'copy' yet: {v}");
+    h.call(
+        Method::PUT,
+        "/api/vhosts/copy",
+        Some("admin"),
+        Some(json!({})),
+    )
+    .await;
+    let (s, _, v) = h
+        .call(
+            Method::POST,
+            "/api/definitions/copy",
+            Some("admin"),
+            Some(staging.clone()),
+        )
+        .await;
+    assert_eq!(s, StatusCode::NO_CONTENT, "{v}");
+    let copy = h.get("/api/definitions/copy").await;
+    for k in ["queues", "exchanges", "bindings", "policies"] {
+        let sorted = |d: &Value| {
+            let mut v: Vec<String> = d[k]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|o| o.to_string())
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(sorted(&copy), sorted(&staging), "{k}");
+    }
     h.stop().await;
 }
