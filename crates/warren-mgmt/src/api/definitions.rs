@@ -2,7 +2,7 @@
 //! export (`GET`) and import (`POST`) of definitions files, administrator only.
 //!
 //! An import takes the file as the body (`application/json`, as `rabbitmqadmin import` and
-//! curl send it) or as the `file` field of a `multipart/form-data` form (the web UI's upload).
+//! curl send it); a `multipart/form-data` upload is refused with 415 (not supported yet).
 //! The file is parsed and checked whole before anything is applied (400 with the reason
 //! otherwise), then applied through the broker's operations layer; success is 204 No Content,
 //! as in RabbitMQ. Importing the same file twice changes nothing.
@@ -82,101 +82,27 @@ async fn blocking<R: Send + 'static>(
         .map_err(|e| ApiError::internal(e.to_string()))?
 }
 
-/// The definitions file of an import request: the body itself, or the `file` field of a
-/// `multipart/form-data` body.
+/// The definitions file of an import request: the body itself.
 ///
-/// Errors: 400 for a multipart body without a boundary or a `file` field, or an empty body.
+/// Errors: 415 for a `multipart/form-data` upload (not supported), 400 for an empty body.
 fn definitions_file(headers: &HeaderMap, body: Bytes) -> Result<Bytes, ApiError> {
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
-    let file = if content_type
+    if content_type
         .to_ascii_lowercase()
         .starts_with("multipart/form-data")
     {
-        let boundary = boundary(content_type)
-            .ok_or_else(|| ApiError::bad_request("multipart body without a boundary"))?;
-        multipart_field(&body, boundary.as_bytes(), "file")
-            .map(|f| body.slice_ref(f))
-            .ok_or_else(|| ApiError::bad_request("multipart body without a 'file' field"))?
-    } else {
-        body
-    };
-    if file.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError {
+            status: StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            error: "unsupported_media_type",
+            reason: "send the definitions file as the request body (application/json)".into(),
+            challenge: false,
+        });
+    }
+    if body.iter().all(u8::is_ascii_whitespace) {
         return Err(ApiError::bad_request("no definitions in the request body"));
     }
-    Ok(file)
-}
-
-/// The `boundary` parameter of a `multipart/form-data` content type (RFC 7578), unquoted.
-fn boundary(content_type: &str) -> Option<String> {
-    content_type.split(';').skip(1).find_map(|param| {
-        let (k, v) = param.split_once('=')?;
-        if !k.trim().eq_ignore_ascii_case("boundary") {
-            return None;
-        }
-        let v = v.trim().trim_matches('"');
-        (!v.is_empty()).then(|| v.to_string())
-    })
-}
-
-fn find(haystack: &[u8], needle: &[u8], from: usize) -> Option<usize> {
-    haystack
-        .get(from..)?
-        .windows(needle.len())
-        .position(|w| w == needle)
-        .map(|i| i + from)
-}
-
-/// The content of the part named `name` of a multipart body delimited by `boundary`
-/// (RFC 2046 §5.1: parts start after `--boundary` CRLF, headers end at an empty line, and
-/// the content ends at CRLF `--boundary`).
-fn multipart_field<'a>(body: &'a [u8], boundary: &[u8], name: &str) -> Option<&'a [u8]> {
-    let delimiter = [b"--", boundary].concat();
-    let next_delimiter = [b"\r\n--", boundary].concat();
-    let wanted = format!("name=\"{name}\"");
-    let mut at = find(body, &delimiter, 0)? + delimiter.len();
-    loop {
-        // After a delimiter: "--" closes the body, else CRLF and the part's headers.
-        if body.get(at..at + 2) == Some(b"--") {
-            return None;
-        }
-        let headers_start = find(body, b"\r\n", at)? + 2;
-        let headers_end = find(body, b"\r\n\r\n", headers_start - 2)?;
-        let content_start = headers_end + 4;
-        let content_end = find(body, &next_delimiter, content_start)?;
-        let part_headers = String::from_utf8_lossy(&body[headers_start..headers_end]);
-        let is_wanted = part_headers.lines().any(|line| {
-            line.to_ascii_lowercase()
-                .starts_with("content-disposition:")
-                && line.split(';').any(|p| p.trim() == wanted)
-        });
-        if is_wanted {
-            return Some(&body[content_start..content_end]);
-        }
-        at = content_end + next_delimiter.len();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn multipart_file_field() {
-        let body = b"--XyZ\r\nContent-Disposition: form-data; name=\"redirect\"\r\n\r\n../\r\n\
-            --XyZ\r\nContent-Disposition: form-data; name=\"file\"; filename=\"d.json\"\r\n\
-            Content-Type: application/json\r\n\r\n{\"users\": []}\r\n--XyZ--\r\n";
-        assert_eq!(
-            multipart_field(body, b"XyZ", "file"),
-            Some(&b"{\"users\": []}"[..])
-        );
-        assert_eq!(multipart_field(body, b"XyZ", "other"), None);
-        assert_eq!(
-            boundary("multipart/form-data; boundary=\"XyZ\"").as_deref(),
-            Some("XyZ")
-        );
-        assert_eq!(boundary("multipart/form-data"), None);
-    }
+    Ok(body)
 }
