@@ -196,6 +196,9 @@ pub struct Queue {
     /// Message counts for operators (see [`crate::registry`]); deliveries to consumers are
     /// [`Queue::deliveries`].
     pub stats: crate::registry::QueueStats,
+    /// Held by a publisher from taking a message id to enqueueing the message (see
+    /// [`Queue::enqueue_order`]), so that this queue enqueues its messages in id order.
+    enqueue_order: Mutex<()>,
     state: Mutex<State>,
 }
 
@@ -335,6 +338,7 @@ impl Queue {
             backing: None,
             deliveries: std::sync::atomic::AtomicU64::new(0),
             stalled_at: std::sync::atomic::AtomicU64::new(u64::MAX),
+            enqueue_order: Mutex::new(()),
             stats: crate::registry::QueueStats::default(),
             state: Mutex::new(State {
                 priority: args.max_priority,
@@ -626,9 +630,21 @@ impl Queue {
         self.state.lock().deleted
     }
 
-    /// Appends message `seq` (ids increase across the broker, so they order every queue) and
-    /// delivers what consumers can take. `stored` is where the store holds the message when it
-    /// is persistent and this queue durable. A deleted queue drops it.
+    /// The lock a publisher holds from taking message id `seq` (see [`Queue::publish`]) until
+    /// this queue has enqueued the message. Ids are the queue order: requeued messages go back
+    /// to their place by id, and recovery after a restart restores a queue in id order, so a
+    /// queue must enqueue its messages in id order even when publishers race (RabbitMQ's
+    /// classic queues requeue to the original position and recover in queue order).
+    /// Publishers routing to several queues take their locks in address order (see
+    /// [`lock_enqueue_order`]).
+    pub fn enqueue_order(&self) -> parking_lot::MutexGuard<'_, ()> {
+        self.enqueue_order.lock()
+    }
+
+    /// Appends message `seq` (ids increase across the broker, and each queue enqueues its
+    /// messages in id order, see [`Queue::enqueue_order`]) and delivers what consumers can
+    /// take. `stored` is where the store holds the message when it is persistent and this
+    /// queue durable. A deleted queue drops it.
     ///
     /// Returns true when publishers should pause (see [`Queue::is_pressured`]).
     pub fn publish(
@@ -637,6 +653,21 @@ impl Queue {
         seq: u64,
         stored: Option<Location>,
     ) -> bool {
+        let (pressured, dead) = self.publish_held(message, seq, stored);
+        self.publish_dead(dead);
+        pressured
+    }
+
+    /// [`Queue::publish`] that returns the dead letters (messages dropped by `x-overflow`
+    /// `drop-head` or a TTL of 0) instead of publishing them, for a caller that holds
+    /// [`Queue::enqueue_order`] locks: dead-lettering publishes again, maybe to this queue.
+    /// Publish them with [`Queue::dead_letter`] once the locks are released.
+    pub fn publish_held(
+        self: &Arc<Self>,
+        message: Arc<Message>,
+        seq: u64,
+        stored: Option<Location>,
+    ) -> (bool, Vec<DeadLetter>) {
         let expires_at = self.deadline(&message);
         let mut st = self.state.lock();
         if !st.deleted {
@@ -653,7 +684,7 @@ impl Queue {
         if st.deleted {
             drop(st);
             self.settled(&qm);
-            return false;
+            return (false, Vec::new());
         }
         crate::registry::bump(&self.stats.publish);
         if let Some(qm) = self.spill_if_full(&mut st, qm) {
@@ -669,8 +700,13 @@ impl Queue {
             && (st.spilled() > 0 || st.ready.len() >= self.pressure_limit());
         let dead = self.flush_dead(&mut st);
         drop(st);
+        (pressured, dead)
+    }
+
+    /// Publishes the dead letters [`Queue::publish_held`] returned (never with an
+    /// [`Queue::enqueue_order`] lock held).
+    pub fn dead_letter(&self, dead: Vec<DeadLetter>) {
         self.publish_dead(dead);
-        pressured
     }
 
     /// Ready messages beyond which a queue with consumers asks publishers to pause: its
@@ -1502,6 +1538,16 @@ impl Positions {
     pub fn get(&self) -> u64 {
         self.put.saturating_sub(self.ready)
     }
+}
+
+/// Takes the [`Queue::enqueue_order`] locks of `queues` in address order (the same order for
+/// every publisher, so that publishers routing to overlapping sets of queues cannot deadlock);
+/// a queue listed twice is locked once.
+pub fn lock_enqueue_order(queues: &[Arc<Queue>]) -> Vec<parking_lot::MutexGuard<'_, ()>> {
+    let mut sorted: Vec<&Arc<Queue>> = queues.iter().collect();
+    sorted.sort_by_key(|q| Arc::as_ptr(q) as usize);
+    sorted.dedup_by_key(|q| Arc::as_ptr(q) as usize);
+    sorted.into_iter().map(|q| q.enqueue_order()).collect()
 }
 
 /// The key a queue's messages carry in the store: `vhost` U+001F `name`.

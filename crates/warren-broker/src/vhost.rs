@@ -838,6 +838,10 @@ impl VHost {
                 rejected,
             });
         }
+        // Each queue enqueues in id order (see `Queue::enqueue_order`): the id is taken and the
+        // message enqueued under the queues' order locks. Dead letters wait until they are
+        // released, as dead-lettering publishes again.
+        let order = crate::queue::lock_enqueue_order(&queues);
         let id = self.next_id();
         let mut location = None;
         if let (Some(p), true) = (&self.persist, msg.is_persistent()) {
@@ -868,11 +872,20 @@ impl VHost {
             }
         }
         let mut pressured = None;
-        for q in queues {
+        let mut dead = Vec::new();
+        for q in &queues {
             let stored = if q.store().is_some() { location } else { None };
-            if q.publish(msg.clone(), id, stored) && pressured.is_none() {
-                pressured = Some(q);
+            let (pressure, letters) = q.publish_held(msg.clone(), id, stored);
+            if pressure && pressured.is_none() {
+                pressured = Some(q.clone());
             }
+            if !letters.is_empty() {
+                dead.push((q.clone(), letters));
+            }
+        }
+        drop(order);
+        for (q, letters) in dead {
+            q.dead_letter(letters);
         }
         Ok(Published {
             routed: true,

@@ -673,3 +673,125 @@ async fn dead_lettered_and_dropped_messages_stay_gone_after_sigkill() {
     server.kill();
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// Consumes `n` messages from `queue` on a fresh channel without acknowledging them, then closes
+/// the channel (which requeues them all); returns their bodies in delivery order.
+async fn consume_unacked_and_close(conn: &lapin::Connection, queue: &str, n: usize) -> Vec<String> {
+    let ch = within("channel", conn.create_channel()).await.unwrap();
+    let mut consumer = within(
+        "basic.consume",
+        ch.basic_consume(
+            queue.into(),
+            "order".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .expect("basic.consume");
+    let mut got = Vec::with_capacity(n);
+    while got.len() < n {
+        let d = within("delivery", consumer.next())
+            .await
+            .expect("consumer ended")
+            .expect("delivery");
+        got.push(String::from_utf8(d.data).unwrap());
+    }
+    within("channel.close", ch.close(200, "bye".into()))
+        .await
+        .expect("channel.close");
+    got
+}
+
+/// Positions at which `b` differs from `a`.
+fn moved(a: &[String], b: &[String]) -> usize {
+    a.iter().zip(b).filter(|(x, y)| x != y).count() + a.len().abs_diff(b.len())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_publishers_queue_order_survives_requeue_and_restart() {
+    const PUBLISHERS: usize = 10;
+    const EACH: usize = 100;
+    const TOTAL: usize = PUBLISHERS * EACH;
+    let dir = tempdir("order");
+    let server = Server::start(&dir, &[]);
+    let conn = server.connect().await;
+    let ch = within("channel", conn.create_channel()).await.unwrap();
+    declare_durable(&ch, "order").await;
+
+    // Ten publishers on their own connections, with confirms, all at once.
+    let mut conns = Vec::new();
+    for _ in 0..PUBLISHERS {
+        conns.push(server.connect().await);
+    }
+    let start = Arc::new(tokio::sync::Barrier::new(PUBLISHERS));
+    let mut tasks = Vec::new();
+    for (p, c) in conns.iter().enumerate() {
+        let ch = within("channel", c.create_channel()).await.unwrap();
+        within(
+            "confirm.select",
+            ch.confirm_select(ConfirmSelectOptions::default()),
+        )
+        .await
+        .unwrap();
+        let start = start.clone();
+        tasks.push(tokio::spawn(async move {
+            start.wait().await;
+            let mut pending = Vec::new();
+            for n in 0..EACH {
+                let pc = ch
+                    .basic_publish(
+                        "".into(),
+                        "order".into(),
+                        BasicPublishOptions::default(),
+                        format!("p{p}-{n}").as_bytes(),
+                        persistent(),
+                    )
+                    .await
+                    .expect("publish");
+                pending.push(pc);
+            }
+            for pc in pending {
+                assert!(within("confirm", pc).await.unwrap().is_ack());
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+
+    let first = consume_unacked_and_close(&conn, "order", TOTAL).await;
+    for p in 0..PUBLISHERS {
+        let prefix = format!("p{p}-");
+        let mine: Vec<usize> = first
+            .iter()
+            .filter_map(|b| b.strip_prefix(&prefix)?.parse().ok())
+            .collect();
+        assert_eq!(mine, (0..EACH).collect::<Vec<_>>(), "publisher {p}");
+    }
+    let again = consume_unacked_and_close(&conn, "order", TOTAL).await;
+    assert_eq!(moved(&first, &again), 0, "order changed by requeue");
+    drop(conns);
+    drop(conn);
+
+    // A clean restart, then a crash: the queue comes back in the same order.
+    server.terminate();
+    let server = Server::start(&dir, &[]);
+    let conn = server.connect().await;
+    let after_term = consume_unacked_and_close(&conn, "order", TOTAL).await;
+    assert_eq!(moved(&first, &after_term), 0, "order changed by a restart");
+    // The channel close's requeue needs no fsync: the deliveries were never acked.
+    drop(conn);
+    server.kill();
+    let server = Server::start(&dir, &[]);
+    let conn = server.connect().await;
+    let after_kill = consume_unacked_and_close(&conn, "order", TOTAL).await;
+    assert_eq!(
+        moved(&first, &after_kill),
+        0,
+        "order changed by recovery after SIGKILL"
+    );
+    drop(conn);
+    server.kill();
+    std::fs::remove_dir_all(dir).unwrap();
+}
