@@ -9,6 +9,10 @@
 //! message's removal, every get takes a message exactly once under any concurrency, and the
 //! disk space of consumed messages is reclaimed by the store.
 //!
+//! While the store cannot write (a full disk), a get answers `HTTPMQ_GET_END` within a
+//! bounded wait and leaves the message at its place, and puts are refused while an alarm
+//! blocks AMQP publishers (see the README's httpmq section).
+//!
 //! - [`Node`]: what the embedding server provides (the broker, the loopback rule).
 //! - [`Settings`]: the `[httpmq]` configuration.
 //! - [`Httpmq`]: the service; [`serve`] runs it on a listener.
