@@ -9,6 +9,10 @@
 //! message's removal, every get takes a message exactly once under any concurrency, and the
 //! disk space of consumed messages is reclaimed by the store.
 //!
+//! While the store cannot write (a full disk), a get answers `HTTPMQ_GET_END` within a
+//! bounded wait and leaves the message at its place, and puts are refused while an alarm
+//! blocks AMQP publishers (see the README's httpmq section).
+//!
 //! - [`Node`]: what the embedding server provides (the broker, the loopback rule).
 //! - [`Settings`]: the `[httpmq]` configuration.
 //! - [`Httpmq`]: the service; [`serve`] runs it on a listener.
@@ -56,7 +60,17 @@ pub trait Node: Send + Sync + 'static {
     fn broker(&self) -> &warren_broker::Broker;
     /// Users that may only log in from a loopback address (`[auth] loopback_users`).
     fn loopback_users(&self) -> Vec<String>;
+    /// True while AMQP publishers are blocked (the memory alarm, the disk alarm, or failing
+    /// message store writes: what sends `connection.blocked`); puts are refused meanwhile.
+    fn publishers_blocked(&self) -> bool {
+        self.broker().store().is_some_and(|s| s.is_failed())
+    }
 }
+
+/// The longest a get waits for the message store before giving up: for a barrier that shows
+/// the store is writing before a message is taken, and for the fsync of the taken message's
+/// removal.
+const GET_STORE_WAIT: Duration = Duration::from_secs(5);
 
 /// The `[httpmq]` settings the service runs with.
 #[derive(Debug, Clone)]
@@ -80,6 +94,9 @@ pub struct Settings {
     pub state_file: Option<PathBuf>,
     /// How often changed positions are checkpointed to the state file, ms.
     pub checkpoint_ms: u64,
+    /// How long a request with wrong credentials (basic authentication or `auth=`) waits
+    /// before its `HTTPMQ_AUTH_FAILED`, as AMQP logins do (`auth.login_failure_delay_ms`).
+    pub login_failure_delay: Duration,
 }
 
 impl Default for Settings {
@@ -93,6 +110,7 @@ impl Default for Settings {
             max_connections: 10_000,
             state_file: None,
             checkpoint_ms: 1000,
+            login_failure_delay: Duration::from_millis(3000),
         }
     }
 }
@@ -176,7 +194,14 @@ impl Httpmq {
     /// The state to checkpoint now: every queue of the vhost with a position or a maximum.
     fn snapshot(&self) -> StateFile {
         let mut out = StateFile::default();
-        let maxqueue = self.maxqueue.lock().clone();
+        let maxqueue = {
+            // The maximum of a deleted queue goes with it.
+            let mut m = self.maxqueue.lock();
+            if let Some(v) = self.vhost() {
+                m.retain(|name, _| v.queue(name, HTTPMQ_CONNECTION).is_ok());
+            }
+            m.clone()
+        };
         if let Some(v) = self.vhost() {
             for q in v.queues() {
                 if q.is_deleted() || !q.durable {
@@ -223,12 +248,24 @@ impl Httpmq {
     }
 
     /// The actor of a request: the basic-auth user, or [`Settings::user`] when the request
-    /// has no basic authentication and passes the `auth=` password (if one is set). `None`:
-    /// refused (`HTTPMQ_AUTH_FAILED`).
-    fn actor(&self, headers: &HeaderMap, params: &Params, peer: SocketAddr) -> Option<Actor> {
+    /// has no `Authorization` header and passes the `auth=` password (if one is set).
+    /// `Err`: refused (`HTTPMQ_AUTH_FAILED`); [`Refused::Credentials`] for wrong credentials
+    /// (a malformed `Authorization` header, a failed login, a wrong `auth=`), which wait
+    /// [`Settings::login_failure_delay`] first.
+    fn actor(
+        &self,
+        headers: &HeaderMap,
+        params: &Params,
+        peer: SocketAddr,
+    ) -> Result<Actor, Refused> {
         let broker = self.node.broker();
-        let user = match basic_auth(headers) {
-            Some((name, password)) => {
+        let user = match headers.get(header::AUTHORIZATION) {
+            Some(value) => {
+                let Some((name, password)) = basic_auth(value) else {
+                    return Err(Refused::Credentials(
+                        "malformed Authorization header".into(),
+                    ));
+                };
                 let loopback = self.node.loopback_users();
                 let source = warren_broker::LoginSource {
                     from_loopback: peer.ip().is_loopback(),
@@ -238,14 +275,21 @@ impl Httpmq {
                     user: &name,
                     password: &password,
                 };
-                broker.login(credentials, source).ok()?.user
+                match broker.login(credentials, source) {
+                    Ok(l) => l.user,
+                    Err(e) => {
+                        return Err(Refused::Credentials(format!(
+                            "basic authentication of user '{name}' failed: {e}"
+                        )))
+                    }
+                }
             }
             None => {
                 match &self.settings.auth {
                     Some(expected) => {
                         let given = params.get("auth").unwrap_or_default();
                         if !constant_time_eq(given, expected.as_bytes()) {
-                            return None;
+                            return Err(Refused::Credentials("wrong auth= password".into()));
                         }
                     }
                     // Without a password, a loopback-only user (guest by default) serves
@@ -254,7 +298,7 @@ impl Httpmq {
                         if !peer.ip().is_loopback()
                             && self.node.loopback_users().contains(&self.settings.user)
                         {
-                            return None;
+                            return Err(Refused::Other);
                         }
                     }
                 }
@@ -266,7 +310,7 @@ impl Httpmq {
             .user(&user)
             .map(|u| u.tags.clone())
             .unwrap_or_default();
-        Some(Actor::new(
+        Ok(Actor::new(
             user.as_str(),
             tags,
             self.settings.vhost.as_str(),
@@ -296,7 +340,15 @@ impl Httpmq {
         let mut raw_body = None;
         if *method == Method::POST {
             if form {
-                params.extend_from(Params::parse(&body));
+                // As httpmq (Go's FormValue): the form's fields win over the query's. A
+                // form-typed body without a `data` field is the data itself (httpsqs's
+                // `curl -d 'text' "http://host/?name=q&opt=put"`).
+                let mut fields = Params::parse(&body);
+                if fields.get("data").is_none() && !body.is_empty() {
+                    raw_body = Some(body);
+                }
+                fields.extend_from(params);
+                params = fields;
             } else if !body.is_empty() {
                 raw_body = Some(body);
             }
@@ -304,11 +356,20 @@ impl Httpmq {
         let charset = params
             .get("charset")
             .and_then(|c| std::str::from_utf8(c).ok())
-            .filter(|c| !c.is_empty())
+            .filter(|c| is_charset_token(c))
             .map(str::to_string);
         let reply = match self.actor(headers, &params, peer) {
-            None => Reply::text(AUTH_FAILED),
-            Some(actor) => self.operate(&actor, &params, raw_body).await,
+            Err(Refused::Credentials(why)) => {
+                static FAILED: warren_broker::log_limit::LogLimit =
+                    warren_broker::log_limit::LogLimit::new();
+                if let Some(suppressed) = FAILED.admit() {
+                    warn!(%peer, suppressed, "httpmq request refused: {why}");
+                }
+                tokio::time::sleep(self.settings.login_failure_delay).await;
+                Reply::text(AUTH_FAILED)
+            }
+            Err(Refused::Other) => Reply::text(AUTH_FAILED),
+            Ok(actor) => self.operate(&actor, &params, raw_body).await,
         };
         respond(reply, charset.as_deref())
     }
@@ -415,6 +476,11 @@ impl Httpmq {
         if !self.may(actor, Permission::Write, name) {
             return Reply::text(AUTH_FAILED);
         }
+        // As AMQP publishers are blocked by an alarm, puts are refused while one is on:
+        // nothing is written.
+        if self.node.publishers_blocked() {
+            return Reply::text("HTTPMQ_PUT_ERROR");
+        }
         let q = match self.queue_for_put(actor, vhost, name) {
             Ok(q) => q,
             Err(r) => return r,
@@ -473,11 +539,40 @@ impl Httpmq {
         let Ok(q) = vhost.queue(name, HTTPMQ_CONNECTION) else {
             return Reply::text("HTTPMQ_GET_END");
         };
+        let store = q.store().cloned();
+        if store.as_ref().is_some_and(|s| s.is_failed()) {
+            // The removal could not be recorded: leave the message where it is.
+            return Reply::text("HTTPMQ_GET_END");
+        }
         let Some((m, pos)) = q.get_positioned() else {
             return Reply::text("HTTPMQ_GET_END");
         };
+        // Until it is acknowledged, a taken message goes back to its place when this future
+        // is dropped (the client went away) or the store is not writing.
+        let mut taken = Taken {
+            queue: q.clone(),
+            message: Some(m),
+        };
+        let durable = taken.message.as_ref().is_some_and(|m| m.stored.is_some());
+        if durable {
+            let (done, synced) = StoreAck::pair();
+            let writing = ops.sync((done, 0))
+                && matches!(
+                    tokio::time::timeout(GET_STORE_WAIT, synced).await,
+                    Ok(Ok(true))
+                );
+            if !writing || store.as_ref().is_some_and(|s| s.is_failed()) {
+                warn!(
+                    queue = name,
+                    "httpmq get: the message store is not writing; message left in the queue"
+                );
+                return Reply::text("HTTPMQ_GET_END");
+            }
+        }
+        let Some(m) = taken.message.take() else {
+            return Reply::text("HTTPMQ_GET_END");
+        };
         let body = m.message.body.clone();
-        let durable = m.stored.is_some();
         q.settle(
             HTTPMQ_CONNECTION,
             vec![Settlement {
@@ -489,12 +584,20 @@ impl Httpmq {
         );
         if durable {
             // The removal is on disk before the message is handed out: a get answered is
-            // never given again after a crash.
+            // never given again after a crash. Should the store fail right now, the wait is
+            // bounded and the message still handed out (the store keeps the removal and
+            // writes it once it can): it is not lost, only given again after a crash before
+            // that.
             let (done, synced) = StoreAck::pair();
-            if ops.sync((done, 0)) && !synced.await.unwrap_or(false) {
+            if ops.sync((done, 0))
+                && !matches!(
+                    tokio::time::timeout(GET_STORE_WAIT, synced).await,
+                    Ok(Ok(true))
+                )
+            {
                 warn!(
                     queue = name,
-                    "httpmq get: the store could not record the removal"
+                    "httpmq get: the store has not yet recorded the removal"
                 );
             }
         }
@@ -587,6 +690,15 @@ impl Httpmq {
         let Some(num) = num else {
             return Reply::text("HTTPMQ_MAXQUEUE_CANCLE");
         };
+        // As httpmq keeps the maximum with the queue's own state: the queue is declared
+        // (durable, as on a first put) if it does not exist yet.
+        if let Err(r) = self.queue_for_put(actor, vhost, name) {
+            return if r.body == AUTH_FAILED {
+                r
+            } else {
+                Reply::text("HTTPMQ_MAXQUEUE_CANCLE")
+            };
+        }
         let previous = self.maxqueue.lock().insert(name.to_string(), num);
         match self.checkpoint().await {
             Ok(()) => Reply::text("HTTPMQ_MAXQUEUE_OK"),
@@ -599,6 +711,28 @@ impl Httpmq {
                 };
                 Reply::text("HTTPMQ_MAXQUEUE_CANCLE")
             }
+        }
+    }
+}
+
+/// A message taken by a get and not yet settled: put back at its place when dropped.
+struct Taken {
+    queue: Arc<Queue>,
+    message: Option<warren_broker::message::QueuedMessage>,
+}
+
+impl Drop for Taken {
+    fn drop(&mut self) {
+        if let Some(m) = self.message.take() {
+            self.queue.settle(
+                HTTPMQ_CONNECTION,
+                vec![Settlement {
+                    consumer_tag: None,
+                    message: m,
+                    requeue: true,
+                    rejected: false,
+                }],
+            );
         }
     }
 }
@@ -628,6 +762,16 @@ fn status_json(name: &str, max: u64, p: Positions) -> String {
     )
 }
 
+/// True for a charset name made of RFC 2978 `mime-charset` characters only (letters, digits
+/// and `!#$%&'+-^_`{}~`), so that a `charset=` parameter cannot add anything else to the
+/// `Content-Type` of a reply.
+fn is_charset_token(c: &str) -> bool {
+    !c.is_empty()
+        && c.len() <= 64
+        && c.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'+-^_`{}~".contains(&b))
+}
+
 fn respond(reply: Reply, charset: Option<&str>) -> Response {
     let content_type = match charset {
         Some(c) => HeaderValue::from_str(&format!("text/plain; charset={c}"))
@@ -636,6 +780,10 @@ fn respond(reply: Reply, charset: Option<&str>) -> Response {
     };
     let mut r = (StatusCode::OK, reply.body).into_response();
     r.headers_mut().insert(header::CONTENT_TYPE, content_type);
+    r.headers_mut().insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
     if let Some(pos) = reply.pos {
         r.headers_mut().insert("pos", HeaderValue::from(pos));
     }
@@ -652,10 +800,19 @@ fn constant_time_eq(given: &[u8], expected: &[u8]) -> bool {
     bool::from(padded.ct_eq(expected)) & (given.len() == expected.len())
 }
 
-/// The user and password of an `Authorization: Basic` header.
-fn basic_auth(headers: &HeaderMap) -> Option<(String, String)> {
+/// Why a request is refused before its operation runs.
+enum Refused {
+    /// Wrong or malformed credentials (what is logged).
+    Credentials(String),
+    /// The default user may not serve this client.
+    Other,
+}
+
+/// The user and password of an `Authorization: Basic` header value; `None` when it is not
+/// `Basic` with the base64 of `user:password`.
+fn basic_auth(value: &HeaderValue) -> Option<(String, String)> {
     use base64::Engine;
-    let v = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let v = value.to_str().ok()?;
     let (scheme, rest) = v.split_once(' ')?;
     if !scheme.eq_ignore_ascii_case("basic") {
         return None;
@@ -731,10 +888,28 @@ async fn route(
     method: Method,
     uri: Uri,
     headers: HeaderMap,
-    body: Bytes,
+    body: axum::body::Body,
 ) -> Response {
+    // A client has [`BODY_READ_TIMEOUT`] to send the whole body, as it has for the headers.
+    let limit = app.settings.max_body_bytes;
+    let body =
+        match tokio::time::timeout(BODY_READ_TIMEOUT, axum::body::to_bytes(body, limit)).await {
+            Ok(Ok(b)) => b,
+            // Over the limit (or the client went away, when no one reads the answer).
+            Ok(Err(_)) => return StatusCode::PAYLOAD_TOO_LARGE.into_response(),
+            Err(_) => {
+                let mut r = StatusCode::REQUEST_TIMEOUT.into_response();
+                r.headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                return r;
+            }
+        };
     app.handle_from(&method, &uri, &headers, body, peer.0).await
 }
+
+/// How long a client may take to send a request's body (as [`HEADER_READ_TIMEOUT`] bounds
+/// its headers).
+const BODY_READ_TIMEOUT: Duration = HEADER_READ_TIMEOUT;
 
 /// The API's router (every path is served as `/`, as httpsqs does).
 pub fn router(app: Arc<Httpmq>) -> axum::Router {
@@ -850,6 +1025,41 @@ mod tests {
         assert_eq!(p.get("data"), Some(&b"x y\xff\x00"[..]));
         assert_eq!(p.get("flag"), Some(&b""[..]));
         assert_eq!(p.get("nope"), None);
+    }
+
+    #[test]
+    fn charset_names_only() {
+        for ok in ["utf-8", "ISO-8859-1", "x!#$%&'+-^_`{}~9"] {
+            assert!(is_charset_token(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "utf-8,text/html",
+            "a b",
+            "a;b",
+            "\"utf-8\"",
+            "a\r\nb",
+            "é",
+        ] {
+            assert!(!is_charset_token(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn basic_auth_needs_basic_and_user_colon_password() {
+        let v = |s: &'static str| HeaderValue::from_static(s);
+        assert_eq!(
+            basic_auth(&v("Basic Z3Vlc3Q6Z3Vlc3Q=")),
+            Some(("guest".into(), "guest".into()))
+        );
+        for bad in [
+            "Bearer Z3Vlc3Q6Z3Vlc3Q=",
+            "Basic !!",
+            "Basic Z3Vlc3Q=",
+            "Basic",
+        ] {
+            assert_eq!(basic_auth(&v(bad)), None, "{bad}");
+        }
     }
 
     #[test]

@@ -21,6 +21,9 @@ impl warren_httpmq::Node for Node {
     fn loopback_users(&self) -> Vec<String> {
         self.state.loopback_users.clone()
     }
+    fn publishers_blocked(&self) -> bool {
+        self.state.publishers_paused() || self.state.broker.store().is_some_and(|s| s.is_failed())
+    }
 }
 
 /// The API's settings from the configuration.
@@ -40,6 +43,7 @@ fn settings(state: &ServerState) -> warren_httpmq::Settings {
             .as_ref()
             .map(|d| d.join("httpmq").join("state.json")),
         checkpoint_ms: c.checkpoint_ms,
+        login_failure_delay: Duration::from_millis(state.config.auth.login_failure_delay_ms),
     }
 }
 

@@ -432,7 +432,11 @@ async fn a_request_over_the_size_limit_gets_413_and_stores_nothing() {
 #[tokio::test]
 async fn the_auth_password_is_checked_first_and_warren_users_log_in_with_basic_auth() {
     let dir = tempdir("auth");
-    let mq = Mq::start_with(&dir, |c| c.httpmq.auth = Some("s3cret".into())).await;
+    let mq = Mq::start_with(&dir, |c| {
+        c.httpmq.auth = Some("s3cret".into());
+        c.auth.login_failure_delay_ms = 10;
+    })
+    .await;
     for q in [
         "name=p&opt=put&data=x",
         "name=p&opt=put&data=x&auth=wrong",
@@ -1038,5 +1042,352 @@ async fn reply_headers_are_written_in_httpsqs_case() {
         replies[1]
     );
     assert!(replies[1].ends_with("\r\n\r\nhello"), "{}", replies[1]);
+    mq.stop().await;
+}
+
+/// Unmounts a tmpfs when dropped.
+struct Mount(PathBuf);
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// Mounts a tmpfs of `size` at a new directory; `None` without the right to (not root).
+fn small_disk(name: &str, size: &str) -> Option<Mount> {
+    let dir = tempdir(name);
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+        .arg(&dir)
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !mounted {
+        eprintln!("skipping: cannot mount a tmpfs here (needs root)");
+        return None;
+    }
+    Some(Mount(dir))
+}
+
+/// Writes `path` until the file system is full.
+fn fill(path: &Path) {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path).unwrap();
+    let chunk = vec![0u8; 64 * 1024];
+    while f.write_all(&chunk).is_ok() {}
+    let _ = f.sync_all();
+}
+
+#[tokio::test]
+async fn a_get_on_a_full_disk_answers_promptly_and_loses_no_message() {
+    let Some(mount) = small_disk("getfull", "20m") else {
+        return;
+    };
+    let mq = Mq::start_with(&mount.0.join("data"), |c| {
+        // Small segments: the removal of a message is written to a new segment file, which
+        // the full disk refuses. No disk alarm: this is about writes that fail.
+        c.storage.segment_size = 4096;
+        c.storage.disk_free_limit = warren_server::config::DiskFreeLimit::Bytes(0);
+    })
+    .await;
+    let body = |i: u8| vec![b'a' + i; 8192];
+    for i in 0..3u8 {
+        ok_put(
+            &mq.post("name=full&opt=put", None, body(i)).await,
+            u64::from(i) + 1,
+        );
+    }
+    fill(&mount.0.join("filler"));
+    let mut got: Vec<Vec<u8>> = Vec::new();
+    // Each get answers within the bound (5 s waits, well under the 30 s of `within`),
+    // with a message or HTTPMQ_GET_END while the store cannot write.
+    let mut ends = 0;
+    for _ in 0..3 {
+        let a = mq.get("name=full&opt=get").await;
+        assert_eq!(a.status, StatusCode::OK);
+        if a.text() == "HTTPMQ_GET_END" {
+            ends += 1;
+        } else {
+            got.push(a.body);
+        }
+    }
+    assert!(ends > 0, "the full disk refused nothing: {} got", got.len());
+    std::fs::remove_file(mount.0.join("filler")).unwrap();
+    // Once space returns (the store retries every second), the rest comes, each once.
+    within("the remaining messages", async {
+        while got.len() < 3 {
+            let a = mq.get("name=full&opt=get").await;
+            if a.text() != "HTTPMQ_GET_END" {
+                got.push(a.body);
+            } else {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    })
+    .await;
+    got.sort();
+    assert_eq!(got, (0..3u8).map(body).collect::<Vec<_>>());
+    plain(&mq.get("name=full&opt=get").await, "HTTPMQ_GET_END");
+    mq.stop().await;
+}
+
+#[tokio::test]
+async fn a_get_whose_client_goes_away_leaves_the_message_in_the_queue() {
+    let Some(mount) = small_disk("getgone", "20m") else {
+        return;
+    };
+    let mq = Mq::start_with(&mount.0.join("data"), |c| {
+        c.storage.segment_size = 4096;
+        c.storage.disk_free_limit = warren_server::config::DiskFreeLimit::Bytes(0);
+    })
+    .await;
+    ok_put(
+        &mq.post("name=gone&opt=put", None, vec![b'x'; 8192]).await,
+        1,
+    );
+    fill(&mount.0.join("filler"));
+    // A client that gives up after 200 ms, while the get waits for the store.
+    let r = mq
+        .client
+        .get(format!("{}/?name=gone&opt=get", mq.base))
+        .timeout(Duration::from_millis(200))
+        .send()
+        .await;
+    drop(r);
+    std::fs::remove_file(mount.0.join("filler")).unwrap();
+    let a = within("the message", async {
+        loop {
+            let a = mq.get("name=gone&opt=get").await;
+            if a.text() != "HTTPMQ_GET_END" {
+                return a;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    assert_eq!(a.body, vec![b'x'; 8192]);
+    mq.stop().await;
+}
+
+#[tokio::test]
+async fn puts_are_refused_while_the_memory_alarm_is_on() {
+    let dir = tempdir("memalarm");
+    // A watermark of one byte: the alarm is on from the broker's first health check.
+    let mq = Mq::start_with(&dir, |c| c.memory.high_watermark_bytes = 1).await;
+    within("the alarm to refuse a put", async {
+        loop {
+            let a = mq.get("name=alarm&opt=put&data=x").await;
+            if a.text() == "HTTPMQ_PUT_ERROR" {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    plain(
+        &mq.post("name=alarm&opt=put", None, b"y".to_vec()).await,
+        "HTTPMQ_PUT_ERROR",
+    );
+    // Gets still work (consumers are never blocked): whatever got in before the alarm was
+    // seen, and then nothing.
+    let mut n = 0;
+    while mq.get("name=alarm&opt=get").await.text() == "x" {
+        n += 1;
+    }
+    assert!(n <= 1, "{n} puts got through");
+    mq.stop().await;
+}
+
+#[tokio::test]
+async fn puts_are_refused_while_the_disk_alarm_is_on() {
+    let dir = tempdir("diskalarm");
+    // More free space than any disk has: the alarm is on from the first check.
+    let mq = Mq::start_with(&dir, |c| {
+        c.storage.disk_free_limit = warren_server::config::DiskFreeLimit::Bytes(u64::MAX / 2)
+    })
+    .await;
+    within("the alarm to refuse a put", async {
+        loop {
+            let a = mq.get("name=dalarm&opt=put&data=x").await;
+            if a.text() == "HTTPMQ_PUT_ERROR" {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    plain(
+        &mq.get("name=dalarm&opt=put&data=y").await,
+        "HTTPMQ_PUT_ERROR",
+    );
+    mq.stop().await;
+}
+
+#[tokio::test]
+async fn charset_takes_only_charset_names_and_replies_are_nosniff() {
+    let dir = tempdir("charset");
+    let mq = Mq::start(&dir).await;
+    let a = mq
+        .get("name=cs&opt=put&data=%3Cscript%3E&charset=utf-8,text/html")
+        .await;
+    assert_eq!(a.text(), "HTTPMQ_PUT_OK");
+    assert_eq!(a.content_type, "text/plain");
+    for bad in ["utf-8;x=1", "a%20b", "utf-8%0d%0aX:1", "%22utf-8%22", "a/b"] {
+        let a = mq.get(&format!("name=cs&opt=status&charset={bad}")).await;
+        assert_eq!(a.content_type, "text/plain", "{bad}");
+    }
+    let a = mq.get("name=cs&opt=get&charset=ISO-8859-1").await;
+    assert_eq!(a.content_type, "text/plain; charset=ISO-8859-1");
+    let r = within(
+        "reply",
+        mq.client
+            .get(format!("{}/?name=cs&opt=view&pos=1", mq.base))
+            .send(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.headers()["x-content-type-options"], "nosniff");
+    let r = within("reply", mq.client.get(format!("{}/", mq.base)).send())
+        .await
+        .unwrap();
+    assert_eq!(r.headers()["x-content-type-options"], "nosniff");
+    mq.stop().await;
+}
+
+#[tokio::test]
+async fn a_form_body_without_data_is_the_data_and_form_fields_win_over_the_query() {
+    let dir = tempdir("formraw");
+    let mq = Mq::start(&dir).await;
+    let form = Some("application/x-www-form-urlencoded");
+    // httpsqs's documented `curl -d 'some text' "http://host/?name=q&opt=put"`.
+    ok_put(
+        &mq.post("name=fr&opt=put", form, b"some text".to_vec())
+            .await,
+        1,
+    );
+    ok_put(
+        &mq.post("name=fr&opt=put&data=query", form, b"data=form".to_vec())
+            .await,
+        2,
+    );
+    assert_eq!(mq.get("name=fr&opt=get").await.text(), "some text");
+    assert_eq!(mq.get("name=fr&opt=get").await.text(), "form");
+    plain(&mq.get("name=fr&opt=get").await, "HTTPMQ_GET_END");
+    mq.stop().await;
+}
+
+#[tokio::test]
+async fn wrong_credentials_wait_the_login_failure_delay_and_malformed_basic_auth_is_refused() {
+    let dir = tempdir("authdelay");
+    let mq = Mq::start_with(&dir, |c| {
+        c.httpmq.auth = Some("pw".into());
+        c.auth.login_failure_delay_ms = 1000;
+    })
+    .await;
+    let delay = Duration::from_millis(1000);
+    let t = std::time::Instant::now();
+    plain(
+        &mq.get("name=d&opt=put&data=x&auth=no").await,
+        "HTTPMQ_AUTH_FAILED",
+    );
+    assert!(t.elapsed() >= delay, "{:?}", t.elapsed());
+    let t = std::time::Instant::now();
+    let a = mq
+        .send(
+            mq.client
+                .get(format!("{}/?name=d&opt=get", mq.base))
+                .basic_auth("guest", Some("wrong")),
+        )
+        .await;
+    plain(&a, "HTTPMQ_AUTH_FAILED");
+    assert!(t.elapsed() >= delay, "{:?}", t.elapsed());
+    mq.stop().await;
+
+    // Without a password, a malformed Authorization header is not the default user.
+    let dir = tempdir("authmalformed");
+    let mq = Mq::start_with(&dir, |c| c.auth.login_failure_delay_ms = 10).await;
+    for value in ["Bearer abc", "Basic !!!", "Basic Z3Vlc3Q=", "Basic"] {
+        let a = mq
+            .send(
+                mq.client
+                    .get(format!("{}/?name=d&opt=put&data=x", mq.base))
+                    .header("authorization", value),
+            )
+            .await;
+        plain(&a, "HTTPMQ_AUTH_FAILED");
+    }
+    ok_put(&mq.get("name=d&opt=put&data=x").await, 1);
+    mq.stop().await;
+}
+
+#[tokio::test]
+async fn a_body_that_does_not_arrive_in_time_is_answered_408_and_closed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempdir("slowbody");
+    let mq = Mq::start(&dir).await;
+    let addr = mq.base.trim_start_matches("http://").to_string();
+    let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    s.write_all(b"POST /?name=slow&opt=put HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nab")
+        .await
+        .unwrap();
+    // The body never completes: the server answers within its 30 s body timeout (plus
+    // slack), and the connection closes.
+    let mut reply = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(60), s.read_to_end(&mut reply)).await;
+    assert!(read.is_ok(), "no answer to a body that never arrives");
+    let text = String::from_utf8_lossy(&reply);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    plain(&mq.get("name=slow&opt=get").await, "HTTPMQ_GET_END");
+    mq.stop().await;
+}
+
+#[tokio::test]
+async fn maxqueue_declares_its_queue_and_goes_when_the_queue_is_deleted() {
+    let dir = tempdir("maxqueue-state");
+    let mq = Mq::start_with(&dir, |c| c.httpmq.checkpoint_ms = 20).await;
+    plain(
+        &mq.get("name=mq1&opt=maxqueue&num=2").await,
+        "HTTPMQ_MAXQUEUE_OK",
+    );
+    // The queue exists (declared durable, as by a first put).
+    let conn = mq.connect().await;
+    let ch = within("channel", conn.create_channel()).await.unwrap();
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..QueueDeclareOptions::default()
+    };
+    within(
+        "passive declare",
+        ch.queue_declare("mq1".into(), passive, FieldTable::default()),
+    )
+    .await
+    .expect("maxqueue declared the queue");
+    within(
+        "queue.delete",
+        ch.queue_delete("mq1".into(), Default::default()),
+    )
+    .await
+    .unwrap();
+    // Its maximum went with it: the state file forgets it, a new queue of that name has
+    // the default.
+    let state = dir.join("httpmq").join("state.json");
+    within("the state file to forget mq1", async {
+        loop {
+            let text = std::fs::read_to_string(&state).unwrap_or_default();
+            if !text.contains("mq1") {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    for i in 1..=3 {
+        ok_put(&mq.get("name=mq1&opt=put&data=x").await, i);
+    }
+    let _ = conn.close(200, "bye".into()).await;
     mq.stop().await;
 }
