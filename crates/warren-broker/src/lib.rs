@@ -60,4 +60,4 @@ pub use persist::StorageOptions;
 pub use queue::{Consumer, DeliveryTarget, Queue};
 pub use registry::Registry;
 pub use vhost::{Broker, ExchangeSnapshot, PublishError, Published, VHost};
-pub use warren_store::{Completion, RecoveryReport};
+pub use warren_store::{once as completion_once, Completion, RecoveryReport};

@@ -490,7 +490,7 @@ impl Httpmq {
         if q.positions().ready >= self.maxqueue_of(name) {
             return Reply::text("HTTPMQ_PUT_END");
         }
-        let (done, stored) = StoreAck::pair();
+        let (done, stored) = store_ack();
         let (published, msg) = {
             let ops = Ops::new(self.node.broker(), vhost, actor);
             let props = BasicProperties {
@@ -555,7 +555,7 @@ impl Httpmq {
         };
         let durable = taken.message.as_ref().is_some_and(|m| m.stored.is_some());
         if durable {
-            let (done, synced) = StoreAck::pair();
+            let (done, synced) = store_ack();
             let writing = ops.sync((done, 0))
                 && matches!(
                     tokio::time::timeout(GET_STORE_WAIT, synced).await,
@@ -588,7 +588,7 @@ impl Httpmq {
             // bounded and the message still handed out (the store keeps the removal and
             // writes it once it can): it is not lost, only given again after a crash before
             // that.
-            let (done, synced) = StoreAck::pair();
+            let (done, synced) = store_ack();
             if ops.sync((done, 0))
                 && !matches!(
                     tokio::time::timeout(GET_STORE_WAIT, synced).await,
@@ -651,7 +651,7 @@ impl Httpmq {
             q.reset_positions();
             if q.store().is_some() {
                 // The purge's acks on disk before the reply, as the new state file is.
-                let (done, synced) = StoreAck::pair();
+                let (done, synced) = store_ack();
                 if ops.sync((done, 0)) {
                     let _ = synced.await;
                 }
@@ -861,25 +861,16 @@ impl Params {
     }
 }
 
-/// Learns when the store has fsynced what a request wrote.
-struct StoreAck(std::sync::Mutex<Option<tokio::sync::oneshot::Sender<bool>>>);
-
-impl StoreAck {
-    fn pair() -> (
-        Arc<dyn warren_broker::Completion>,
-        tokio::sync::oneshot::Receiver<bool>,
-    ) {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        (Arc::new(StoreAck(std::sync::Mutex::new(Some(tx)))), rx)
-    }
-}
-
-impl warren_broker::Completion for StoreAck {
-    fn complete(&self, _tokens: &[u64], ok: bool) {
-        if let Some(tx) = self.0.lock().ok().and_then(|mut g| g.take()) {
-            let _ = tx.send(ok);
-        }
-    }
+/// A completion for one store wait and the receiver of its outcome (`true` once fsynced).
+fn store_ack() -> (
+    Arc<dyn warren_broker::Completion>,
+    tokio::sync::oneshot::Receiver<bool>,
+) {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let done = warren_broker::completion_once(move |ok| {
+        let _ = tx.send(ok);
+    });
+    (done, rx)
 }
 
 async fn route(

@@ -66,26 +66,16 @@ pub trait Node: Send + Sync + 'static {
 /// so exclusive queues of clients are refused to it with 405 (as to any other connection).
 const API_CONNECTION: u64 = u64::MAX;
 
-/// Learns when the store has fsynced a publish (or failed to): the management API's
-/// publisher confirm.
-struct StoreAck(std::sync::Mutex<Option<tokio::sync::oneshot::Sender<bool>>>);
-
-impl StoreAck {
-    fn pair() -> (
-        Arc<dyn warren_broker::Completion>,
-        tokio::sync::oneshot::Receiver<bool>,
-    ) {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        (Arc::new(StoreAck(std::sync::Mutex::new(Some(tx)))), rx)
-    }
-}
-
-impl warren_broker::Completion for StoreAck {
-    fn complete(&self, _tokens: &[u64], ok: bool) {
-        if let Some(tx) = self.0.lock().ok().and_then(|mut g| g.take()) {
-            let _ = tx.send(ok);
-        }
-    }
+/// A completion for one store wait and the receiver of its outcome (`true` once fsynced).
+fn store_ack() -> (
+    Arc<dyn warren_broker::Completion>,
+    tokio::sync::oneshot::Receiver<bool>,
+) {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let done = warren_broker::completion_once(move |ok| {
+        let _ = tx.send(ok);
+    });
+    (done, rx)
 }
 
 /// A user as the API shows it.
@@ -839,7 +829,7 @@ impl Backend {
         if let Err(e) = BasicProperties::decode(&encoded, self.node.max_table_depth()) {
             return Err(ApiError::bad_request(format!("invalid properties: {e}")));
         }
-        let (done, stored) = StoreAck::pair();
+        let (done, stored) = store_ack();
         // Routed and stored here; the operations (not Send) end before the wait below.
         let published = {
             let actor = self.actor(user, vhost);

@@ -160,6 +160,23 @@ pub trait Completion: Send + Sync {
     fn complete(&self, tokens: &[u64], ok: bool);
 }
 
+/// A [`Completion`] for one waiter: `f(ok)` runs once, on the first completion it receives
+/// (later ones are ignored). Front ends that answer a request after its fsync use it with a
+/// oneshot channel: `once(move |ok| { let _ = tx.send(ok); })`.
+pub fn once(f: impl FnOnce(bool) + Send + 'static) -> Arc<dyn Completion> {
+    type Callback = Box<dyn FnOnce(bool) + Send>;
+    struct Once(std::sync::Mutex<Option<Callback>>);
+    impl Completion for Once {
+        fn complete(&self, _tokens: &[u64], ok: bool) {
+            let f = self.0.lock().ok().and_then(|mut g| g.take());
+            if let Some(f) = f {
+                f(ok);
+            }
+        }
+    }
+    Arc::new(Once(std::sync::Mutex::new(Some(Box::new(f)))))
+}
+
 type Waiter = (Arc<dyn Completion>, u64);
 
 /// Chunks taken by the writer: (segment, start offset, bytes).
