@@ -136,8 +136,11 @@ pub(crate) fn compactor_loop(inner: Arc<Inner>) {
     }
 }
 
-/// Segments worth compacting now, oldest first. With compaction off (ratio 0), only settled
-/// segments whose `DELIVERED` marks must be carried forward, which needs no reading.
+/// Segments worth compacting now, oldest first. A settled segment is one whenever it holds
+/// `ACK` records or a `DELIVERED` mark still needed, even with compaction off (ratio 0):
+/// otherwise each settled segment whose `ACK` records reach back into the one before it
+/// would keep the next one too, and one live message would pin every segment after it.
+/// Only the records still needed are copied; no live message is.
 fn candidates(inner: &Inner) -> Vec<u32> {
     let cfg = &inner.cfg;
     let mut st = inner.state.lock();
@@ -166,7 +169,7 @@ fn candidates(inner: &Inner) -> Vec<u32> {
         }
         if s.pairs == 0 {
             // Settled, but holds ACK records or a DELIVERED mark that must be copied first.
-            if (needs_acks && compacting) || (!needs_acks && marked.contains(&seg)) {
+            if needs_acks || marked.contains(&seg) {
                 out.push(seg);
             }
             continue;

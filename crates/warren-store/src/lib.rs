@@ -92,7 +92,8 @@ pub struct StoreConfig {
     /// (0 = write as soon as anything is pending; the batch still grows during each fsync).
     pub fsync_delay: Duration,
     /// A segment is compacted once its live records take less than this fraction of it
-    /// (0.0 never compacts).
+    /// (0.0 never copies a live message; a settled segment whose `ACK` records or `DELIVERED`
+    /// mark are still needed has those copied forward and goes, whatever the ratio).
     pub compact_ratio: f64,
     /// ... and none of its messages has been settled for this long: a segment whose messages
     /// are still being consumed is left to drain by itself.

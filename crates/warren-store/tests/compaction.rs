@@ -953,6 +953,37 @@ fn settled_segments_go_with_compaction_off_and_marks_survive() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// With compaction off, acknowledgements that lag one message behind (each segment's last
+/// message acked in the next segment) do not let one live message keep every later segment:
+/// the settled segments' `ACK` records still needed are copied forward and the files go.
+#[test]
+fn lagging_acks_do_not_pin_the_log_with_compaction_off() {
+    let dir = tempdir("lagging");
+    let config = || StoreConfig {
+        compact_ratio: 0.0,
+        ..cfg(&dir, 4096)
+    };
+    let (store, _) = Store::open(config()).unwrap();
+    let (kept, _) = publish(&store, b"kept", &["kept"]);
+    let mut previous = publish(&store, &[6u8; 300], &["c"]);
+    for _ in 0..200 {
+        let next = publish(&store, &[6u8; 300], &["c"]);
+        store.ack("c", previous.0, previous.1);
+        previous = next;
+    }
+    store.ack("c", previous.0, previous.1);
+    sync(&store);
+    wait_for(&store, "settled segments to go", || {
+        segment_files(&dir).len() <= 3
+    });
+    store.close();
+    let (store, rec) = Store::open(config()).unwrap();
+    let want: Contents = [(("kept".to_string(), kept), (digest(b"kept"), false))].into();
+    assert_eq!(contents(&store, &rec), want);
+    store.close();
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 fn segment_numbers(dir: &Path) -> Vec<u32> {
     segment_files(dir)
         .iter()
