@@ -24,6 +24,7 @@
 pub mod access;
 pub mod args;
 pub mod blocks;
+pub mod broker;
 pub mod clock;
 pub mod data_dir;
 pub mod dead_letter;
@@ -49,6 +50,7 @@ pub mod topic;
 pub mod vhost;
 
 pub use access::AccessControl;
+pub use broker::{Broker, OpenError};
 pub use data_dir::{DataDir, DataDirError};
 pub use error::{BrokerError, Result};
 pub use exchange::{Destination, ExchangeKind};
@@ -59,5 +61,5 @@ pub use ops::{Actor, Ops};
 pub use persist::StorageOptions;
 pub use queue::{Consumer, DeliveryTarget, Queue};
 pub use registry::Registry;
-pub use vhost::{Broker, ExchangeSnapshot, PublishError, Published, VHost};
+pub use vhost::{ExchangeSnapshot, PublishError, Published, VHost};
 pub use warren_store::{once as completion_once, Completion, RecoveryReport};

@@ -19,8 +19,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::access::{AccessControl, LoginError, OpenConnections, UserTag};
+use crate::broker::Broker;
 use crate::error::Result;
-use crate::vhost::Broker;
 
 /// What a client presented to log in.
 #[derive(Debug, Clone, Copy)]

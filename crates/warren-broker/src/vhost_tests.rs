@@ -2,6 +2,8 @@
 //! delayed exchanges and limits, driven directly on a [`VHost`] with a manual clock.
 
 use super::*;
+use crate::broker::Broker;
+use crate::message::QueuedMessage;
 
 fn qd(name: &str) -> QueueDeclare {
     QueueDeclare {

@@ -9,9 +9,10 @@
 use tracing::warn;
 
 use crate::access::AccessError;
+use crate::broker::Broker;
 use crate::error::BrokerError;
 use crate::exchange::Destination;
-use crate::vhost::{Broker, ExchangeDeclare, QueueDeclare};
+use crate::vhost::{ExchangeDeclare, QueueDeclare};
 
 use super::format::DestinationType;
 use super::import::{Change, ImportPlan};

@@ -20,12 +20,12 @@ use crate::access::operation::required_access;
 use std::collections::HashSet;
 
 use crate::access::{AccessControl, Operation, Permissions, UserRecord, VhostRecord};
+use crate::broker::Broker;
 use crate::definitions::format::DestinationType;
 use crate::definitions::{AppliedImport, Change, ImportPlan};
 use crate::error::{BrokerError, Result};
 use crate::exchange::ExchangeKind;
 use crate::ops::Actor;
-use crate::vhost::Broker;
 
 /// The reason given to the connections of a deleted vhost (RabbitMQ's `rabbit_vhost`).
 pub fn vhost_deleted_reason(vhost: &str) -> String {

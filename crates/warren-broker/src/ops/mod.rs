@@ -27,13 +27,14 @@ use std::sync::{Arc, Weak};
 
 use crate::access::operation::DIRECT_REPLY_TO_QUEUE;
 use crate::access::{required_access, Operation, UserTag};
+use crate::broker::Broker;
 use crate::error::Result;
 use crate::exchange::{Destination, ExchangeKind};
 use crate::message::QueuedMessage;
 use crate::queue::{Consumer, DeliveryTarget, Queue, QueueCounts};
 use crate::vhost::log::{deferring, DurableSink};
 use crate::vhost::{
-    check_new_exchange_name, decide_queue_name, default_exchange_refused, Broker, ExchangeDeclare,
+    check_new_exchange_name, decide_queue_name, default_exchange_refused, ExchangeDeclare,
     QueueDeclare, VHost,
 };
 use warren_amqp::table::FieldValue;

@@ -150,7 +150,7 @@ impl VHost {
 
     /// True when `exchange` is a durable delayed-message exchange (whose persistent held
     /// messages are recovered).
-    pub(super) fn holds_durably(&self, exchange: &str) -> bool {
+    pub(crate) fn holds_durably(&self, exchange: &str) -> bool {
         self.topology
             .read()
             .exchanges
@@ -160,7 +160,7 @@ impl VHost {
 
     /// Re-arms persistent messages that `exchange` held until `due_ms` before a restart
     /// (released on the first sweep when already due).
-    pub(super) fn recover_delayed(
+    pub(crate) fn recover_delayed(
         &self,
         exchange: &str,
         due_ms: u64,

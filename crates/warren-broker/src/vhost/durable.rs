@@ -25,7 +25,7 @@ impl VHost {
         }
     }
 
-    pub(super) fn load_definitions(&self, defs: &FieldTable) {
+    pub(crate) fn load_definitions(&self, defs: &FieldTable) {
         let mut topo = self.topology.write();
         let list = |k: &str| -> Vec<FieldTable> {
             defs.get(k)

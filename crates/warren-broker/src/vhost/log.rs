@@ -21,6 +21,7 @@
 //! later; an incomplete record at the end of a log (a crash mid-append) is cut off, a record
 //! whose checksum does not match stops the start, as a damaged snapshot does.
 
+use super::topology::not_stored;
 use super::*;
 use crate::policy::{ApplyTo, Policy, PolicyValue};
 use bytes::BufMut;
@@ -632,12 +633,12 @@ impl VHost {
     }
 
     /// The log generation appends go to.
-    pub(super) fn log_generation(&self) -> u64 {
+    pub(crate) fn log_generation(&self) -> u64 {
         self.defs_log.lock().generation
     }
 
     /// Recovery: the snapshot's generation and size are where the log continues.
-    pub(super) fn set_log_start(&self, generation: u64, snapshot_bytes: u64) {
+    pub(crate) fn set_log_start(&self, generation: u64, snapshot_bytes: u64) {
         let mut log = self.defs_log.lock();
         log.generation = generation;
         log.snapshot_bytes = snapshot_bytes;
@@ -646,7 +647,7 @@ impl VHost {
 
     /// Recovery: replays the records of log `generation` (read by [`read_log`]) and continues
     /// appending to it when it is the newest.
-    pub(super) fn replay_log(&self, generation: u64, records: &[Vec<TopologyCommand>], bytes: u64) {
+    pub(crate) fn replay_log(&self, generation: u64, records: &[Vec<TopologyCommand>], bytes: u64) {
         let mut topo = self.topology.write();
         for record in records {
             for c in record {

@@ -1,0 +1,379 @@
+//! The [`Broker`]: every vhost, the access-control database, the read model and, for a
+//! durable broker, the data directory it opened and recovered.
+
+use crate::clock::{Clock, SystemClock};
+use crate::delayed;
+
+use crate::limits::Limits;
+use crate::persist::{get_str, Persistence, StorageOptions};
+use crate::vhost::{finish_queue_delete, VHost};
+use parking_lot::RwLock;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use warren_store::spill::SpillEntry;
+use warren_store::{RecoveryReport, Store};
+
+/// The broker: vhosts and the access-control database.
+pub struct Broker {
+    vhosts: RwLock<HashMap<String, Arc<VHost>>>,
+    access: parking_lot::RwLock<crate::access::AccessControl>,
+    /// Bumped each time the access-control database may have changed (see
+    /// [`Broker::access_generation`]).
+    access_generation: AtomicU64,
+    persist: Option<Arc<Persistence>>,
+    ids: Arc<AtomicU64>,
+    clock: Arc<dyn Clock>,
+    limits: Arc<RwLock<Limits>>,
+    registry: Arc<crate::registry::Registry>,
+    /// The access-control database was loaded from the data directory (changed at run time
+    /// before), not built from scratch.
+    access_restored: bool,
+}
+
+impl Default for Broker {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Why a durable broker could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The data directory cannot be used (not a directory, locked by another broker, a
+    /// format this build does not know).
+    #[error(transparent)]
+    DataDir(#[from] crate::data_dir::DataDirError),
+    /// The message store failed to open or recover.
+    #[error("message store {}: {source}", dir.display())]
+    Store {
+        /// The store's directory.
+        dir: std::path::PathBuf,
+        /// The cause.
+        source: warren_store::StoreError,
+    },
+    /// A definitions file cannot be read.
+    #[error(transparent)]
+    Definitions(#[from] crate::persist::DefinitionsError),
+}
+
+impl Broker {
+    /// An in-memory broker with the default vhost `/` and RabbitMQ's first-boot access
+    /// control (user `guest` with full permissions on `/`, see
+    /// [`AccessControl::with_default_guest`](crate::access::AccessControl::with_default_guest)):
+    /// nothing survives a restart and queues are bounded by memory only.
+    pub fn new() -> Self {
+        Self::with_clock(Arc::new(SystemClock))
+    }
+
+    /// An in-memory broker whose TTLs and expiries are measured with `clock`.
+    pub fn with_clock(clock: Arc<dyn Clock>) -> Self {
+        let b = Broker {
+            vhosts: RwLock::new(HashMap::new()),
+            access: parking_lot::RwLock::new(crate::access::AccessControl::with_default_guest()),
+            access_generation: AtomicU64::new(0),
+            persist: None,
+            ids: Arc::new(AtomicU64::new(1)),
+            clock,
+            limits: Arc::default(),
+            registry: crate::registry::Registry::new(),
+            access_restored: false,
+        };
+        b.add_vhost("/");
+        b
+    }
+
+    /// A durable broker on `options.data_dir`: locks the directory for as long as the broker
+    /// lives (until [`Broker::close`]), checks its format version, recovers durable
+    /// definitions and the messages of durable queues, and pages every queue beyond its
+    /// in-memory window to disk.
+    ///
+    /// Errors: [`OpenError`]: the directory is unusable or in use by another broker, the
+    /// store cannot be opened, or a definitions file cannot be read.
+    pub fn open(
+        options: StorageOptions,
+    ) -> std::result::Result<(Broker, RecoveryReport), OpenError> {
+        let dir = crate::data_dir::DataDir::open(&options.data_dir)?;
+        let (store, recovered) =
+            Store::open(options.store_config()).map_err(|source| OpenError::Store {
+                dir: options.data_dir.join("messages"),
+                source,
+            })?;
+        let _ = std::fs::remove_dir_all(options.data_dir.join("spill"));
+        let persist = Arc::new(Persistence::new(store.clone(), options, dir));
+        let definitions = match persist.load_definitions() {
+            Ok(d) => d,
+            Err(e) => {
+                store.close();
+                return Err(e.into());
+            }
+        };
+        // Users, vhosts and permissions changed at run time before (see ops::admin).
+        let stored_access = match persist.load_access() {
+            Ok(None) => None,
+            Ok(Some(text)) => match crate::ops::admin::parse_stored_access(&text) {
+                Ok(a) => Some(a),
+                Err(reason) => {
+                    store.close();
+                    return Err(crate::persist::DefinitionsError {
+                        path: options_dir(&persist).join("access.json"),
+                        reason,
+                    }
+                    .into());
+                }
+            },
+            Err(e) => {
+                store.close();
+                return Err(e.into());
+            }
+        };
+        let access_restored = stored_access.is_some();
+        let b = Broker {
+            vhosts: RwLock::new(HashMap::new()),
+            access: parking_lot::RwLock::new(
+                stored_access.unwrap_or_else(crate::access::AccessControl::with_default_guest),
+            ),
+            access_generation: AtomicU64::new(0),
+            persist: Some(persist.clone()),
+            ids: Arc::new(AtomicU64::new(0)),
+            clock: Arc::new(SystemClock),
+            limits: Arc::default(),
+            registry: crate::registry::Registry::new(),
+            access_restored,
+        };
+        for (defs, size) in definitions {
+            let vh = b.add_vhost(get_str(&defs, "name"));
+            vh.load_definitions(&defs);
+            let generation = defs.get("log_generation").and_then(|v| v.as_i64());
+            vh.set_log_start(generation.unwrap_or(0).max(0) as u64, size);
+        }
+        // The changes since each snapshot, from its generation on; older logs were compacted
+        // into it (a crash came between the snapshot's rename and their removal).
+        for (vhost, generation, path) in persist.log_files() {
+            let vh = b.add_vhost(&vhost);
+            if generation < vh.log_generation() {
+                let _ = std::fs::remove_file(&path);
+                continue;
+            }
+            let records = match crate::vhost::log::read_log(&path) {
+                Ok(r) => r,
+                Err(reason) => {
+                    store.close();
+                    return Err(crate::persist::DefinitionsError { path, reason }.into());
+                }
+            };
+            let bytes = std::fs::metadata(&path).map_or(0, |m| m.len());
+            vh.replay_log(generation, &records, bytes);
+        }
+        b.add_vhost("/");
+        for (key, entries) in recovered.queues {
+            if let Some((vhost, exchange, due_ms)) = delayed::parse_store_key(&key) {
+                // Persistent messages held by a durable delayed exchange.
+                match b.vhost(vhost).filter(|v| v.holds_durably(exchange)) {
+                    Some(v) => v.recover_delayed(exchange, due_ms, &entries),
+                    None => {
+                        for e in entries {
+                            store.ack(&key, e.id, e.location);
+                        }
+                    }
+                }
+                continue;
+            }
+            let queue = key
+                .split_once('\u{1f}')
+                .and_then(|(v, q)| b.vhost(v)?.durable_queue(q));
+            match queue {
+                Some(q) => q.recover(entries.into_iter().map(|e| SpillEntry {
+                    seq: e.id,
+                    id: e.id,
+                    location: e.location,
+                    redelivered: e.redelivered,
+                    transient: false,
+                    priority: e.priority,
+                })),
+                None => {
+                    for e in entries {
+                        store.ack(&key, e.id, e.location);
+                    }
+                }
+            }
+        }
+        // Once every queue is back (a dead-letter target included), over-long queues shed
+        // their heads as they would have had the messages come back while running.
+        for v in b.vhosts.read().values() {
+            for q in v.queues() {
+                q.enforce_limits();
+            }
+        }
+        Ok((b, recovered.report))
+    }
+
+    /// The access-control database (users, vhost records, permissions), for reading.
+    pub fn access(&self) -> parking_lot::RwLockReadGuard<'_, crate::access::AccessControl> {
+        self.access.read()
+    }
+
+    /// The access-control database, for changing. Every call counts as a change: decisions
+    /// cached under an older [`Broker::access_generation`] are dropped.
+    pub fn access_mut(&self) -> parking_lot::RwLockWriteGuard<'_, crate::access::AccessControl> {
+        let guard = self.access.write();
+        self.access_generation.fetch_add(1, Ordering::Release);
+        guard
+    }
+
+    /// A number that changes whenever the access-control database may have changed, for
+    /// caches of access decisions (a channel's publish permission, as RabbitMQ caches its
+    /// permission checks per channel).
+    pub fn access_generation(&self) -> u64 {
+        self.access_generation.load(Ordering::Acquire)
+    }
+
+    /// True when the access-control database was loaded from the data directory, where
+    /// [`crate::ops::admin::Admin`] stores it after a change at run time.
+    pub fn access_restored(&self) -> bool {
+        self.access_restored
+    }
+
+    /// Stores the access-control database `json` (a definitions document) in the data
+    /// directory; nothing to do for an in-memory broker.
+    ///
+    /// Errors: the file could not be written and fsynced.
+    pub(crate) fn store_access(&self, json: &str) -> std::io::Result<()> {
+        match &self.persist {
+            Some(p) => p.save_access(json),
+            None => Ok(()),
+        }
+    }
+
+    /// The read model: live connections and channels, message counts (see
+    /// [`crate::registry`]).
+    pub fn registry(&self) -> &Arc<crate::registry::Registry> {
+        &self.registry
+    }
+
+    /// The message store, for a durable broker.
+    pub fn store(&self) -> Option<&Store> {
+        self.persist.as_ref().map(|p| &p.store)
+    }
+
+    /// Sets the per-vhost caps on queues, exchanges and bindings of every vhost (see
+    /// [`Limits`]; [`Limits::default`] until set). Declares already made stay.
+    pub fn set_limits(&self, limits: Limits) {
+        *self.limits.write() = limits;
+    }
+
+    /// The per-vhost caps in force.
+    pub fn limits(&self) -> Limits {
+        *self.limits.read()
+    }
+
+    /// Stops the message store's writer after a final fsync and releases the data
+    /// directory's lock (another broker may open it from then on).
+    pub fn close(&self) {
+        if let Some(p) = &self.persist {
+            p.defs.close();
+            p.store.close();
+            p.release();
+        }
+    }
+
+    /// Creates a vhost with the standard exchanges if it does not exist; returns it.
+    pub fn add_vhost(&self, name: &str) -> Arc<VHost> {
+        self.vhosts
+            .write()
+            .entry(name.to_string())
+            .or_insert_with(|| {
+                Arc::new_cyclic(|me| {
+                    VHost::new(name).attached(
+                        self.persist.clone(),
+                        self.ids.clone(),
+                        self.clock.clone(),
+                        self.limits.clone(),
+                        me.clone(),
+                    )
+                })
+            })
+            .clone()
+    }
+
+    /// Deletes vhost `name` with everything in it (RabbitMQ's `rabbit_vhost:delete`): its
+    /// queues are deleted (their consumers get basic.cancel, their stored messages are
+    /// dropped), its exchanges and bindings go, and a durable broker removes the vhost's
+    /// definitions from its data directory, so that it does not come back at the next start.
+    /// The vhost's connections are not closed here (see
+    /// [`crate::registry::Registry::close_where`]); whatever they still do touches nothing.
+    ///
+    /// Blocks until the definitions files are removed (the definitions writer first writes
+    /// what was queued before): call it off the async runtime's threads. Returns false when
+    /// there was no such vhost.
+    ///
+    /// Errors: the definitions files could not be removed (the vhost is gone from memory;
+    /// the files are removed at the next start if it is not recreated).
+    pub fn remove_vhost(&self, name: &str) -> std::io::Result<bool> {
+        let Some(v) = self.vhosts.write().remove(name) else {
+            return Ok(false);
+        };
+        let queues = v.clear_for_removal();
+        for q in &queues {
+            finish_queue_delete(q);
+        }
+        self.registry.forget_vhost(name);
+        let Some(p) = &self.persist else {
+            return Ok(true);
+        };
+        // Records queued for this vhost before the flag was set are written first; then its
+        // snapshot and logs are removed.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let dir = p.definitions_dir();
+        let stem = crate::persist::file_stem(name);
+        p.defs.after_written(Box::new(move |_| {
+            let _ = tx.send(remove_vhost_files(&dir, &stem));
+        }));
+        rx.recv()
+            .unwrap_or_else(|_| Err(std::io::Error::other("the broker is closed")))?;
+        Ok(true)
+    }
+
+    /// Periodic housekeeping of every vhost (see [`VHost::sweep`]).
+    pub fn sweep(&self) {
+        let vhosts: Vec<Arc<VHost>> = self.vhosts.read().values().cloned().collect();
+        for v in vhosts {
+            v.sweep();
+        }
+    }
+
+    /// Looks up a vhost.
+    pub fn vhost(&self, name: &str) -> Option<Arc<VHost>> {
+        self.vhosts.read().get(name).cloned()
+    }
+
+    /// Names of all vhosts.
+    pub fn vhost_names(&self) -> Vec<String> {
+        self.vhosts.read().keys().cloned().collect()
+    }
+}
+
+fn options_dir(p: &Persistence) -> std::path::PathBuf {
+    p.data_dir().to_path_buf()
+}
+
+/// Removes a vhost's definitions snapshot and log files (names starting `<stem>.`) from
+/// `dir`, and makes the removal durable.
+fn remove_vhost_files(dir: &std::path::Path, stem: &str) -> std::io::Result<()> {
+    let prefix = format!("{stem}.");
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    for e in entries {
+        let e = e?;
+        if e.file_name()
+            .to_str()
+            .is_some_and(|n| n.starts_with(&prefix))
+        {
+            std::fs::remove_file(e.path())?;
+        }
+    }
+    std::fs::File::open(dir)?.sync_all()
+}

@@ -1,0 +1,273 @@
+//! queue.declare, queue.delete, purge, exclusive queues and consumers on a vhost.
+
+use crate::args::QueueArgs;
+use crate::error::{BrokerError, Result};
+
+use super::log::TopologyCommand;
+use super::topology::{Removed, Undo};
+use super::VHost;
+use crate::equivalence::{check_args, check_field, EQUIVALENT_QUEUE_ARGS};
+use crate::limits;
+use crate::names;
+use crate::queue::{Consumer, Queue, QueueCounts};
+use std::sync::Arc;
+use warren_amqp::table::FieldTable;
+
+/// The flags and arguments of queue.declare.
+#[derive(Debug, Clone, Default)]
+pub struct QueueDeclare {
+    /// Queue name; empty asks the server for an `amq.gen-…` name.
+    pub name: String,
+    /// Only check that the queue exists.
+    pub passive: bool,
+    /// Survives restarts.
+    pub durable: bool,
+    /// Owned by the declaring connection and deleted with it.
+    pub exclusive: bool,
+    /// Deleted when its last consumer goes.
+    pub auto_delete: bool,
+    /// Arguments (`x-…`).
+    pub arguments: FieldTable,
+}
+
+impl VHost {
+    /// A new queue of this vhost, with its clock, vhost handle and store.
+    pub(super) fn new_queue(&self, queue: Queue) -> Queue {
+        let mut queue = queue
+            .with_clock(self.clock.clone())
+            .with_dead_letter_sink(self.me.clone());
+        if let Some(b) = self.backing() {
+            queue = queue.with_backing(b);
+        }
+        queue
+    }
+
+    /// True when the queue exists.
+    pub fn queue_exists(&self, name: &str) -> bool {
+        self.topology.read().queues.contains_key(name)
+    }
+
+    /// How many queues the vhost has.
+    pub fn queue_count(&self) -> usize {
+        self.topology.read().queues.len()
+    }
+
+    /// queue.declare, for connection `connection_id`. Returns the queue and its counts.
+    ///
+    /// An exclusive queue is never durable: `durable` is ignored when `exclusive` is set (it
+    /// is deleted with its connection anyway), in the declare and in the equivalence check of
+    /// a redeclare, as RabbitMQ's `Durable = DurableDeclare andalso not ExclusiveDeclare`.
+    ///
+    /// Errors: 404 (passive, missing), 403 (`amq.` prefix), 405 (exclusive to another
+    /// connection, or exclusivity differs), 406 (inequivalent durable/auto_delete/arguments,
+    /// invalid arguments, the vhost's queue limit reached).
+    pub fn declare_queue(
+        &self,
+        d: &QueueDeclare,
+        connection_id: u64,
+    ) -> Result<(Arc<Queue>, QueueCounts)> {
+        if d.passive {
+            let q = self.queue(&d.name, connection_id)?;
+            q.touch();
+            let counts = q.counts();
+            return Ok((q, counts));
+        }
+        let name = decide_queue_name(&d.name)?;
+        self.declare_queue_as(name, d, connection_id)
+    }
+
+    /// A non-passive queue.declare under `name`, already decided by [`decide_queue_name`]
+    /// (the operations layer decides it before checking permissions on it).
+    pub(crate) fn declare_queue_as(
+        &self,
+        name: String,
+        d: &QueueDeclare,
+        connection_id: u64,
+    ) -> Result<(Arc<Queue>, QueueCounts)> {
+        let mut topo = self.topology.write();
+        // As in RabbitMQ, the arguments of an existing queue are only compared (an invalid
+        // value is reported as inequivalent); they are validated when the queue is created.
+        if let Some(q) = topo.queues.get(&name) {
+            let owner = d.exclusive.then_some(connection_id);
+            if q.exclusive_owner != owner {
+                // Reuse the 405 text of check_exclusive.
+                return Err(q
+                    .check_exclusive(u64::MAX)
+                    .err()
+                    .unwrap_or_else(|| locked_queue(q)));
+            }
+            let what = self.queue_resource(&name);
+            check_field(&what, "durable", q.durable, d.durable && !d.exclusive)?;
+            check_field(&what, "auto_delete", q.auto_delete, d.auto_delete)?;
+            check_args(&what, &q.arguments, &d.arguments, EQUIVALENT_QUEUE_ARGS)?;
+            q.touch();
+            let counts = q.counts();
+            return Ok((q.clone(), counts));
+        }
+        QueueArgs::parse(&self.queue_resource(&name), &d.arguments)?;
+        limits::check_queue(&self.limits.read(), &self.name, &name, topo.queues.len())?;
+        let q = Arc::new(self.new_queue(Queue::new(
+            name.clone(),
+            self.name.clone(),
+            d.durable && !d.exclusive,
+            d.exclusive.then_some(connection_id),
+            d.auto_delete,
+            d.arguments.clone(),
+        )));
+        q.apply_policy(topo.policies.applied(&name, true));
+        topo.queues.insert(name.clone(), q.clone());
+        if topo.queue_is_durable(&name) {
+            let put = TopologyCommand::PutQueue {
+                name: name.clone(),
+                auto_delete: d.auto_delete,
+                arguments: d.arguments.clone(),
+            };
+            let undo = Undo::added(Removed::AddedQueue(q.clone()));
+            let what = format!("failed to declare {}", self.queue_resource(&name));
+            self.save(&mut topo, vec![put], undo, what)?;
+        }
+        Ok((q, QueueCounts::default()))
+    }
+
+    /// Looks a queue up for connection `connection_id`: 404 when missing, 405 when exclusive to
+    /// another connection.
+    pub fn queue(&self, name: &str, connection_id: u64) -> Result<Arc<Queue>> {
+        let q = self
+            .topology
+            .read()
+            .queues
+            .get(name)
+            .cloned()
+            .ok_or_else(|| self.no_queue(name))?;
+        q.check_exclusive(connection_id)?;
+        Ok(q)
+    }
+
+    /// All queues, in no particular order.
+    pub fn queues(&self) -> Vec<Arc<Queue>> {
+        self.topology.read().queues.values().cloned().collect()
+    }
+
+    /// queue.delete; returns the number of ready messages deleted. A missing queue is deleted
+    /// successfully with count 0, as in RabbitMQ. Errors: 405, 406 (`if_unused`, `if_empty`).
+    pub fn delete_queue(
+        &self,
+        name: &str,
+        if_unused: bool,
+        if_empty: bool,
+        connection_id: u64,
+    ) -> Result<u32> {
+        let q = {
+            let mut topo = self.topology.write();
+            let Some(q) = topo.queues.get(name).cloned() else {
+                return Ok(0);
+            };
+            q.check_exclusive(connection_id)?;
+            let counts = q.counts();
+            if if_unused && counts.consumers > 0 {
+                return Err(BrokerError::precondition_failed(format!(
+                    "{} in use",
+                    q.resource_name()
+                )));
+            }
+            if if_empty && counts.ready > 0 {
+                return Err(BrokerError::precondition_failed(format!(
+                    "{} not empty",
+                    q.resource_name()
+                )));
+            }
+            let mut undo = Undo::default();
+            topo.remove_queue(name, &mut undo);
+            if undo.durable {
+                let what = format!("failed to delete {}", q.resource_name());
+                self.save(&mut topo, TopologyCommand::removals(&undo), undo, what)?;
+            }
+            q
+        };
+        Ok(finish_queue_delete(&q))
+    }
+
+    /// Deletes `queue` if it is still the one registered under its name (auto-delete after the
+    /// last consumer, exclusive queues when their connection closes).
+    pub fn remove_queue(&self, queue: &Arc<Queue>) {
+        {
+            let mut topo = self.topology.write();
+            match topo.queues.get(&queue.name) {
+                Some(q) if Arc::ptr_eq(q, queue) => {
+                    let mut undo = Undo::default();
+                    topo.remove_queue(&queue.name, &mut undo);
+                    // No client waits on this: a failed save is retried by the sweep.
+                    if undo.durable {
+                        self.save_detached(&mut topo, TopologyCommand::removals(&undo));
+                    }
+                }
+                _ => return,
+            }
+        }
+        finish_queue_delete(queue);
+    }
+
+    /// Deletes every queue exclusive to `connection_id`.
+    pub fn remove_exclusive_queues(&self, connection_id: u64) {
+        let owned: Vec<Arc<Queue>> = self
+            .topology
+            .read()
+            .queues
+            .values()
+            .filter(|q| q.exclusive_owner == Some(connection_id))
+            .cloned()
+            .collect();
+        for q in owned {
+            self.remove_queue(&q);
+        }
+    }
+
+    /// queue.purge; returns the number of messages purged.
+    pub fn purge_queue(&self, name: &str, connection_id: u64) -> Result<u32> {
+        Ok(self.queue(name, connection_id)?.purge())
+    }
+
+    /// Registers a consumer on queue `name` for connection `connection_id` (404, 405, 403).
+    pub fn consume(
+        &self,
+        name: &str,
+        consumer: Consumer,
+        connection_id: u64,
+    ) -> Result<Arc<Queue>> {
+        let q = self.queue(name, connection_id)?;
+        q.add_consumer(consumer)?;
+        Ok(q)
+    }
+}
+
+/// Marks a queue deleted and cancels its consumers; returns its ready-message count.
+pub(crate) fn finish_queue_delete(q: &Arc<Queue>) -> u32 {
+    let (count, consumers) = q.mark_deleted();
+    for c in consumers {
+        c.target.cancelled_by_broker(&c.tag);
+    }
+    count
+}
+
+pub(super) fn locked_queue(q: &Queue) -> BrokerError {
+    BrokerError::resource_locked(format!(
+        "cannot obtain exclusive access to locked {}. It could be originally declared on another \
+         connection or the exclusive property value does not match that of the original \
+         declaration.",
+        q.resource_name()
+    ))
+}
+
+/// The name a non-passive queue.declare creates or redeclares: a fresh `amq.gen-…` name for
+/// an empty one; 403 for a client-chosen name with the reserved `amq.` prefix.
+pub(crate) fn decide_queue_name(requested: &str) -> Result<String> {
+    if requested.is_empty() {
+        return Ok(names::queue_name());
+    }
+    if requested.starts_with("amq.") {
+        return Err(BrokerError::access_refused(format!(
+            "queue name '{requested}' contains reserved prefix 'amq.*'"
+        )));
+    }
+    Ok(requested.to_string())
+}
