@@ -111,7 +111,7 @@ impl Broker {
         // Users, vhosts and permissions changed at run time before (see ops::admin).
         let stored_access = match persist.load_access() {
             Ok(None) => None,
-            Ok(Some(text)) => match crate::ops::admin::parse_stored_access(&text) {
+            Ok(Some(text)) => match crate::definitions::import::parse_stored_access(&text) {
                 Ok(a) => Some(a),
                 Err(reason) => {
                     store.close();

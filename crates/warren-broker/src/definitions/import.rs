@@ -792,6 +792,22 @@ pub fn parse_vhost_limits(vhost: &str, limits: &LimitsDefinition) -> Result<Vhos
     vhost_limits(vhost, limits.iter())
 }
 
+/// Reads an access-control database stored by [`crate::ops::Admin`] (a definitions document with users,
+/// vhosts, permissions, topic permissions and vhost limits).
+///
+/// Errors: the text is not such a document, or an entry cannot be applied.
+pub fn parse_stored_access(text: &str) -> std::result::Result<AccessControl, String> {
+    let defs = Definitions::from_json(text).map_err(|e| e.to_string())?;
+    let plan = plan_import(&defs).map_err(|e| e.to_string())?;
+    let mut access = AccessControl::new();
+    for change in &plan.changes {
+        change
+            .apply_to_access(&mut access)
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(access)
+}
+
 #[cfg(test)]
 #[path = "import_tests.rs"]
 mod tests;

@@ -19,7 +19,7 @@
 use crate::access::operation::required_access;
 use std::collections::HashSet;
 
-use crate::access::{AccessControl, Operation, Permissions, UserRecord, VhostRecord};
+use crate::access::{Operation, Permissions, UserRecord, VhostRecord};
 use crate::broker::Broker;
 use crate::definitions::format::DestinationType;
 use crate::definitions::{AppliedImport, Change, ImportPlan};
@@ -42,22 +42,6 @@ pub fn user_deleted_reason(user: &str) -> String {
 pub struct Admin<'a> {
     broker: &'a Broker,
     actor: &'a Actor,
-}
-
-/// Reads an access-control database stored by [`Admin`] (a definitions document with users,
-/// vhosts, permissions, topic permissions and vhost limits).
-///
-/// Errors: the text is not such a document, or an entry cannot be applied.
-pub fn parse_stored_access(text: &str) -> std::result::Result<AccessControl, String> {
-    let defs = crate::definitions::Definitions::from_json(text).map_err(|e| e.to_string())?;
-    let plan = crate::definitions::plan_import(&defs).map_err(|e| e.to_string())?;
-    let mut access = AccessControl::new();
-    for change in &plan.changes {
-        change
-            .apply_to_access(&mut access)
-            .map_err(|e| e.to_string())?;
-    }
-    Ok(access)
 }
 
 impl<'a> Admin<'a> {
