@@ -58,7 +58,29 @@ pub(crate) fn has(tags: &[String], any: &[&str]) -> bool {
 
 /// Authenticates the request's basic credentials and checks its tags, and, with `vhost`,
 /// that the vhost is one the user may use (administrators may use all).
+///
+/// A request with `X-Requested-With: XMLHttpRequest` (the web console's calls) gets its 401
+/// without `WWW-Authenticate`, so that a browser shows the console's own login form rather
+/// than its built-in credentials dialog; every other client gets RabbitMQ's challenge.
 pub(crate) fn authorize(
+    app: &App,
+    headers: &HeaderMap,
+    peer: SocketAddr,
+    need: Need,
+    vhost: Option<&str>,
+) -> Result<UserInfo, ApiError> {
+    let scripted = headers
+        .get("x-requested-with")
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"XMLHttpRequest"));
+    authorize_basic(app, headers, peer, need, vhost).map_err(|mut e| {
+        if scripted {
+            e.challenge = false;
+        }
+        e
+    })
+}
+
+fn authorize_basic(
     app: &App,
     headers: &HeaderMap,
     peer: SocketAddr,
@@ -1311,6 +1333,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/api/consumers/{v}", get(conns::vhost_consumers))
         .merge(policies::routes())
         .merge(definitions::routes())
+        .merge(crate::console::routes())
         .route("/metrics", get(metrics))
         .route("/metrics/per-object", get(metrics_per_object))
         .fallback(not_found)

@@ -7,7 +7,8 @@
 //!   implements [`Node`] for what lies outside it (connections, alarms, listeners).
 //! - `api`: the routes and JSON shapes; `conns`: connections, channels and consumers;
 //!   `admin`: vhost, user and permission writes; `list`: `sort`, `columns`, `page`...;
-//!   `metrics`: the Prometheus text; `error`: RabbitMQ's error bodies.
+//!   `metrics`: the Prometheus text; `error`: RabbitMQ's error bodies; [`console`]: the
+//!   web console's page and assets at `/` and `/console/...`.
 //!
 //! ```no_run
 //! # async fn demo(node: std::sync::Arc<dyn warren_mgmt::Node>) -> std::io::Result<()> {
@@ -21,6 +22,7 @@ mod admin;
 mod api;
 pub mod backend;
 mod conns;
+pub mod console;
 mod error;
 mod list;
 pub mod listener;

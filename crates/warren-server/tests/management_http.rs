@@ -238,6 +238,73 @@ async fn basic_auth_and_tag_rules() {
     h.stop().await;
 }
 
+/// The web console: `/` and `/console/...` are public static files with nosniff and a CSP,
+/// revalidated by ETag; `/api` still needs credentials, and the console's calls
+/// (`X-Requested-With: XMLHttpRequest`) get their 401 without a browser challenge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn web_console_is_served_and_the_api_stays_guarded() {
+    let h = Http::start().await;
+    let get = |path: &str| h.client.get(format!("{}{path}", h.base));
+    let page = within("GET /", get("/").send()).await.unwrap();
+    assert_eq!(page.status(), StatusCode::OK);
+    let headers = page.headers().clone();
+    assert!(headers["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/html"));
+    assert_eq!(headers["x-content-type-options"], "nosniff");
+    assert_eq!(
+        headers["content-security-policy"],
+        warren_mgmt::console::CONTENT_SECURITY_POLICY
+    );
+    assert_eq!(headers["cache-control"], "no-cache");
+    let body = within("body", page.text()).await.unwrap();
+    assert!(body.contains(r#"<script type="module" src="/console/js/main.js">"#));
+    let again = within(
+        "GET / again",
+        get("/")
+            .header("if-none-match", headers["etag"].clone())
+            .send(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(again.status(), StatusCode::NOT_MODIFIED);
+    for asset in warren_mgmt::console::ASSETS {
+        let r = within("asset", get(&format!("/console/{}", asset.path)).send())
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK, "{}", asset.path);
+        assert_eq!(r.headers()["content-type"], asset.content_type);
+        assert_eq!(r.headers()["x-content-type-options"], "nosniff");
+        assert_eq!(within("asset body", r.bytes()).await.unwrap(), asset.body);
+    }
+    for missing in ["/console/../Cargo.toml", "/console/js/nope.js", "/console/"] {
+        let r = within("missing", get(missing).send()).await.unwrap();
+        assert_eq!(r.status(), StatusCode::NOT_FOUND, "{missing}");
+    }
+    // The console's calls: no challenge, same refusal; with credentials, the same answer.
+    for auth in [None, Some("nobody")] {
+        let mut req = get("/api/overview").header("x-requested-with", "XMLHttpRequest");
+        if let Some(u) = auth {
+            req = req.basic_auth(u, Some("x"));
+        }
+        let r = within("scripted", req.send()).await.unwrap();
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+        assert!(r.headers().get("www-authenticate").is_none());
+    }
+    let r = within(
+        "scripted ok",
+        get("/api/whoami")
+            .header("x-requested-with", "XMLHttpRequest")
+            .basic_auth("mgmt", Some("mgmt-pw"))
+            .send(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    h.stop().await;
+}
+
 /// Writes go through the broker's operations layer with the HTTP user as the actor: the
 /// user's configure / write / read permissions are checked as for AMQP, and a refusal is
 /// RabbitMQ's 401 "Access refused.".
