@@ -115,6 +115,31 @@ impl<T> Blocks<T> {
         block.get_mut(at).filter(|x| key(x) == *k)
     }
 
+    /// The entry at `index` (0: the front). Walks the blocks: O(len / [`BLOCK`]).
+    pub fn get(&self, mut index: usize) -> Option<&T> {
+        for b in &self.blocks {
+            if index < b.len() {
+                return b.get(index);
+            }
+            index -= b.len();
+        }
+        None
+    }
+
+    /// The number of leading entries `pred` accepts, in a deque where it accepts a prefix
+    /// (as `slice::partition_point`). O(len / [`BLOCK`] + log len).
+    pub fn partition_point(&self, pred: impl Fn(&T) -> bool) -> usize {
+        let whole = self
+            .blocks
+            .partition_point(|blk| blk.back().is_some_and(&pred));
+        let before: usize = self.blocks.iter().take(whole).map(VecDeque::len).sum();
+        before
+            + self
+                .blocks
+                .get(whole)
+                .map_or(0, |blk| blk.partition_point(&pred))
+    }
+
     /// Entries in order, mutably.
     pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut T> {
         self.blocks.iter_mut().flat_map(|b| b.iter_mut())
@@ -172,6 +197,13 @@ mod tests {
         assert!(b.find(&15, |x| *x).is_none());
         assert!(b.find_mut(&3, |x| *x).is_none());
         assert!(b.find_mut(&100_000, |x| *x).is_none());
+        for (i, v) in all.iter().enumerate().step_by(97) {
+            assert_eq!(b.get(i), Some(v));
+            assert_eq!(b.partition_point(|x| x < v), all.partition_point(|x| x < v));
+        }
+        assert_eq!(b.get(all.len()), None);
+        assert_eq!(b.partition_point(|_| true), all.len());
+        assert_eq!(b.partition_point(|_| false), 0);
         b.retain(|x| x % 3 == 0);
         let kept: Vec<u32> = b.iter().copied().collect();
         assert!(kept.iter().all(|x| x % 3 == 0) && kept.windows(2).all(|w| w[0] <= w[1]));

@@ -26,6 +26,8 @@ use warren_amqp::table::FieldTable;
 use warren_store::spill::{SpillEntry, SpillFile};
 use warren_store::{Location, Store, StoreError};
 
+mod view;
+
 /// The side of a channel that receives deliveries from queues.
 ///
 /// Implemented by the server's channel. Both methods are called with the queue's lock held and
@@ -1489,20 +1491,6 @@ impl Queue {
         drop(st);
         self.publish_dead(dead);
         Some((msg, pos))
-    }
-
-    /// The body of the ready message at position `pos` without taking it, when it is among
-    /// the ready messages held in memory (the first `storage.queue_window` of the queue);
-    /// `None` for a position already consumed, not yet used, or paged out to disk.
-    pub fn peek_position(&self, pos: u64) -> Option<bytes::Bytes> {
-        let st = self.state.lock();
-        let ready = st.ready_count() as u64;
-        let first = st.put_pos.checked_sub(ready)? + 1;
-        if pos < first || pos > st.put_pos || !st.paged.is_empty() {
-            return None;
-        }
-        let index = usize::try_from(pos - first).ok()?;
-        st.ready.get(index).map(|qm| qm.message.body.clone())
     }
 }
 

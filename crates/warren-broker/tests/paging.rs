@@ -96,6 +96,26 @@ fn drain(q: &Arc<Queue>) -> Vec<String> {
     take(q, usize::MAX)
 }
 
+/// Every ready message as `opt=view` shows it, position by position, checking that viewing
+/// changes nothing: the counts, what is in memory and what is paged out stay the same.
+fn view_all(q: &Arc<Queue>) -> Vec<String> {
+    let before = (q.counts(), q.ready_in_memory_and_paged_out(), q.positions());
+    let p = before.2;
+    assert_eq!(q.peek_position(p.get()), None, "a consumed position");
+    assert_eq!(q.peek_position(p.put + 1), None, "a position not yet used");
+    let seen = (p.get() + 1..=p.put)
+        .map(|pos| {
+            let body = q
+                .peek_position(pos)
+                .unwrap_or_else(|| panic!("no message at {pos}"));
+            String::from_utf8(body.to_vec()).unwrap()
+        })
+        .collect();
+    let after = (q.counts(), q.ready_in_memory_and_paged_out(), q.positions());
+    assert_eq!(before, after, "viewing changed the queue");
+    seen
+}
+
 /// Recovers the queue's messages from a reopened store into a fresh queue, as the vhost does.
 fn reopen(dir: &Path, clock: &Arc<ManualClock>, args: FieldTable) -> (Store, Arc<Queue>) {
     let (store, rec) = open(dir);
@@ -177,10 +197,16 @@ fn priority_queue_pages_in_priority_order_and_across_restart() {
     let mut want: Vec<usize> = (0..600).collect();
     want.sort_by_key(|&i| (5 - prio_of(i).min(5), i));
     let want: Vec<String> = want.iter().map(|i| i.to_string()).collect();
+    // Viewed position by position in that order, wherever each message is.
+    assert_eq!(view_all(&q), want);
     // Take half, restart, take the rest.
     assert_eq!(take(&q, 300), want[..300]);
+    assert_eq!(view_all(&q), want[300..]);
     store.close();
     let (store, q) = reopen(&dir, &clock, prio());
+    // After a restart the positions start again from 1 until a front end restores them.
+    q.set_put_position(600);
+    assert_eq!(view_all(&q), want[300..]);
     assert_eq!(drain(&q), want[300..]);
     store.close();
     std::fs::remove_dir_all(dir).unwrap();
@@ -270,6 +296,8 @@ fn paged_out_deliveries_settle_and_requeue_in_place() {
     );
     assert_eq!(q.counts().unacked, 0);
     assert_eq!(q.counts().ready, 25);
+    // Viewed in queue order, the requeued ones paged out among those in memory.
+    let viewed = view_all(&q);
     // Back in their original order, flagged redelivered, bodies read back.
     let order: Vec<(String, bool)> = std::iter::from_fn(|| q.get(true))
         .map(|(m, _)| {
@@ -284,10 +312,44 @@ fn paged_out_deliveries_settle_and_requeue_in_place() {
     let mut sorted = order.clone();
     sorted.sort_by_key(|(b, _)| b[1..].parse::<u32>().unwrap());
     assert_eq!(order, sorted, "requeued messages out of order");
+    assert_eq!(
+        viewed,
+        order.into_iter().map(|(b, _)| b).collect::<Vec<_>>()
+    );
     store.close();
     // The acked ones are gone for good; the requeued ones were taken with get(no_ack).
     let (store, rec) = open(&dir);
     assert!(rec.queues.get(q.store_key()).is_none_or(|v| v.is_empty()));
+    store.close();
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// `opt=view` of a deep queue: positions in memory, in the spill file's memory tail, in the
+/// spill file on disk, after partial consumption and after a restart, each read without
+/// taking or moving anything, in the order gets return them.
+#[test]
+fn view_reads_any_position_of_a_deep_queue_without_changing_it() {
+    let dir = tempdir("view");
+    let clock = Arc::new(ManualClock::new(0));
+    let (store, _) = open(&dir);
+    let q = queue(&store, &dir, &clock, FieldTable::new());
+    // 3000 messages, window 8: most of them in the spill file on disk.
+    for i in 0..3000 {
+        publish(&q, &store, &clock, &format!("m{i}"), None);
+    }
+    assert_eq!(q.ready_in_memory_and_paged_out(), (8, 2992));
+    let all: Vec<String> = (0..3000).map(|i| format!("m{i}")).collect();
+    assert_eq!(view_all(&q), all);
+    assert_eq!(take(&q, 1234), all[..1234]);
+    assert_eq!(q.peek_position(1234), None);
+    assert_eq!(q.peek_position(1235).as_deref(), Some(&b"m1234"[..]));
+    assert_eq!(view_all(&q), all[1234..]);
+    store.close();
+    let (store, q) = reopen(&dir, &clock, FieldTable::new());
+    q.set_put_position(3000);
+    assert_eq!(view_all(&q), all[1234..]);
+    assert_eq!(drain(&q), all[1234..]);
+    assert_eq!(q.peek_position(3000), None);
     store.close();
     std::fs::remove_dir_all(dir).unwrap();
 }

@@ -607,6 +607,10 @@ impl Httpmq {
         }
     }
 
+    /// `opt=view&pos=N`: the ready message at position N wherever the queue holds it (see
+    /// `Queue::peek_position`: at most one spill-file entry and one message record read from
+    /// disk, as a basic.get reading a paged-out message does), or `HTTPMQ_VIEW_ERROR` for a
+    /// position not yet put or already read (taken by a get or delivered over AMQP).
     fn view(&self, actor: &Actor, vhost: &Arc<VHost>, name: &str, params: &Params) -> Reply {
         let ops = Ops::new(self.node.broker(), vhost, actor);
         if ops.authorize(&Operation::BasicGet { queue: name }).is_err() {

@@ -1391,3 +1391,98 @@ async fn maxqueue_declares_its_queue_and_goes_when_the_queue_is_deleted() {
     let _ = conn.close(200, "bye".into()).await;
     mq.stop().await;
 }
+
+/// `opt=view` of positions far beyond the in-memory window (`queue_window` 10: nearly all
+/// of the queue paged out to disk), binary bodies byte for byte, before and after a
+/// restart: views change neither the status nor what gets return next, consumed positions
+/// (also one delivered to an AMQP client and not yet acknowledged) answer
+/// `HTTPMQ_VIEW_ERROR`, and a requeued message is viewable again at its place.
+#[tokio::test]
+async fn view_reads_positions_paged_out_to_disk_and_after_a_restart_without_consuming() {
+    let dir = tempdir("view-paged");
+    let small_window = |c: &mut Config| c.storage.queue_window = 10;
+    let mq = Mq::start_with(&dir, small_window).await;
+    // 1500 binary messages of different lengths (more than the 1024 a spill file buffers in
+    // memory, so most are read from the file), one of 64 KiB.
+    let body = |i: usize| -> Vec<u8> {
+        let len = if i == 777 { 64 * 1024 } else { 1 + i % 300 };
+        (0..len).map(|k| ((i * 31 + k * 7) % 256) as u8).collect()
+    };
+    for i in 1..=1500 {
+        ok_put(&mq.post("name=v&opt=put", None, body(i)).await, i as u64);
+    }
+    let status = mq.get("name=v&opt=status_json").await.text().to_string();
+    let view = |pos: usize| {
+        let mq = &mq;
+        async move { mq.get(&format!("name=v&opt=view&pos={pos}")).await }
+    };
+    let check = |a: Answer, pos: usize| {
+        assert_eq!(a.status, StatusCode::OK);
+        assert_eq!(a.pos, Some(pos as u64), "{a:?}");
+        assert!(a.body == body(pos), "position {pos}: wrong body");
+    };
+    for pos in [1500, 1, 10, 11, 12, 777, 1024, 1025, 1499, 600] {
+        check(view(pos).await, pos);
+    }
+    plain(&view(1501).await, "HTTPMQ_VIEW_ERROR");
+    assert_eq!(mq.get("name=v&opt=status_json").await.text(), status);
+    // Gets still return the messages in order, from the head.
+    for pos in 1..=400 {
+        let a = mq.get("name=v&opt=get").await;
+        assert_eq!(a.pos, Some(pos as u64));
+        assert!(a.body == body(pos), "get {pos}: wrong body");
+    }
+    for pos in [1, 200, 400] {
+        plain(&view(pos).await, "HTTPMQ_VIEW_ERROR");
+    }
+    for pos in [401, 777, 1100, 1500] {
+        check(view(pos).await, pos);
+    }
+    // Delivered over AMQP and not yet acknowledged: read (getpos counts it), not viewable.
+    {
+        let conn = mq.connect().await;
+        let ch = conn.create_channel().await.unwrap();
+        let got = ch
+            .basic_get("v".into(), BasicGetOptions { no_ack: false })
+            .await
+            .unwrap()
+            .expect("a message");
+        assert_eq!(got.delivery.data, body(401));
+        plain(&view(401).await, "HTTPMQ_VIEW_ERROR");
+        check(view(402).await, 402);
+        // Closing the channel requeues it at its place: viewable again.
+        ch.close(200, "bye".into()).await.unwrap();
+        conn.close(200, "bye".into()).await.unwrap();
+    }
+    check(view(401).await, 401);
+    let status = mq.get("name=v&opt=status_json").await.text().to_string();
+    assert_eq!(
+        status,
+        r#"{"name":"v","maxqueue":1000000,"putpos":1500,"putlap":1,"getpos":400,"getlap":1,"unread":1100}"#
+    );
+    mq.stop().await;
+
+    // After a restart (the queue recovered from the store, its window refilled and the rest
+    // paged out again), the same positions hold the same messages.
+    let mq = Mq::start_with(&dir, small_window).await;
+    let view = |pos: usize| {
+        let mq = &mq;
+        async move { mq.get(&format!("name=v&opt=view&pos={pos}")).await }
+    };
+    assert_eq!(mq.get("name=v&opt=status_json").await.text(), status);
+    plain(&view(400).await, "HTTPMQ_VIEW_ERROR");
+    for pos in [401, 410, 411, 777, 1024, 1500, 1200] {
+        check(view(pos).await, pos);
+    }
+    assert_eq!(mq.get("name=v&opt=status_json").await.text(), status);
+    for pos in 401..=1500 {
+        let a = mq.get("name=v&opt=get").await;
+        assert_eq!(a.pos, Some(pos as u64));
+        assert!(a.body == body(pos), "get {pos} after restart: wrong body");
+    }
+    plain(&mq.get("name=v&opt=get").await, "HTTPMQ_GET_END");
+    for pos in [401, 1500] {
+        plain(&view(pos).await, "HTTPMQ_VIEW_ERROR");
+    }
+    mq.stop().await;
+}

@@ -17,6 +17,7 @@
 use crate::Location;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -215,6 +216,32 @@ impl SpillFile {
         self.head = entries;
     }
 
+    /// The entry `index` places from the front (0: the one [`SpillFile::pop`] takes next),
+    /// without taking it; `None` beyond the last. Costs at most one 32-byte read at a computed
+    /// offset of the file, however long it is.
+    ///
+    /// Errors: the file cannot be read.
+    pub fn peek(&self, index: u64) -> std::io::Result<Option<SpillEntry>> {
+        let head = self.head.len() as u64;
+        if index < head {
+            return Ok(Some(self.head[index as usize]));
+        }
+        let index = index - head;
+        let on_disk = (self.write_pos - self.read_pos) / ENTRY as u64;
+        if index < on_disk {
+            let Some(file) = &self.file else {
+                return Ok(None);
+            };
+            let mut buf = [0u8; ENTRY];
+            file.read_exact_at(&mut buf, self.read_pos + index * ENTRY as u64)?;
+            return Ok(Some(decode(&buf)));
+        }
+        Ok(usize::try_from(index - on_disk)
+            .ok()
+            .and_then(|i| self.tail.get(i))
+            .copied())
+    }
+
     /// Takes up to `max` entries from the front. On a read error nothing is taken.
     pub fn pop(&mut self, max: usize) -> std::io::Result<Vec<SpillEntry>> {
         if !self.head.is_empty() {
@@ -240,29 +267,7 @@ impl SpillFile {
             // Only gives the space back: the next write starts at 0 whatever the length.
             let _ = file.set_len(0);
         }
-        Ok(buf
-            .chunks_exact(ENTRY)
-            .map(|c| {
-                let u64_at =
-                    |i: usize| u64::from_be_bytes(c[i..i + 8].try_into().expect("8 bytes"));
-                let u32_at =
-                    |i: usize| u32::from_be_bytes(c[i..i + 4].try_into().expect("4 bytes"));
-                let seg = u32_at(16);
-                let len = u32_at(28);
-                SpillEntry {
-                    seq: u64_at(0),
-                    id: u64_at(8),
-                    location: Location {
-                        segment: seg & !TRANSIENT,
-                        offset: u64_at(20),
-                        len: len & !REDELIVERED,
-                    },
-                    redelivered: len & REDELIVERED != 0,
-                    transient: seg & TRANSIENT != 0,
-                    priority: 0,
-                }
-            })
-            .collect())
+        Ok(buf.chunks_exact(ENTRY).map(decode).collect())
     }
 
     /// Empties the file. On a read error the entries stay.
@@ -272,6 +277,26 @@ impl SpillFile {
             all.extend(self.pop(usize::MAX)?);
         }
         Ok(all)
+    }
+}
+
+/// One entry as the file holds it (see the module docs); its priority is 0.
+fn decode(c: &[u8]) -> SpillEntry {
+    let u64_at = |i: usize| u64::from_be_bytes(c[i..i + 8].try_into().expect("8 bytes"));
+    let u32_at = |i: usize| u32::from_be_bytes(c[i..i + 4].try_into().expect("4 bytes"));
+    let seg = u32_at(16);
+    let len = u32_at(28);
+    SpillEntry {
+        seq: u64_at(0),
+        id: u64_at(8),
+        location: Location {
+            segment: seg & !TRANSIENT,
+            offset: u64_at(20),
+            len: len & !REDELIVERED,
+        },
+        redelivered: len & REDELIVERED != 0,
+        transient: seg & TRANSIENT != 0,
+        priority: 0,
     }
 }
 
@@ -318,12 +343,26 @@ mod tests {
         assert_eq!(s.len(), 5);
         assert_eq!(s.pop(2).unwrap(), vec![e(0), e(1)]);
         s.push(&[e(5)]).unwrap();
+        assert_eq!(s.peek(0).unwrap(), Some(e(2)));
+        assert_eq!(s.peek(3).unwrap(), Some(e(5)));
+        assert_eq!(s.peek(4).unwrap(), None);
         assert_eq!(s.pop(10).unwrap(), vec![e(2), e(3), e(4), e(5)]);
         assert!(s.is_empty());
         // A batch big enough to be written goes through the file and back.
         let many: Vec<_> = (0..3000).map(e).collect();
         s.push(&many).unwrap();
         assert!(dir.join("q.spill").exists());
+        // Peeked anywhere (in the file, behind it in memory, given back in front of it)
+        // without taking anything.
+        s.push(&[e(3000)]).unwrap();
+        let first = s.pop(2).unwrap();
+        s.unpop(first);
+        for i in [0u64, 1, 2, 1500, 2999, 3000] {
+            assert_eq!(s.peek(i).unwrap(), Some(e(i)), "{i}");
+        }
+        assert_eq!(s.peek(3001).unwrap(), None);
+        let mut many = many;
+        many.push(e(3000));
         assert_eq!(s.clear().unwrap(), many);
         drop(s);
         assert!(!dir.join("q.spill").exists());
