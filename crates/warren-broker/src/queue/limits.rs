@@ -1,0 +1,93 @@
+//! Length limits (`x-max-length`, `x-max-length-bytes`, `x-overflow`) and publisher flow
+//! control (a queue over its in-memory window with consumers asks publishers to pause).
+
+use super::*;
+
+impl Queue {
+    /// Ready messages and their body bytes, in memory and spilled.
+    pub(super) fn depth(st: &State) -> (u64, u64) {
+        (
+            st.ready_count() as u64,
+            (st.ready_bytes + st.spilled_bytes) as u64,
+        )
+    }
+
+    /// Drops (or dead-letters) messages from the head while the queue is over its
+    /// `x-max-length` / `x-max-length-bytes` (overflow `drop-head`).
+    pub(super) fn enforce_max_length(&self, st: &mut State) {
+        let (max_len, max_bytes) = (self.args().max_length, self.args().max_length_bytes);
+        if self.args().overflow != Overflow::DropHead || (max_len.is_none() && max_bytes.is_none())
+        {
+            return;
+        }
+        loop {
+            let (n, bytes) = Self::depth(st);
+            if !(max_len.is_some_and(|m| n > m) || max_bytes.is_some_and(|m| bytes > m)) {
+                return;
+            }
+            self.refill(st);
+            let Some(qm) = st.pop_front() else {
+                return;
+            };
+            self.discard(st, qm, DeathReason::Maxlen);
+        }
+    }
+
+    /// True when the queue refuses `msg` because it is full and its overflow is
+    /// `reject-publish` or `reject-publish-dlx`.
+    pub fn rejects_publish(&self, msg: &Message) -> bool {
+        let (max_len, max_bytes) = (self.args().max_length, self.args().max_length_bytes);
+        if self.args().overflow == Overflow::DropHead || (max_len.is_none() && max_bytes.is_none())
+        {
+            return false;
+        }
+        let st = self.state.lock();
+        let (n, bytes) = Self::depth(&st);
+        max_len.is_some_and(|m| n >= m)
+            || max_bytes.is_some_and(|m| bytes + msg.body.len() as u64 > m)
+    }
+
+    /// Ready messages beyond which a queue with consumers asks publishers to pause: its
+    /// in-memory window, or 4096 without a store.
+    pub(super) fn pressure_limit(&self) -> usize {
+        self.backing.as_ref().map_or(4096, |b| b.window)
+    }
+
+    /// Publisher flow control. A queue whose consumers fall behind its publishers would
+    /// otherwise build a backlog that only adds latency (and, beyond the window, disk
+    /// traffic); publishers of a pressured queue pause until it drains below half its window,
+    /// so the broker's CPU goes to delivering instead. A queue without consumers is never
+    /// pressured: it simply grows on disk.
+    pub fn is_pressured(&self) -> bool {
+        let st = self.state.lock();
+        !st.consumers.is_empty()
+            && (st.spilled() > 0 || st.ready.len() >= self.pressure_limit() / 2)
+    }
+
+    /// The delivery count at which publishers found this queue's consumers stalled, if they
+    /// have not delivered anything since.
+    pub fn stalled_at(&self) -> Option<u64> {
+        let v = self.stalled_at.load(std::sync::atomic::Ordering::Relaxed);
+        (v != u64::MAX).then_some(v)
+    }
+
+    /// Records that consumers made no progress since delivery count `at`.
+    pub fn mark_stalled(&self, at: u64) {
+        self.stalled_at
+            .store(at, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Applies the queue's length limits to what it holds now (after recovery, where messages
+    /// that were unacknowledged come back as ready), as RabbitMQ does when a queue process
+    /// starts: a `drop-head` queue over its limit drops or dead-letters from its head.
+    pub fn enforce_limits(&self) {
+        let mut st = self.state.lock();
+        if st.deleted {
+            return;
+        }
+        self.enforce_max_length(&mut st);
+        let dead = self.flush_dead(&mut st);
+        drop(st);
+        self.publish_dead(dead);
+    }
+}

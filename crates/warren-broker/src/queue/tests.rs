@@ -1,0 +1,275 @@
+//! Unit tests of a queue with a fake delivery target: dispatch, prefetch, settlement, TTL.
+
+use super::*;
+use bytes::Bytes;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+struct Sink {
+    key: u64,
+    got: Mutex<Vec<(String, u64, bool)>>,
+    limit: usize,
+    cancelled: Mutex<Vec<String>>,
+}
+
+impl DeliveryTarget for Sink {
+    fn channel_key(&self) -> u64 {
+        self.key
+    }
+    fn deliver(
+        &self,
+        _q: &Arc<Queue>,
+        tag: &Arc<str>,
+        _no_ack: bool,
+        msg: QueuedMessage,
+    ) -> std::result::Result<(), QueuedMessage> {
+        let mut got = self.got.lock();
+        if got.len() >= self.limit {
+            return Err(msg);
+        }
+        got.push((tag.to_string(), msg.seq, msg.redelivered));
+        Ok(())
+    }
+    fn cancelled_by_broker(&self, tag: &Arc<str>) {
+        self.cancelled.lock().push(tag.to_string());
+    }
+}
+
+static KEYS: AtomicU64 = AtomicU64::new(1);
+
+fn sink(limit: usize) -> Arc<Sink> {
+    Arc::new(Sink {
+        key: KEYS.fetch_add(1, Ordering::Relaxed),
+        got: Mutex::new(Vec::new()),
+        limit,
+        cancelled: Mutex::new(Vec::new()),
+    })
+}
+
+fn msg(body: &str) -> Arc<Message> {
+    Arc::new(Message::new(
+        String::new(),
+        "q".into(),
+        Default::default(),
+        Bytes::copy_from_slice(body.as_bytes()),
+    ))
+}
+
+fn queue() -> Arc<Queue> {
+    Arc::new(Queue::new("q", "/", false, None, false, FieldTable::new()))
+}
+
+#[test]
+fn round_robin_and_prefetch() {
+    let q = queue();
+    let a = sink(usize::MAX);
+    let b = sink(usize::MAX);
+    q.add_consumer(Consumer::new(
+        "a".into(),
+        a.clone(),
+        false,
+        false,
+        2,
+        FieldTable::new(),
+    ))
+    .unwrap();
+    q.add_consumer(Consumer::new(
+        "b".into(),
+        b.clone(),
+        false,
+        false,
+        1,
+        FieldTable::new(),
+    ))
+    .unwrap();
+    for i in 0..5 {
+        q.publish(msg(&i.to_string()), i, None);
+    }
+    // a gets 0 and 2 (prefetch 2), b gets 1 (prefetch 1); 3 and 4 wait.
+    let seqs = |s: &Sink| s.got.lock().iter().map(|g| g.1).collect::<Vec<_>>();
+    assert_eq!(seqs(&a), vec![0, 2]);
+    assert_eq!(seqs(&b), vec![1]);
+    assert_eq!(
+        q.counts(),
+        QueueCounts {
+            ready: 2,
+            unacked: 3,
+            consumers: 2
+        }
+    );
+    q.settle(
+        b.key,
+        vec![Settlement {
+            consumer_tag: Some("b".into()),
+            message: QueuedMessage {
+                seq: 1,
+                message: msg("1"),
+                redelivered: false,
+                stored: None,
+                expires_at: None,
+            },
+            requeue: false,
+            rejected: false,
+        }],
+    );
+    assert_eq!(seqs(&b), vec![1, 3]);
+}
+
+#[test]
+fn higher_priority_consumers_first_while_they_have_credit() {
+    let q = queue();
+    let lo = sink(usize::MAX);
+    let hi = sink(usize::MAX);
+    let prio = |p: i32| {
+        let mut t = FieldTable::new();
+        t.insert("x-priority", warren_amqp::table::FieldValue::I32(p));
+        t
+    };
+    q.add_consumer(Consumer::new(
+        "lo".into(),
+        lo.clone(),
+        false,
+        false,
+        0,
+        prio(1),
+    ))
+    .unwrap();
+    q.add_consumer(Consumer::new(
+        "hi".into(),
+        hi.clone(),
+        false,
+        false,
+        2,
+        prio(10),
+    ))
+    .unwrap();
+    for i in 0..5 {
+        q.publish(msg(&i.to_string()), i, None);
+    }
+    let seqs = |s: &Sink| s.got.lock().iter().map(|g| g.1).collect::<Vec<_>>();
+    // hi takes what its prefetch of 2 allows, lo gets the rest.
+    assert_eq!(seqs(&hi), vec![0, 1]);
+    assert_eq!(seqs(&lo), vec![2, 3, 4]);
+    q.settle(
+        hi.key,
+        vec![Settlement {
+            consumer_tag: Some("hi".into()),
+            message: QueuedMessage {
+                seq: 0,
+                message: msg("0"),
+                redelivered: false,
+                stored: None,
+                expires_at: None,
+            },
+            requeue: false,
+            rejected: false,
+        }],
+    );
+    q.publish(msg("5"), 5, None);
+    assert_eq!(seqs(&hi), vec![0, 1, 5]);
+}
+
+#[test]
+fn requeue_returns_to_original_position() {
+    let q = queue();
+    for i in 0..3 {
+        q.publish(msg(&i.to_string()), i, None);
+    }
+    let (m0, left) = q.get(false).unwrap();
+    assert_eq!(left, 2);
+    let (m1, _) = q.get(false).unwrap();
+    q.settle(
+        0,
+        vec![Settlement {
+            consumer_tag: None,
+            message: m1,
+            requeue: true,
+            rejected: false,
+        }],
+    );
+    q.settle(
+        0,
+        vec![Settlement {
+            consumer_tag: None,
+            message: m0,
+            requeue: true,
+            rejected: false,
+        }],
+    );
+    let order: Vec<(u64, bool)> = std::iter::from_fn(|| q.get(true))
+        .map(|(m, _)| (m.seq, m.redelivered))
+        .collect();
+    assert_eq!(order, vec![(0, true), (1, true), (2, false)]);
+}
+
+#[test]
+fn channel_refusal_keeps_message() {
+    let q = queue();
+    let a = sink(1);
+    q.add_consumer(Consumer::new(
+        "a".into(),
+        a.clone(),
+        false,
+        false,
+        0,
+        FieldTable::new(),
+    ))
+    .unwrap();
+    q.publish(msg("x"), 0, None);
+    q.publish(msg("y"), 1, None);
+    assert_eq!(q.counts().ready, 1);
+    assert_eq!(a.got.lock().len(), 1);
+}
+
+#[test]
+fn exclusive_consumers() {
+    let q = queue();
+    let a = sink(9);
+    q.add_consumer(Consumer::new(
+        "a".into(),
+        a.clone(),
+        false,
+        false,
+        0,
+        FieldTable::new(),
+    ))
+    .unwrap();
+    let err = q
+        .add_consumer(Consumer::new(
+            "b".into(),
+            a.clone(),
+            false,
+            true,
+            0,
+            FieldTable::new(),
+        ))
+        .unwrap_err();
+    assert_eq!(err.code, 403);
+    assert_eq!(err.text, "queue 'q' in vhost '/' in exclusive use");
+}
+
+#[test]
+fn auto_delete_on_last_consumer() {
+    let q = Arc::new(Queue::new("q", "/", false, None, true, FieldTable::new()));
+    let a = sink(9);
+    q.add_consumer(Consumer::new(
+        "a".into(),
+        a.clone(),
+        false,
+        false,
+        0,
+        FieldTable::new(),
+    ))
+    .unwrap();
+    q.add_consumer(Consumer::new(
+        "b".into(),
+        a.clone(),
+        false,
+        false,
+        0,
+        FieldTable::new(),
+    ))
+    .unwrap();
+    assert!(!q.remove_consumer(a.key, "a"));
+    assert!(!q.remove_consumer(a.key, "zzz"));
+    assert!(q.remove_consumer(a.key, "b"));
+}
