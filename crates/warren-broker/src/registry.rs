@@ -17,7 +17,7 @@
 //! and a channel `"<connection name> (<number>)"` (rabbit_reader / rabbit_channel); the
 //! counters are the `message_stats` fields of its management API (`publish`, `confirm`,
 //! `deliver`, `deliver_no_ack`, `get`, `get_no_ack`, `ack`, `redeliver`,
-//! `return_unroutable`).
+//! `return_unroutable`, `drop_unroutable`, `get_empty`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -52,6 +52,10 @@ pub struct MessageCounters {
     pub redeliver: AtomicU64,
     /// Mandatory publishes returned unroutable (basic.return 312).
     pub return_unroutable: AtomicU64,
+    /// Publishes that routed nowhere and were dropped (not mandatory).
+    pub drop_unroutable: AtomicU64,
+    /// basic.get answered with basic.get-empty.
+    pub get_empty: AtomicU64,
 }
 
 /// Adds one to a counter.
@@ -82,6 +86,8 @@ impl MessageCounters {
             ack: l(&self.ack),
             redeliver: l(&self.redeliver),
             return_unroutable: l(&self.return_unroutable),
+            drop_unroutable: l(&self.drop_unroutable),
+            get_empty: l(&self.get_empty),
         }
     }
 }
@@ -108,6 +114,10 @@ pub struct MessageStats {
     pub redeliver: u64,
     /// Unroutable mandatory publishes returned.
     pub return_unroutable: u64,
+    /// Unroutable publishes dropped (not mandatory).
+    pub drop_unroutable: u64,
+    /// basic.get answered empty.
+    pub get_empty: u64,
 }
 
 impl MessageStats {
@@ -127,6 +137,8 @@ impl MessageStats {
         self.ack += o.ack;
         self.redeliver += o.redeliver;
         self.return_unroutable += o.return_unroutable;
+        self.drop_unroutable += o.drop_unroutable;
+        self.get_empty += o.get_empty;
     }
 }
 
@@ -214,6 +226,8 @@ pub trait ChannelProbe: Send + Sync {
 
 /// One open channel: its counters and modes.
 pub struct ChannelEntry {
+    /// Process-unique id (never reused, unlike the number): what rate samples are kept by.
+    pub id: u64,
     /// The channel number.
     pub number: u16,
     /// Its message counts.
@@ -226,8 +240,9 @@ pub struct ChannelEntry {
 }
 
 impl ChannelEntry {
-    fn new(number: u16) -> Self {
+    fn new(id: u64, number: u16) -> Self {
         ChannelEntry {
+            id,
             number,
             counters: MessageCounters::default(),
             prefetch: AtomicU32::new(0),
@@ -290,6 +305,8 @@ pub struct ConnectionSnapshot {
 /// A channel as read by an operator.
 #[derive(Debug, Clone)]
 pub struct ChannelSnapshot {
+    /// The channel's process-unique id ([`ChannelEntry::id`]).
+    pub id: u64,
     /// Its connection.
     pub connection: Arc<ConnectionDetails>,
     /// The channel number.
@@ -325,6 +342,8 @@ pub struct Registry {
     retired: Mutex<HashMap<String, MessageStats>>,
     /// Counts of closed channels of vhosts since deleted.
     retired_gone: Mutex<MessageStats>,
+    /// The next channel's id.
+    next_channel: AtomicU64,
 }
 
 /// A connection's place in the [`Registry`]: dropping it unregisters the connection (and
@@ -339,7 +358,8 @@ impl ConnectionHandle {
     /// handle's [`ChannelEntry`]; dropping the handle unregisters it, keeping its counts in
     /// the vhost's totals.
     pub fn open_channel(&self, number: u16) -> ChannelHandle {
-        let ch = Arc::new(ChannelEntry::new(number));
+        let id = self.registry.next_channel.fetch_add(1, Ordering::Relaxed);
+        let ch = Arc::new(ChannelEntry::new(id, number));
         self.entry.channels.lock().insert(number, ch.clone());
         ChannelHandle {
             registry: self.registry.clone(),
@@ -492,6 +512,7 @@ impl Registry {
                 let probe = ch.probe();
                 let l = |a: &AtomicU32| a.load(Ordering::Relaxed) as u16;
                 out.push(ChannelSnapshot {
+                    id: ch.id,
                     connection: c.details.clone(),
                     number: ch.number,
                     prefetch_count: l(&ch.prefetch),
@@ -518,6 +539,35 @@ impl Registry {
             }
         }
         total
+    }
+
+    /// The counters of every open channel as (channel id, vhost, counts), without asking
+    /// the channels anything (no probe, no channel lock): what a rate sampler reads.
+    pub fn channel_counters(&self) -> Vec<(u64, Arc<ConnectionDetails>, MessageStats)> {
+        let mut out = Vec::new();
+        for c in self.entries() {
+            for ch in c.channels.lock().values() {
+                out.push((ch.id, c.details.clone(), ch.counters.snapshot()));
+            }
+        }
+        out
+    }
+
+    /// Message counts per vhost (open and closed channels), and of the whole node (which
+    /// also holds what vhosts since deleted left), read in one pass.
+    pub fn all_stats(&self) -> (HashMap<String, MessageStats>, MessageStats) {
+        let mut per = self.retired.lock().clone();
+        let mut node = *self.retired_gone.lock();
+        for c in self.entries() {
+            let v = per.entry(c.details.vhost.clone()).or_default();
+            for ch in c.channels.lock().values() {
+                v.add(&ch.counters.snapshot());
+            }
+        }
+        for s in per.values() {
+            node.add(s);
+        }
+        (per, node)
     }
 
     /// Message counts of the whole node since it started.

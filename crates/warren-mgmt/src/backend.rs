@@ -131,6 +131,41 @@ pub struct QueueInfo {
     pub stats: MessageStats,
     /// The policy and operator policy that apply.
     pub policy: Arc<warren_broker::policy::Applied>,
+    /// Bytes the queue holds in memory, estimated (see `warren_broker::Queue::memory`).
+    pub memory: u64,
+    /// Tells this queue from another one declared later under the same name (its
+    /// address, while it lives): what its rate samples are kept under.
+    pub ident: usize,
+}
+
+/// A queue's counters and lengths for the rate sampler.
+#[derive(Debug, Clone)]
+pub struct QueueSample {
+    /// Virtual host.
+    pub vhost: String,
+    /// Name.
+    pub name: String,
+    /// See [`QueueInfo::ident`].
+    pub ident: usize,
+    /// Message counts since the queue was created.
+    pub stats: MessageStats,
+    /// Ready messages.
+    pub ready: u64,
+    /// Unacknowledged messages.
+    pub unacked: u64,
+}
+
+/// Everything the rate sampler reads in one sweep.
+#[derive(Debug, Clone, Default)]
+pub struct SampleSources {
+    /// The node's message counts.
+    pub node: MessageStats,
+    /// Each vhost's message counts.
+    pub vhosts: Vec<(String, MessageStats)>,
+    /// Each queue's.
+    pub queues: Vec<QueueSample>,
+    /// Each open channel's, by channel id.
+    pub channels: Vec<(u64, MessageStats)>,
 }
 
 /// An exchange as the API shows it.
@@ -510,6 +545,40 @@ impl Backend {
         self.broker().registry().global_stats()
     }
 
+    /// What the rate sampler reads: the registry's counters (atomics, no channel asked)
+    /// and each live queue's counts (its lock held for that read only).
+    pub fn sample_sources(&self) -> SampleSources {
+        let registry = self.broker().registry();
+        let (per_vhost, node) = registry.all_stats();
+        let mut out = SampleSources {
+            node,
+            channels: registry
+                .channel_counters()
+                .into_iter()
+                .map(|(id, _, s)| (id, s))
+                .collect(),
+            ..SampleSources::default()
+        };
+        for v in self.vhost_list(None) {
+            out.vhosts.push((
+                v.name.clone(),
+                per_vhost.get(&v.name).copied().unwrap_or_default(),
+            ));
+            for q in v.queues() {
+                let c = q.counts();
+                out.queues.push(QueueSample {
+                    vhost: q.vhost.clone(),
+                    name: q.name.clone(),
+                    ident: Arc::as_ptr(&q) as usize,
+                    stats: queue_stats(&q),
+                    ready: c.ready.into(),
+                    unacked: c.unacked.into(),
+                });
+            }
+        }
+        out
+    }
+
     // ---- topology reads --------------------------------------------------------------
 
     /// Every vhost name, sorted.
@@ -564,6 +633,8 @@ impl Backend {
                     ready_bytes: q.ready_bytes(),
                     stats: queue_stats(&q),
                     policy: q.applied_policy(),
+                    memory: q.memory(),
+                    ident: Arc::as_ptr(&q) as usize,
                 });
             }
         }

@@ -1176,6 +1176,7 @@ impl Channel {
         let got = ctx.ops().get(&m.queue, m.no_ack)?;
         let q = got.queue;
         let Some((msg, remaining)) = got.message else {
+            bump(&self.shared.stats.counters.get_empty);
             self.send(BasicGetEmpty {
                 cluster_id: String::new(),
             });
@@ -1526,6 +1527,9 @@ impl Channel {
                 return Ok(None);
             }
         };
+        if !published.routed && !mandatory {
+            bump(&self.shared.stats.counters.drop_unroutable);
+        }
         if !published.routed && mandatory {
             bump(&self.shared.stats.counters.return_unroutable);
             let method = Method::BasicReturn(BasicReturn {

@@ -2067,3 +2067,174 @@ async fn rabbitmq_export_imports_over_http_as_json() {
     }
     h.stop().await;
 }
+
+/// Reads `v[path...]` as f64 (`NaN` when missing).
+fn num(v: &Value, path: &[&str]) -> f64 {
+    let mut x = v;
+    for p in path {
+        x = &x[*p];
+    }
+    x.as_f64().unwrap_or(f64::NAN)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn message_rates_follow_a_paced_publisher() {
+    // Samples every 200 ms instead of RabbitMQ's 5 s, so that the test sees rates quickly.
+    let h = Http::start_with(|c| c.management.collect_statistics_interval = 200).await;
+    let (s, _, node) = h.call(Method::GET, "/api/nodes", Some("admin"), None).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(node[0]["rates_mode"], "basic");
+    assert_eq!(h.get("/api/overview").await["rates_mode"], "basic");
+    let conn = h.amqp().await;
+    let ch = within("channel", conn.create_channel()).await.unwrap();
+    within(
+        "declare",
+        ch.queue_declare(
+            "paced".into(),
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .unwrap();
+    let empty = h.get("/api/queues/%2F/paced").await;
+    let base_memory = empty["memory"].as_u64().expect("memory");
+    assert!(base_memory > 0, "{empty}");
+    // 20 messages every 50 ms: 400 messages a second, until told to stop.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let publisher = {
+        let stop = stop.clone();
+        let ch = ch.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(std::time::Duration::from_millis(50));
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                tick.tick().await;
+                for _ in 0..20 {
+                    ch.basic_publish(
+                        "".into(),
+                        "paced".into(),
+                        BasicPublishOptions::default(),
+                        &[0u8; 100],
+                        BasicProperties::default(),
+                    )
+                    .await
+                    .unwrap();
+                }
+            }
+        })
+    };
+    // Wide bounds around 400/s: the rate is over one 200 ms sample interval.
+    let in_range = |r: f64| (150.0..=1000.0).contains(&r);
+    let q = h
+        .wait_for("/api/queues/%2F/paced", |v| {
+            in_range(num(v, &["message_stats", "publish_details", "rate"]))
+                && in_range(num(v, &["messages_ready_details", "rate"]))
+                && in_range(num(v, &["messages_details", "rate"]))
+        })
+        .await;
+    assert_eq!(
+        num(&q, &["messages_unacknowledged_details", "rate"]),
+        0.0,
+        "{q}"
+    );
+    assert_eq!(num(&q, &["message_stats", "ack_details", "rate"]), 0.0);
+    h.wait_for("/api/overview", |v| {
+        in_range(num(v, &["message_stats", "publish_details", "rate"]))
+            && in_range(num(v, &["queue_totals", "messages_ready_details", "rate"]))
+    })
+    .await;
+    h.wait_for("/api/vhosts/%2F", |v| {
+        in_range(num(v, &["message_stats", "publish_details", "rate"]))
+            && in_range(num(v, &["messages_details", "rate"]))
+    })
+    .await;
+    h.wait_for("/api/channels", |v| {
+        v.as_array().is_some_and(|a| {
+            a.iter()
+                .any(|c| in_range(num(c, &["message_stats", "publish_details", "rate"])))
+        })
+    })
+    .await;
+    // A range: one sample a second over the last 10 s, newest first, counts not falling.
+    let ranged = h
+        .wait_for(
+            "/api/queues/%2F/paced?msg_rates_age=10&msg_rates_incr=1&lengths_age=10&lengths_incr=1",
+            |v| {
+                v["message_stats"]["publish_details"]["samples"]
+                    .as_array()
+                    .is_some_and(|s| s.len() >= 3)
+            },
+        )
+        .await;
+    let samples = ranged["message_stats"]["publish_details"]["samples"]
+        .as_array()
+        .expect("samples")
+        .clone();
+    assert!(samples.len() >= 2, "{ranged}");
+    for w in samples.windows(2) {
+        assert!(
+            w[0]["sample"].as_u64() >= w[1]["sample"].as_u64(),
+            "{ranged}"
+        );
+        assert_eq!(
+            w[0]["timestamp"].as_u64().unwrap() - w[1]["timestamp"].as_u64().unwrap(),
+            1000
+        );
+    }
+    assert!(ranged["message_stats"]["publish_details"]["avg_rate"].is_number());
+    assert!(ranged["messages_ready_details"]["samples"].is_array());
+    let (s, _, bad) = h
+        .call(
+            Method::GET,
+            "/api/queues/%2F/paced?msg_rates_age=1000&msg_rates_incr=1",
+            Some("admin"),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        bad,
+        json!({"error": "invalid_range_parameters",
+               "reason": "Invalid range parameters: age 1000, incr 1"})
+    );
+    // The queue holds its ready messages in memory: at least their bodies.
+    let ready = q["messages_ready"].as_u64().unwrap();
+    assert!(
+        q["memory"].as_u64().unwrap() >= base_memory + ready * 100,
+        "{q}"
+    );
+    // Once the publisher stops, the rates fall back to zero (no new counts, then stale).
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    publisher.await.unwrap();
+    h.wait_for("/api/queues/%2F/paced", |v| {
+        num(v, &["message_stats", "publish_details", "rate"]) == 0.0
+            && num(v, &["messages_ready_details", "rate"]) == 0.0
+    })
+    .await;
+    // Consumed without acknowledgements: the queue's deliveries follow.
+    let mut consumer = within(
+        "consume",
+        ch.basic_consume(
+            "paced".into(),
+            "c".into(),
+            lapin::options::BasicConsumeOptions {
+                no_ack: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .unwrap();
+    use futures_util::StreamExt;
+    let drained = ready;
+    let mut got = 0;
+    while got < drained {
+        within("delivery", consumer.next()).await.unwrap().unwrap();
+        got += 1;
+    }
+    let q = h.get("/api/queues/%2F/paced").await;
+    assert!(num(&q, &["message_stats", "deliver_get"]) >= drained as f64);
+    assert!(q["message_stats"]["deliver_get_details"]["rate"].is_number());
+    h.stop().await;
+}
