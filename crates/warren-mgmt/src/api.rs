@@ -24,6 +24,7 @@ use std::time::Instant;
 use warren_broker::policy::definition_json;
 
 mod definitions;
+mod parameters;
 mod policies;
 
 /// The RabbitMQ version whose management API Warren answers as (`rabbitmq_version`,
@@ -351,7 +352,12 @@ async fn overview(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap, q:
         "rates_mode": "basic",
         "disable_stats": false,
         "enable_queue_totals": true,
-        "cluster_name": "warren",
+        // RabbitMQ's cluster name is the `cluster_name` global parameter when it is set.
+        "cluster_name": app
+            .backend
+            .global_parameter("cluster_name")
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_else(|| "warren".to_string()),
         "node": app.node,
         "exchange_types": [
             {"name": "direct", "description": "AMQP direct exchange, as per the AMQP specification", "enabled": true},
@@ -1350,6 +1356,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/api/consumers", get(conns::consumers))
         .route("/api/consumers/{v}", get(conns::vhost_consumers))
         .merge(policies::routes())
+        .merge(parameters::routes())
         .merge(definitions::routes())
         .route("/metrics", get(metrics))
         .route("/metrics/per-object", get(metrics_per_object))

@@ -28,6 +28,19 @@ pub use warren_broker::registry::{
     ChannelSnapshot, ConnectionDetails, ConnectionSnapshot, ConsumerDetails, MessageStats,
 };
 
+/// Vhost limits as RabbitMQ's `vhost-limits` value: `{"max-connections": n, "max-queues": n}`
+/// with the limits set.
+fn vhost_limits_json(l: &warren_broker::access::VhostLimits) -> Value {
+    let mut m = Map::new();
+    if let Some(n) = l.max_connections {
+        m.insert("max-connections".into(), Value::from(n));
+    }
+    if let Some(n) = l.max_queues {
+        m.insert("max-queues".into(), Value::from(n));
+    }
+    Value::Object(m)
+}
+
 /// A queue's counters as [`MessageStats`]: what went in (`publish`), out to consumers
 /// (`deliver`) and basic.get (`get`), acknowledgements and redeliveries.
 fn queue_stats(q: &warren_broker::Queue) -> MessageStats {
@@ -579,6 +592,100 @@ impl Backend {
         out
     }
 
+    // ---- runtime parameters ------------------------------------------------------------
+
+    /// Every vhost-scoped runtime parameter as RabbitMQ's `rabbit_runtime_parameters:list()`
+    /// gives them (policies left out, operator policies in), each
+    /// `{"vhost", "component", "name", "value"}`: `vhost-limits`/`limits` for each vhost with
+    /// limits, `operator_policy` for each operator policy. With `component`, only its;
+    /// `policy` lists the policies (as RabbitMQ does when asked for that component).
+    pub fn runtime_parameters(&self, component: Option<&str>) -> Vec<Value> {
+        let want = |c: &str| component.is_none_or(|x| x == c);
+        let mut out = Vec::new();
+        if want(warren_broker::definitions::VHOST_LIMITS_COMPONENT) {
+            let access = self.broker().access();
+            let mut limited: Vec<&VhostRecord> = access
+                .vhosts()
+                .filter(|v| v.limits != warren_broker::access::VhostLimits::default())
+                .collect();
+            limited.sort_by(|a, b| a.name.cmp(&b.name));
+            for v in limited {
+                out.push(serde_json::json!({
+                    "vhost": v.name,
+                    "component": warren_broker::definitions::VHOST_LIMITS_COMPONENT,
+                    "name": "limits",
+                    "value": vhost_limits_json(&v.limits),
+                }));
+            }
+        }
+        for (c, operator) in [("operator_policy", true), ("policy", false)] {
+            // `policy` only when asked for by name, as rabbit_runtime_parameters:list/2.
+            if !(want(c) && (operator || component == Some(c))) {
+                continue;
+            }
+            for v in self.vhost_list(None) {
+                for p in v.policies(operator) {
+                    let mut value = p.to_json();
+                    if let Value::Object(m) = &mut value {
+                        m.remove("name");
+                    }
+                    out.push(serde_json::json!({
+                        "vhost": v.name, "component": c, "name": p.name, "value": value,
+                    }));
+                }
+            }
+        }
+        out
+    }
+
+    /// The global runtime parameters, `{"name", "value"}` each, by name.
+    pub fn global_parameters(&self) -> Vec<Value> {
+        self.broker()
+            .access()
+            .global_parameters()
+            .map(|(name, value)| serde_json::json!({"name": name, "value": value}))
+            .collect()
+    }
+
+    /// Global runtime parameter `name`'s value.
+    pub fn global_parameter(&self, name: &str) -> Option<Value> {
+        self.broker().access().global_parameter(name).cloned()
+    }
+
+    /// Sets vhost `vhost`'s limits as `user` (the `vhost-limits` parameter); true when it had
+    /// none. Errors: 404, 401 (not a policymaker of the vhost), 500 (not stored).
+    pub fn set_vhost_limits(
+        &self,
+        user: &UserInfo,
+        vhost: &str,
+        limits: warren_broker::access::VhostLimits,
+    ) -> Result<bool, ApiError> {
+        self.admin(user, |a| a.set_vhost_limits(vhost, limits))
+    }
+
+    /// Clears vhost `vhost`'s limits as `user`. Errors: as [`Backend::set_vhost_limits`],
+    /// 404 when it has none.
+    pub fn clear_vhost_limits(&self, user: &UserInfo, vhost: &str) -> Result<(), ApiError> {
+        self.admin(user, |a| a.clear_vhost_limits(vhost))
+    }
+
+    /// Sets global parameter `name` as `user`; true when it was not set. Errors: 401 (not a
+    /// policymaker), 500 (not stored).
+    pub fn set_global_parameter(
+        &self,
+        user: &UserInfo,
+        name: &str,
+        value: Value,
+    ) -> Result<bool, ApiError> {
+        self.admin(user, |a| a.set_global_parameter(name, value))
+    }
+
+    /// Clears global parameter `name` as `user`. Errors: 404 when it is not set, else as
+    /// [`Backend::set_global_parameter`].
+    pub fn clear_global_parameter(&self, user: &UserInfo, name: &str) -> Result<(), ApiError> {
+        self.admin(user, |a| a.clear_global_parameter(name))
+    }
+
     // ---- topology reads --------------------------------------------------------------
 
     /// Every vhost name, sorted.
@@ -698,6 +805,12 @@ impl Backend {
             }
         }
         out
+    }
+
+    /// The `parameters` of a definitions export, as rabbit_definitions: every runtime
+    /// parameter but policies (`vhost-limits`, `operator_policy`).
+    fn definition_parameters(&self) -> Vec<Value> {
+        self.runtime_parameters(None)
     }
 
     /// Every vhost's policies in RabbitMQ's definitions format (with `vhost`).
@@ -1072,8 +1185,12 @@ impl Backend {
             "vhosts": vhosts,
             "permissions": permissions,
             "topic_permissions": topic_permissions,
-            "parameters": [],
-            "global_parameters": [],
+            "parameters": self.definition_parameters(),
+            "global_parameters": self
+                .global_parameters()
+                .into_iter()
+                .filter(|g| !g["name"].as_str().is_some_and(|n| n.starts_with("internal")))
+                .collect::<Vec<Value>>(),
             "policies": self.policies_json(),
             "queues": queues,
             "exchanges": exchanges,
@@ -1112,7 +1229,7 @@ impl Backend {
             "rabbitmq_version": rabbit_version,
             "product_name": "Warren",
             "product_version": env!("CARGO_PKG_VERSION"),
-            "parameters": [],
+            "parameters": of_vhost("parameters"),
             "policies": of_vhost("policies"),
             "queues": of_vhost("queues"),
             "exchanges": of_vhost("exchanges"),
