@@ -8,7 +8,9 @@
 //! What it costs on the hot path: nothing is locked to count. Each channel owns its
 //! [`MessageCounters`] (atomics only its connection task and the queues delivering to it
 //! touch, so the cache line is rarely shared); a queue counts in [`QueueStats`] under the
-//! lock it holds anyway. Totals per vhost and for the node are added up when someone reads
+//! lock it holds anyway; a channel counts what it publishes to each exchange in a map only
+//! its own task writes (an uncontended lock per publish; RabbitMQ's per channel-exchange
+//! stats). Totals per vhost and for the node are added up when someone reads
 //! them: the live channels' counters plus what closed channels left behind (folded into
 //! per-vhost totals when a channel closes). The registry's own locks are taken when a
 //! connection or channel opens or closes, and when an operator reads.
@@ -142,6 +144,22 @@ impl MessageStats {
     }
 }
 
+/// Messages through one exchange (RabbitMQ's exchange `message_stats`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ExchangeCounts {
+    /// Messages published to the exchange.
+    pub publish_in: u64,
+    /// Queue deliveries out of it: a message routed to three queues counts three.
+    pub publish_out: u64,
+}
+
+impl ExchangeCounts {
+    fn add(&mut self, o: &ExchangeCounts) {
+        self.publish_in += o.publish_in;
+        self.publish_out += o.publish_out;
+    }
+}
+
 /// A queue's message counts since it was created (or recovered), counted under the queue's
 /// own lock.
 #[derive(Debug, Default)]
@@ -237,6 +255,9 @@ pub struct ChannelEntry {
     confirm: AtomicBool,
     tx: AtomicBool,
     probe: Mutex<Option<Weak<dyn ChannelProbe>>>,
+    /// Per exchange published to: locked by the channel's own task per publish (so never
+    /// contended but by a reader) and by readers.
+    exchanges: Mutex<HashMap<String, ExchangeCounts>>,
 }
 
 impl ChannelEntry {
@@ -250,7 +271,19 @@ impl ChannelEntry {
             confirm: AtomicBool::new(false),
             tx: AtomicBool::new(false),
             probe: Mutex::new(None),
+            exchanges: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Counts a publish to `exchange` that `queues` queues enqueued.
+    pub fn count_exchange(&self, exchange: &str, queues: u32) {
+        let mut map = self.exchanges.lock();
+        let c = match map.get_mut(exchange) {
+            Some(c) => c,
+            None => map.entry(exchange.to_string()).or_default(),
+        };
+        c.publish_in += 1;
+        c.publish_out += u64::from(queues);
     }
 
     /// Sets what answers for the channel's unacked deliveries and consumers.
@@ -344,6 +377,8 @@ pub struct Registry {
     retired_gone: Mutex<MessageStats>,
     /// The next channel's id.
     next_channel: AtomicU64,
+    /// Exchange counts of closed channels, per (vhost, exchange).
+    retired_exchanges: Mutex<HashMap<(String, String), ExchangeCounts>>,
 }
 
 /// A connection's place in the [`Registry`]: dropping it unregisters the connection (and
@@ -403,6 +438,8 @@ impl Drop for ChannelHandle {
                 &self.connection.details.vhost,
                 &self.entry.counters.snapshot(),
             );
+            self.registry
+                .retire_exchanges(&self.connection.details.vhost, &self.entry);
         }
     }
 }
@@ -417,6 +454,8 @@ impl Drop for ConnectionHandle {
         let mut total = MessageStats::default();
         for ch in channels.values() {
             total.add(&ch.counters.snapshot());
+            self.registry
+                .retire_exchanges(&self.entry.details.vhost, ch);
         }
         self.registry.retire(&self.entry.details.vhost, &total);
     }
@@ -458,6 +497,33 @@ impl Registry {
             .entry(vhost.to_string())
             .or_default()
             .add(stats);
+    }
+
+    fn retire_exchanges(&self, vhost: &str, ch: &ChannelEntry) {
+        let counts = std::mem::take(&mut *ch.exchanges.lock());
+        if counts.is_empty() {
+            return;
+        }
+        let mut retired = self.retired_exchanges.lock();
+        for (x, c) in counts {
+            retired.entry((vhost.to_string(), x)).or_default().add(&c);
+        }
+    }
+
+    /// Messages through each exchange, per (vhost, exchange name), over open and closed
+    /// channels. An exchange deleted and declared again keeps its counts.
+    pub fn exchange_stats(&self) -> HashMap<(String, String), ExchangeCounts> {
+        let mut out = self.retired_exchanges.lock().clone();
+        for c in self.entries() {
+            for ch in c.channels.lock().values() {
+                for (x, n) in ch.exchanges.lock().iter() {
+                    out.entry((c.details.vhost.clone(), x.clone()))
+                        .or_default()
+                        .add(n);
+                }
+            }
+        }
+        out
     }
 
     fn entries(&self) -> Vec<Arc<ConnectionEntry>> {
@@ -615,6 +681,7 @@ impl Registry {
         if let Some(s) = self.retired.lock().remove(vhost) {
             self.retired_gone.lock().add(&s);
         }
+        self.retired_exchanges.lock().retain(|(v, _), _| v != vhost);
     }
 }
 

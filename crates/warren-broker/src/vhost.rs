@@ -494,6 +494,8 @@ struct ReplyConsumer {
 pub struct Published {
     /// At least one queue received the message.
     pub routed: bool,
+    /// How many queues enqueued it (RabbitMQ's exchange `publish_out` counts each).
+    pub queues: u32,
     /// The message was written to the store (with the caller's completion, if one was given,
     /// to run after the fsync that covers it); otherwise nothing is pending.
     pub stored: bool,
@@ -694,8 +696,10 @@ impl VHost {
         waiter: Option<(Arc<dyn Completion>, u64)>,
     ) -> std::result::Result<Published, PublishError> {
         if msg.exchange.is_empty() && msg.routing_key.starts_with(REPLY_TO) {
+            let routed = self.deliver_reply(msg);
             return Ok(Published {
-                routed: self.deliver_reply(msg),
+                routed,
+                queues: u32::from(routed),
                 stored: false,
                 pressured: None,
                 rejected: false,
@@ -760,6 +764,7 @@ impl VHost {
         let mut published = if queues.is_empty() {
             Published {
                 routed: false,
+                queues: 0,
                 stored: false,
                 pressured: None,
                 rejected: false,
@@ -833,6 +838,7 @@ impl VHost {
         if queues.is_empty() {
             return Ok(Published {
                 routed: true,
+                queues: 0,
                 stored: false,
                 pressured: None,
                 rejected,
@@ -889,6 +895,7 @@ impl VHost {
         }
         Ok(Published {
             routed: true,
+            queues: queues.len() as u32,
             stored: location.is_some(),
             pressured,
             rejected,

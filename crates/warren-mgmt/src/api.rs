@@ -226,7 +226,7 @@ fn queue_json(app: &App, q: &QueueInfo, ranges: &Ranges) -> Value {
     v
 }
 
-fn exchange_json(x: &ExchangeInfo) -> Value {
+fn exchange_json(app: &App, x: &ExchangeInfo, ranges: &Ranges) -> Value {
     let mut v = json!({
         "name": x.name,
         "vhost": x.vhost,
@@ -240,6 +240,13 @@ fn exchange_json(x: &ExchangeInfo) -> Value {
     // RabbitMQ shows an exchange's `policy` only when one applies.
     if let (Some(p), Value::Object(m)) = (&x.policy.policy, &mut v) {
         m.insert("policy".into(), Value::from(p.as_str()));
+    }
+    // And its `message_stats` once messages went through it.
+    if let Some(c) = &x.stats {
+        let mut stats = json!({"publish_in": c.publish_in, "publish_out": c.publish_out});
+        let key = [(Key::Exchange(x.vhost.clone(), x.name.clone()), 0)];
+        app.rates.message_stats(&mut stats, &key, ranges);
+        v["message_stats"] = stats;
     }
     v
 }
@@ -544,7 +551,14 @@ async fn exchanges_all(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMa
         items.extend(app.backend.exchanges(Some(&v)));
     }
     let items = sorted(items, |x| (x.vhost.clone(), x.name.clone()));
-    listed(items.iter().map(exchange_json).collect(), &q)
+    let ranges = Ranges::from_query(&q)?;
+    listed(
+        items
+            .iter()
+            .map(|x| exchange_json(&app, x, &ranges))
+            .collect(),
+        &q,
+    )
 }
 
 async fn exchanges_vhost(
@@ -559,7 +573,14 @@ async fn exchanges_vhost(
     let items = sorted(app.backend.exchanges(Some(&v)), |x| {
         (x.vhost.clone(), x.name.clone())
     });
-    listed(items.iter().map(exchange_json).collect(), &q)
+    let ranges = Ranges::from_query(&q)?;
+    listed(
+        items
+            .iter()
+            .map(|x| exchange_json(&app, x, &ranges))
+            .collect(),
+        &q,
+    )
 }
 
 fn find_exchange(app: &App, v: &str, name: &str) -> Result<ExchangeInfo, ApiError> {
@@ -576,13 +597,12 @@ async fn exchange_get(
     ConnectInfo(peer): Peer,
     headers: HeaderMap,
     Path((v, name)): Path<(String, String)>,
+    q: Q,
 ) -> Reply {
     authorize(&app, &headers, peer, Need::Management, Some(&v))?;
-    ok_json(exchange_json(&find_exchange(
-        &app,
-        &v,
-        exchange_name(&name),
-    )?))
+    let ranges = Ranges::from_query(&q)?;
+    let x = find_exchange(&app, &v, exchange_name(&name))?;
+    ok_json(exchange_json(&app, &x, &ranges))
 }
 
 async fn exchange_put(
@@ -612,6 +632,7 @@ async fn exchange_put(
             internal: get_bool(&b, "internal", false)?,
             arguments: get_args(&b)?,
             policy: Arc::default(),
+            stats: None,
         },
     )?;
     Ok(created_or_not(created))

@@ -25,7 +25,8 @@ use warren_broker::{Actor, Ops};
 use warren_broker::{BrokerError, Destination};
 
 pub use warren_broker::registry::{
-    ChannelSnapshot, ConnectionDetails, ConnectionSnapshot, ConsumerDetails, MessageStats,
+    ChannelSnapshot, ConnectionDetails, ConnectionSnapshot, ConsumerDetails, ExchangeCounts,
+    MessageStats,
 };
 
 /// Vhost limits as RabbitMQ's `vhost-limits` value: `{"max-connections": n, "max-queues": n}`
@@ -179,6 +180,8 @@ pub struct SampleSources {
     pub queues: Vec<QueueSample>,
     /// Each open channel's, by channel id.
     pub channels: Vec<(u64, MessageStats)>,
+    /// Each exchange's that messages went through, by (vhost, name).
+    pub exchanges: Vec<((String, String), ExchangeCounts)>,
 }
 
 /// An exchange as the API shows it.
@@ -200,6 +203,8 @@ pub struct ExchangeInfo {
     pub arguments: Map<String, Value>,
     /// The policy and operator policy that apply.
     pub policy: Arc<warren_broker::policy::Applied>,
+    /// Messages through it (none when nothing was published to it).
+    pub stats: Option<ExchangeCounts>,
 }
 
 /// A binding as the API shows it.
@@ -565,6 +570,7 @@ impl Backend {
         let (per_vhost, node) = registry.all_stats();
         let mut out = SampleSources {
             node,
+            exchanges: registry.exchange_stats().into_iter().collect(),
             channels: registry
                 .channel_counters()
                 .into_iter()
@@ -751,8 +757,10 @@ impl Backend {
     /// Exchanges of `vhost` (every vhost when `None`).
     pub fn exchanges(&self, vhost: Option<&str>) -> Vec<ExchangeInfo> {
         let mut out = Vec::new();
+        let stats = self.broker().registry().exchange_stats();
         for v in self.vhost_list(vhost) {
             for x in v.exchange_snapshots() {
+                let stats = stats.get(&(v.name.clone(), x.name.clone())).copied();
                 out.push(ExchangeInfo {
                     name: x.name,
                     vhost: v.name.clone(),
@@ -762,6 +770,7 @@ impl Backend {
                     internal: x.internal,
                     arguments: table_to_json(&x.arguments),
                     policy: x.policy,
+                    stats,
                 });
             }
         }

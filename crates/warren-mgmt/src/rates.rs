@@ -18,8 +18,9 @@
 //! 500, or a zero, is 400 `invalid_range_parameters` ("Invalid range parameters: age A,
 //! incr I"), as RabbitMQ. Points older than the kept window are left out.
 //!
-//! Memory: one sample is 13 counters and a timestamp (112 bytes). The node and each vhost
-//! keep 605 s of samples (RabbitMQ's first retention tier), each queue and channel 65 s
+//! Memory: one sample is 14 counters and a timestamp (120 bytes). The node and each vhost
+//! keep 605 s of samples (RabbitMQ's first retention tier), each queue, exchange and
+//! channel 65 s
 //! (what the web console's default "last minute" charts ask for); at most
 //! [`MAX_SAMPLES`] per object whatever the interval. An object that goes away (a queue
 //! deleted, a channel closed, a vhost deleted) loses its samples at the next sweep; a queue
@@ -65,7 +66,8 @@ const DROP_UNROUTABLE: usize = 9;
 const GET_EMPTY: usize = 10;
 const READY: usize = 11;
 const UNACKED: usize = 12;
-const FIELDS: usize = 13;
+const PUBLISH_OUT: usize = 13;
+const FIELDS: usize = 14;
 
 /// One sample: the counters and lengths of an object at one moment.
 type Point = [u64; FIELDS];
@@ -92,8 +94,9 @@ fn point(s: &MessageStats, ready: u64, unacked: u64) -> Point {
 /// length field names); `None` for a field without samples.
 fn field(name: &str) -> Option<fn(&Point) -> u64> {
     Some(match name {
-        // An exchange's `publish_in` and a queue's `publish` are the same counter here.
+        // An exchange's `publish_in` is kept where the others' `publish` is.
         "publish" | "publish_in" => |p| p[PUBLISH],
+        "publish_out" => |p| p[PUBLISH_OUT],
         "confirm" => |p| p[CONFIRM],
         "deliver" => |p| p[DELIVER],
         "deliver_no_ack" => |p| p[DELIVER_NO_ACK],
@@ -123,6 +126,8 @@ pub enum Key {
     Queue(String, String),
     /// A channel, by its process-unique id.
     Channel(u64),
+    /// An exchange: (vhost, name).
+    Exchange(String, String),
 }
 
 struct Series {
@@ -135,10 +140,11 @@ struct Series {
 
 impl Series {
     fn push(&mut self, ident: usize, ts: u64, p: Point) {
-        let went_back = self
-            .samples
-            .back()
-            .is_some_and(|(_, last)| (0..READY).any(|i| p[i] < last[i]));
+        let went_back = self.samples.back().is_some_and(|(_, last)| {
+            (0..FIELDS)
+                .filter(|i| *i != READY && *i != UNACKED)
+                .any(|i| p[i] < last[i])
+        });
         if ident != self.ident || went_back {
             self.samples.clear();
             self.ident = ident;
@@ -289,6 +295,17 @@ impl Rates {
         ));
         for (id, stats) in &src.channels {
             rows.push((Key::Channel(*id), 0, point(stats, 0, 0), OBJECT_WINDOW_MS));
+        }
+        for ((vhost, name), c) in &src.exchanges {
+            let mut p = [0; FIELDS];
+            p[PUBLISH] = c.publish_in;
+            p[PUBLISH_OUT] = c.publish_out;
+            rows.push((
+                Key::Exchange(vhost.clone(), name.clone()),
+                0,
+                p,
+                OBJECT_WINDOW_MS,
+            ));
         }
         let caps: Vec<usize> = rows.iter().map(|r| self.cap(r.3)).collect();
         let mut series = self.series.lock().unwrap_or_else(|e| e.into_inner());
@@ -458,6 +475,13 @@ mod tests {
                 unacked: 0,
             }],
             channels: vec![(7, stats)],
+            exchanges: vec![(
+                ("/".into(), "x".into()),
+                crate::backend::ExchangeCounts {
+                    publish_in: publish,
+                    publish_out: 2 * publish,
+                },
+            )],
         }
     }
 

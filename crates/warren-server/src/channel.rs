@@ -1527,6 +1527,9 @@ impl Channel {
                 return Ok(None);
             }
         };
+        self.shared
+            .stats
+            .count_exchange(&msg.exchange, published.queues);
         if !published.routed && !mandatory {
             bump(&self.shared.stats.counters.drop_unroutable);
         }

@@ -2155,6 +2155,12 @@ async fn message_rates_follow_a_paced_publisher() {
         })
     })
     .await;
+    // The default exchange: every message in, and out to one queue.
+    h.wait_for("/api/exchanges/%2F/amq.default", |v| {
+        in_range(num(v, &["message_stats", "publish_in_details", "rate"]))
+            && in_range(num(v, &["message_stats", "publish_out_details", "rate"]))
+    })
+    .await;
     // A range: one sample a second over the last 10 s, newest first, counts not falling.
     let ranged = h
         .wait_for(
