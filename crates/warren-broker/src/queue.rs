@@ -438,6 +438,31 @@ impl Queue {
         (st.ready_bytes + st.spilled_bytes) as u64
     }
 
+    /// An estimate of the bytes this queue holds in memory (RabbitMQ's queue `memory`),
+    /// from what it keeps: the queue itself, each ready message held whole (its entry, the
+    /// message's header struct and its body bytes, whether or not other queues share the
+    /// same message), each message held whole because the store refused to page it out,
+    /// the index entries of requeued messages whose bodies are in the store, and
+    /// its consumers. Paged-out messages cost nothing here (their index is on disk), nor do
+    /// unacknowledged deliveries (the channels hold those). Taken under the queue's lock,
+    /// in constant time but for the messages held for a refusing store (few by nature).
+    pub fn memory(&self) -> u64 {
+        use std::mem::size_of;
+        let per_message = size_of::<QueuedMessage>() + size_of::<Message>();
+        let st = self.state.lock();
+        let mut bytes = size_of::<Queue>()
+            + size_of::<State>()
+            + st.ready.len() * per_message
+            + st.ready_bytes
+            + st.paged.len() * size_of::<SpillEntry>()
+            + st.consumers.len() * size_of::<Consumer>();
+        for held in st.spills.iter().flatten().map(|s| &s.held) {
+            bytes += held.len() * per_message;
+            bytes += held.iter().map(|m| m.message.body.len()).sum::<usize>();
+        }
+        bytes as u64
+    }
+
     /// Current counts.
     pub fn counts(&self) -> QueueCounts {
         let st = self.state.lock();

@@ -8,7 +8,9 @@
 //! What it costs on the hot path: nothing is locked to count. Each channel owns its
 //! [`MessageCounters`] (atomics only its connection task and the queues delivering to it
 //! touch, so the cache line is rarely shared); a queue counts in [`QueueStats`] under the
-//! lock it holds anyway. Totals per vhost and for the node are added up when someone reads
+//! lock it holds anyway; a channel counts what it publishes to each exchange in a map only
+//! its own task writes (an uncontended lock per publish; RabbitMQ's per channel-exchange
+//! stats). Totals per vhost and for the node are added up when someone reads
 //! them: the live channels' counters plus what closed channels left behind (folded into
 //! per-vhost totals when a channel closes). The registry's own locks are taken when a
 //! connection or channel opens or closes, and when an operator reads.
@@ -17,7 +19,7 @@
 //! and a channel `"<connection name> (<number>)"` (rabbit_reader / rabbit_channel); the
 //! counters are the `message_stats` fields of its management API (`publish`, `confirm`,
 //! `deliver`, `deliver_no_ack`, `get`, `get_no_ack`, `ack`, `redeliver`,
-//! `return_unroutable`).
+//! `return_unroutable`, `drop_unroutable`, `get_empty`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -52,6 +54,10 @@ pub struct MessageCounters {
     pub redeliver: AtomicU64,
     /// Mandatory publishes returned unroutable (basic.return 312).
     pub return_unroutable: AtomicU64,
+    /// Publishes that routed nowhere and were dropped (not mandatory).
+    pub drop_unroutable: AtomicU64,
+    /// basic.get answered with basic.get-empty.
+    pub get_empty: AtomicU64,
 }
 
 /// Adds one to a counter.
@@ -82,6 +88,8 @@ impl MessageCounters {
             ack: l(&self.ack),
             redeliver: l(&self.redeliver),
             return_unroutable: l(&self.return_unroutable),
+            drop_unroutable: l(&self.drop_unroutable),
+            get_empty: l(&self.get_empty),
         }
     }
 }
@@ -108,6 +116,10 @@ pub struct MessageStats {
     pub redeliver: u64,
     /// Unroutable mandatory publishes returned.
     pub return_unroutable: u64,
+    /// Unroutable publishes dropped (not mandatory).
+    pub drop_unroutable: u64,
+    /// basic.get answered empty.
+    pub get_empty: u64,
 }
 
 impl MessageStats {
@@ -127,6 +139,24 @@ impl MessageStats {
         self.ack += o.ack;
         self.redeliver += o.redeliver;
         self.return_unroutable += o.return_unroutable;
+        self.drop_unroutable += o.drop_unroutable;
+        self.get_empty += o.get_empty;
+    }
+}
+
+/// Messages through one exchange (RabbitMQ's exchange `message_stats`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ExchangeCounts {
+    /// Messages published to the exchange.
+    pub publish_in: u64,
+    /// Queue deliveries out of it: a message routed to three queues counts three.
+    pub publish_out: u64,
+}
+
+impl ExchangeCounts {
+    fn add(&mut self, o: &ExchangeCounts) {
+        self.publish_in += o.publish_in;
+        self.publish_out += o.publish_out;
     }
 }
 
@@ -214,6 +244,8 @@ pub trait ChannelProbe: Send + Sync {
 
 /// One open channel: its counters and modes.
 pub struct ChannelEntry {
+    /// Process-unique id (never reused, unlike the number): what rate samples are kept by.
+    pub id: u64,
     /// The channel number.
     pub number: u16,
     /// Its message counts.
@@ -223,11 +255,15 @@ pub struct ChannelEntry {
     confirm: AtomicBool,
     tx: AtomicBool,
     probe: Mutex<Option<Weak<dyn ChannelProbe>>>,
+    /// Per exchange published to: locked by the channel's own task per publish (so never
+    /// contended but by a reader) and by readers.
+    exchanges: Mutex<HashMap<String, ExchangeCounts>>,
 }
 
 impl ChannelEntry {
-    fn new(number: u16) -> Self {
+    fn new(id: u64, number: u16) -> Self {
         ChannelEntry {
+            id,
             number,
             counters: MessageCounters::default(),
             prefetch: AtomicU32::new(0),
@@ -235,7 +271,19 @@ impl ChannelEntry {
             confirm: AtomicBool::new(false),
             tx: AtomicBool::new(false),
             probe: Mutex::new(None),
+            exchanges: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Counts a publish to `exchange` that `queues` queues enqueued.
+    pub fn count_exchange(&self, exchange: &str, queues: u32) {
+        let mut map = self.exchanges.lock();
+        let c = match map.get_mut(exchange) {
+            Some(c) => c,
+            None => map.entry(exchange.to_string()).or_default(),
+        };
+        c.publish_in += 1;
+        c.publish_out += u64::from(queues);
     }
 
     /// Sets what answers for the channel's unacked deliveries and consumers.
@@ -290,6 +338,8 @@ pub struct ConnectionSnapshot {
 /// A channel as read by an operator.
 #[derive(Debug, Clone)]
 pub struct ChannelSnapshot {
+    /// The channel's process-unique id ([`ChannelEntry::id`]).
+    pub id: u64,
     /// Its connection.
     pub connection: Arc<ConnectionDetails>,
     /// The channel number.
@@ -325,6 +375,10 @@ pub struct Registry {
     retired: Mutex<HashMap<String, MessageStats>>,
     /// Counts of closed channels of vhosts since deleted.
     retired_gone: Mutex<MessageStats>,
+    /// The next channel's id.
+    next_channel: AtomicU64,
+    /// Exchange counts of closed channels, per (vhost, exchange).
+    retired_exchanges: Mutex<HashMap<(String, String), ExchangeCounts>>,
 }
 
 /// A connection's place in the [`Registry`]: dropping it unregisters the connection (and
@@ -339,7 +393,8 @@ impl ConnectionHandle {
     /// handle's [`ChannelEntry`]; dropping the handle unregisters it, keeping its counts in
     /// the vhost's totals.
     pub fn open_channel(&self, number: u16) -> ChannelHandle {
-        let ch = Arc::new(ChannelEntry::new(number));
+        let id = self.registry.next_channel.fetch_add(1, Ordering::Relaxed);
+        let ch = Arc::new(ChannelEntry::new(id, number));
         self.entry.channels.lock().insert(number, ch.clone());
         ChannelHandle {
             registry: self.registry.clone(),
@@ -383,6 +438,8 @@ impl Drop for ChannelHandle {
                 &self.connection.details.vhost,
                 &self.entry.counters.snapshot(),
             );
+            self.registry
+                .retire_exchanges(&self.connection.details.vhost, &self.entry);
         }
     }
 }
@@ -397,6 +454,8 @@ impl Drop for ConnectionHandle {
         let mut total = MessageStats::default();
         for ch in channels.values() {
             total.add(&ch.counters.snapshot());
+            self.registry
+                .retire_exchanges(&self.entry.details.vhost, ch);
         }
         self.registry.retire(&self.entry.details.vhost, &total);
     }
@@ -438,6 +497,33 @@ impl Registry {
             .entry(vhost.to_string())
             .or_default()
             .add(stats);
+    }
+
+    fn retire_exchanges(&self, vhost: &str, ch: &ChannelEntry) {
+        let counts = std::mem::take(&mut *ch.exchanges.lock());
+        if counts.is_empty() {
+            return;
+        }
+        let mut retired = self.retired_exchanges.lock();
+        for (x, c) in counts {
+            retired.entry((vhost.to_string(), x)).or_default().add(&c);
+        }
+    }
+
+    /// Messages through each exchange, per (vhost, exchange name), over open and closed
+    /// channels. An exchange deleted and declared again keeps its counts.
+    pub fn exchange_stats(&self) -> HashMap<(String, String), ExchangeCounts> {
+        let mut out = self.retired_exchanges.lock().clone();
+        for c in self.entries() {
+            for ch in c.channels.lock().values() {
+                for (x, n) in ch.exchanges.lock().iter() {
+                    out.entry((c.details.vhost.clone(), x.clone()))
+                        .or_default()
+                        .add(n);
+                }
+            }
+        }
+        out
     }
 
     fn entries(&self) -> Vec<Arc<ConnectionEntry>> {
@@ -492,6 +578,7 @@ impl Registry {
                 let probe = ch.probe();
                 let l = |a: &AtomicU32| a.load(Ordering::Relaxed) as u16;
                 out.push(ChannelSnapshot {
+                    id: ch.id,
                     connection: c.details.clone(),
                     number: ch.number,
                     prefetch_count: l(&ch.prefetch),
@@ -518,6 +605,35 @@ impl Registry {
             }
         }
         total
+    }
+
+    /// The counters of every open channel as (channel id, vhost, counts), without asking
+    /// the channels anything (no probe, no channel lock): what a rate sampler reads.
+    pub fn channel_counters(&self) -> Vec<(u64, Arc<ConnectionDetails>, MessageStats)> {
+        let mut out = Vec::new();
+        for c in self.entries() {
+            for ch in c.channels.lock().values() {
+                out.push((ch.id, c.details.clone(), ch.counters.snapshot()));
+            }
+        }
+        out
+    }
+
+    /// Message counts per vhost (open and closed channels), and of the whole node (which
+    /// also holds what vhosts since deleted left), read in one pass.
+    pub fn all_stats(&self) -> (HashMap<String, MessageStats>, MessageStats) {
+        let mut per = self.retired.lock().clone();
+        let mut node = *self.retired_gone.lock();
+        for c in self.entries() {
+            let v = per.entry(c.details.vhost.clone()).or_default();
+            for ch in c.channels.lock().values() {
+                v.add(&ch.counters.snapshot());
+            }
+        }
+        for s in per.values() {
+            node.add(s);
+        }
+        (per, node)
     }
 
     /// Message counts of the whole node since it started.
@@ -565,6 +681,7 @@ impl Registry {
         if let Some(s) = self.retired.lock().remove(vhost) {
             self.retired_gone.lock().add(&s);
         }
+        self.retired_exchanges.lock().retain(|(v, _), _| v != vhost);
     }
 }
 

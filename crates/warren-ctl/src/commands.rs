@@ -135,6 +135,10 @@ pub enum ListKind {
     Permissions,
     Policies,
     OperatorPolicies,
+    /// Runtime parameters (rabbitmqadmin's `list parameters`).
+    Parameters,
+    /// Global runtime parameters.
+    GlobalParameters,
     Nodes,
 }
 
@@ -676,13 +680,16 @@ impl Ctx<'_> {
             ),
             // Filtered here: not every server has /api/vhosts/V/permissions.
             Permissions => "/api/permissions".to_string(),
+            // Filtered here too: the API scopes parameters by component first.
+            Parameters => "/api/parameters".to_string(),
+            GlobalParameters => "/api/global-parameters".to_string(),
             Users => "/api/users".to_string(),
             Vhosts => "/api/vhosts".to_string(),
             Nodes => "/api/nodes".to_string(),
         };
         let reply = self.client.get(&path)?;
         let mut rows = output::rows(&reply);
-        if l.what == Permissions {
+        if l.what == Permissions || l.what == Parameters {
             if let Some(vhost) = &self.vhost {
                 rows.retain(|p| p.get("vhost").and_then(Value::as_str) == Some(vhost));
             }
@@ -766,6 +773,8 @@ impl Ctx<'_> {
                 "priority",
                 "definition",
             ],
+            Parameters => &["vhost", "component", "name", "value"],
+            GlobalParameters => &["name", "value"],
             Nodes => &["name", "type", "running", "uptime"],
         };
         let columns: Vec<&str> = if l.columns.is_empty() {

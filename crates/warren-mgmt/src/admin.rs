@@ -18,7 +18,7 @@ use warren_broker::access::user::{parse_tag_list, parse_tags};
 use warren_broker::access::{HashingAlgorithm, PasswordHash};
 
 /// Runs a blocking backend write off the async runtime's threads.
-async fn blocking<R: Send + 'static>(
+pub(crate) async fn blocking<R: Send + 'static>(
     f: impl FnOnce() -> Result<R, ApiError> + Send + 'static,
 ) -> Result<R, ApiError> {
     tokio::task::spawn_blocking(f)

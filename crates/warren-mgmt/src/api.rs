@@ -5,9 +5,10 @@ use crate::admin;
 use crate::backend::{
     AckMode, Backend, BindingInfo, ExchangeInfo, LoginError, QueueInfo, UserInfo,
 };
-use crate::conns::{self, message_stats_json};
+use crate::conns::{self, stats_with_rates};
 use crate::error::ApiError;
 use crate::list;
+use crate::rates::{Key, Ranges};
 use axum::body::Bytes;
 use axum::extract::{ConnectInfo, Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
@@ -23,6 +24,7 @@ use std::time::Instant;
 use warren_broker::policy::definition_json;
 
 mod definitions;
+mod parameters;
 mod policies;
 
 /// The RabbitMQ version whose management API Warren answers as (`rabbitmq_version`,
@@ -34,6 +36,7 @@ pub struct App {
     pub(crate) backend: Backend,
     pub(crate) node: String,
     pub(crate) started: Instant,
+    pub(crate) rates: crate::rates::Rates,
 }
 
 pub(crate) type S = State<Arc<App>>;
@@ -217,8 +220,9 @@ fn query_flag(q: &HashMap<String, String>, key: &str) -> bool {
 
 // ---- JSON shapes ---------------------------------------------------------------------
 
-fn queue_json(app: &App, q: &QueueInfo) -> Value {
-    json!({
+fn queue_json(app: &App, q: &QueueInfo, ranges: &Ranges) -> Value {
+    let key = [(Key::Queue(q.vhost.clone(), q.name.clone()), q.ident)];
+    let mut v = json!({
         "name": q.name,
         "vhost": q.vhost,
         "durable": q.durable,
@@ -233,15 +237,18 @@ fn queue_json(app: &App, q: &QueueInfo) -> Value {
         "messages_unacknowledged": q.unacked,
         "consumers": q.consumers,
         "message_bytes_ready": q.ready_bytes,
-        "message_stats": message_stats_json(&q.stats),
+        "memory": q.memory,
+        "message_stats": stats_with_rates(app, &q.stats, &key, ranges),
         "policy": q.policy.policy,
         "operator_policy": q.policy.operator_policy,
         "effective_policy_definition": definition_json(&q.policy.definition),
         "exclusive_consumer_tag": null,
-    })
+    });
+    app.rates.lengths(&mut v, &key, ranges);
+    v
 }
 
-fn exchange_json(x: &ExchangeInfo) -> Value {
+fn exchange_json(app: &App, x: &ExchangeInfo, ranges: &Ranges) -> Value {
     let mut v = json!({
         "name": x.name,
         "vhost": x.vhost,
@@ -255,6 +262,13 @@ fn exchange_json(x: &ExchangeInfo) -> Value {
     // RabbitMQ shows an exchange's `policy` only when one applies.
     if let (Some(p), Value::Object(m)) = (&x.policy.policy, &mut v) {
         m.insert("policy".into(), Value::from(p.as_str()));
+    }
+    // And its `message_stats` once messages went through it.
+    if let Some(c) = &x.stats {
+        let mut stats = json!({"publish_in": c.publish_in, "publish_out": c.publish_out});
+        let key = [(Key::Exchange(x.vhost.clone(), x.name.clone()), 0)];
+        app.rates.message_stats(&mut stats, &key, ranges);
+        v["message_stats"] = stats;
     }
     v
 }
@@ -320,7 +334,7 @@ fn node_json(app: &App) -> Value {
         "processors": std::thread::available_parallelism().map(|p| p.get()).unwrap_or(1),
         "os_pid": std::process::id().to_string(),
         "partitions": [],
-        "rates_mode": "none",
+        "rates_mode": "basic",
         "product_name": "Warren",
         "product_version": env!("CARGO_PKG_VERSION"),
     })
@@ -328,9 +342,11 @@ fn node_json(app: &App) -> Value {
 
 // ---- handlers ------------------------------------------------------------------------
 
-async fn overview(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap) -> Reply {
+async fn overview(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap, q: Q) -> Reply {
     let user = authorize(&app, &headers, peer, Need::Management, None)?;
+    let ranges = Ranges::from_query(&q)?;
     let vhosts = visible_vhosts(&app, &user);
+    let keys = overview_keys(&user, &vhosts);
     let mut queues = Vec::new();
     let mut exchanges = 0usize;
     for v in &vhosts {
@@ -349,6 +365,12 @@ async fn overview(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap) ->
                    "port": a.port()})
         })
         .collect();
+    let mut queue_totals = json!({
+        "messages": ready + unacked,
+        "messages_ready": ready,
+        "messages_unacknowledged": unacked,
+    });
+    app.rates.lengths(&mut queue_totals, &keys, &ranges);
     ok_json(json!({
         "management_version": RABBITMQ_VERSION,
         "rabbitmq_version": RABBITMQ_VERSION,
@@ -356,10 +378,15 @@ async fn overview(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap) ->
         "product_version": env!("CARGO_PKG_VERSION"),
         "erlang_version": "none",
         "erlang_full_version": "none",
-        "rates_mode": "none",
+        "rates_mode": "basic",
         "disable_stats": false,
         "enable_queue_totals": true,
-        "cluster_name": "warren",
+        // RabbitMQ's cluster name is the `cluster_name` global parameter when it is set.
+        "cluster_name": app
+            .backend
+            .global_parameter("cluster_name")
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_else(|| "warren".to_string()),
         "node": app.node,
         "exchange_types": [
             {"name": "direct", "description": "AMQP direct exchange, as per the AMQP specification", "enabled": true},
@@ -368,12 +395,8 @@ async fn overview(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap) ->
             {"name": "topic", "description": "AMQP topic exchange, as per the AMQP specification", "enabled": true},
             {"name": "x-delayed-message", "description": "Delayed Message Exchange", "enabled": true},
         ],
-        "message_stats": overview_stats(&app, &user, &vhosts),
-        "queue_totals": {
-            "messages": ready + unacked,
-            "messages_ready": ready,
-            "messages_unacknowledged": unacked,
-        },
+        "message_stats": overview_stats(&app, &user, &vhosts, &keys, &ranges),
+        "queue_totals": queue_totals,
         "object_totals": {
             "connections": app.backend.connections().len(),
             "channels": app.backend.channel_count(),
@@ -409,7 +432,8 @@ async fn node(
     ok_json(node_json(&app))
 }
 
-fn vhost_json(app: &App, v: &str) -> Value {
+fn vhost_json(app: &App, v: &str, ranges: &Ranges) -> Value {
+    let key = [(Key::Vhost(v.to_string()), 0)];
     let queues = app.backend.queues(Some(v));
     let ready: u64 = queues.iter().map(|q| q.ready).sum();
     let unacked: u64 = queues.iter().map(|q| q.unacked).sum();
@@ -428,32 +452,50 @@ fn vhost_json(app: &App, v: &str) -> Value {
         "messages": ready + unacked,
         "messages_ready": ready,
         "messages_unacknowledged": unacked,
-        "message_stats": message_stats_json(&app.backend.vhost_stats(v)),
+        "message_stats": stats_with_rates(app, &app.backend.vhost_stats(v), &key, ranges),
     });
     if let Some(t) = &record.default_queue_type {
         out["default_queue_type"] = Value::from(t.as_str());
     }
+    app.rates.lengths(&mut out, &key, ranges);
     out
 }
 
-/// The overview's `message_stats`: the node's for those who see every vhost, else the sum
-/// over the vhosts the user sees.
-fn overview_stats(app: &App, user: &UserInfo, vhosts: &[String]) -> Value {
+/// Whose samples the overview's rates come from: the node's for those who see every
+/// vhost, else the vhosts the user sees (their rates summed).
+fn overview_keys(user: &UserInfo, vhosts: &[String]) -> Vec<(Key, usize)> {
     if has(&user.tags, &["administrator", "monitoring"]) {
-        return message_stats_json(&app.backend.global_stats());
+        vec![(Key::Node, 0)]
+    } else {
+        vhosts.iter().map(|v| (Key::Vhost(v.clone()), 0)).collect()
+    }
+}
+
+/// The overview's `message_stats`: the node's for those who see every vhost, else the sum
+/// over the vhosts the user sees; with rates from `keys`.
+fn overview_stats(
+    app: &App,
+    user: &UserInfo,
+    vhosts: &[String],
+    keys: &[(Key, usize)],
+    ranges: &Ranges,
+) -> Value {
+    if has(&user.tags, &["administrator", "monitoring"]) {
+        return stats_with_rates(app, &app.backend.global_stats(), keys, ranges);
     }
     let mut total = crate::backend::MessageStats::default();
     for v in vhosts {
         total.add(&app.backend.vhost_stats(v));
     }
-    message_stats_json(&total)
+    stats_with_rates(app, &total, keys, ranges)
 }
 
 async fn vhosts(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap, q: Q) -> Reply {
     let user = authorize(&app, &headers, peer, Need::Management, None)?;
+    let ranges = Ranges::from_query(&q)?;
     let items = visible_vhosts(&app, &user)
         .iter()
-        .map(|v| vhost_json(&app, v))
+        .map(|v| vhost_json(&app, v, &ranges))
         .collect();
     listed(items, &q)
 }
@@ -463,10 +505,11 @@ async fn vhost(
     ConnectInfo(peer): Peer,
     headers: HeaderMap,
     Path(v): Path<String>,
+    q: Q,
 ) -> Reply {
     authorize(&app, &headers, peer, Need::Management, Some(&v))?;
     require_vhost(&app, &v)?;
-    ok_json(vhost_json(&app, &v))
+    ok_json(vhost_json(&app, &v, &Ranges::from_query(&q)?))
 }
 
 async fn users(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap, q: Q) -> Reply {
@@ -530,7 +573,14 @@ async fn exchanges_all(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMa
         items.extend(app.backend.exchanges(Some(&v)));
     }
     let items = sorted(items, |x| (x.vhost.clone(), x.name.clone()));
-    listed(items.iter().map(exchange_json).collect(), &q)
+    let ranges = Ranges::from_query(&q)?;
+    listed(
+        items
+            .iter()
+            .map(|x| exchange_json(&app, x, &ranges))
+            .collect(),
+        &q,
+    )
 }
 
 async fn exchanges_vhost(
@@ -545,7 +595,14 @@ async fn exchanges_vhost(
     let items = sorted(app.backend.exchanges(Some(&v)), |x| {
         (x.vhost.clone(), x.name.clone())
     });
-    listed(items.iter().map(exchange_json).collect(), &q)
+    let ranges = Ranges::from_query(&q)?;
+    listed(
+        items
+            .iter()
+            .map(|x| exchange_json(&app, x, &ranges))
+            .collect(),
+        &q,
+    )
 }
 
 fn find_exchange(app: &App, v: &str, name: &str) -> Result<ExchangeInfo, ApiError> {
@@ -562,13 +619,12 @@ async fn exchange_get(
     ConnectInfo(peer): Peer,
     headers: HeaderMap,
     Path((v, name)): Path<(String, String)>,
+    q: Q,
 ) -> Reply {
     authorize(&app, &headers, peer, Need::Management, Some(&v))?;
-    ok_json(exchange_json(&find_exchange(
-        &app,
-        &v,
-        exchange_name(&name),
-    )?))
+    let ranges = Ranges::from_query(&q)?;
+    let x = find_exchange(&app, &v, exchange_name(&name))?;
+    ok_json(exchange_json(&app, &x, &ranges))
 }
 
 async fn exchange_put(
@@ -598,6 +654,7 @@ async fn exchange_put(
             internal: get_bool(&b, "internal", false)?,
             arguments: get_args(&b)?,
             policy: Arc::default(),
+            stats: None,
         },
     )?;
     Ok(created_or_not(created))
@@ -733,7 +790,11 @@ async fn queues_all(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap, 
         items.extend(app.backend.queues(Some(&v)));
     }
     let items = sorted(items, |x| (x.vhost.clone(), x.name.clone()));
-    listed(items.iter().map(|x| queue_json(&app, x)).collect(), &q)
+    let ranges = Ranges::from_query(&q)?;
+    listed(
+        items.iter().map(|x| queue_json(&app, x, &ranges)).collect(),
+        &q,
+    )
 }
 
 async fn queues_vhost(
@@ -748,7 +809,11 @@ async fn queues_vhost(
     let items = sorted(app.backend.queues(Some(&v)), |x| {
         (x.vhost.clone(), x.name.clone())
     });
-    listed(items.iter().map(|x| queue_json(&app, x)).collect(), &q)
+    let ranges = Ranges::from_query(&q)?;
+    listed(
+        items.iter().map(|x| queue_json(&app, x, &ranges)).collect(),
+        &q,
+    )
 }
 
 fn find_queue(app: &App, v: &str, name: &str) -> Result<QueueInfo, ApiError> {
@@ -765,9 +830,11 @@ async fn queue_get(
     ConnectInfo(peer): Peer,
     headers: HeaderMap,
     Path((v, name)): Path<(String, String)>,
+    q: Q,
 ) -> Reply {
     authorize(&app, &headers, peer, Need::Management, Some(&v))?;
-    ok_json(queue_json(&app, &find_queue(&app, &v, &name)?))
+    let ranges = Ranges::from_query(&q)?;
+    ok_json(queue_json(&app, &find_queue(&app, &v, &name)?, &ranges))
 }
 
 async fn queue_put(
@@ -1332,6 +1399,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/api/consumers", get(conns::consumers))
         .route("/api/consumers/{v}", get(conns::vhost_consumers))
         .merge(policies::routes())
+        .merge(parameters::routes())
         .merge(definitions::routes())
         .merge(crate::console::routes())
         .route("/metrics", get(metrics))

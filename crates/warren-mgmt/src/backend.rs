@@ -25,8 +25,22 @@ use warren_broker::{Actor, Ops};
 use warren_broker::{BrokerError, Destination};
 
 pub use warren_broker::registry::{
-    ChannelSnapshot, ConnectionDetails, ConnectionSnapshot, ConsumerDetails, MessageStats,
+    ChannelSnapshot, ConnectionDetails, ConnectionSnapshot, ConsumerDetails, ExchangeCounts,
+    MessageStats,
 };
+
+/// Vhost limits as RabbitMQ's `vhost-limits` value: `{"max-connections": n, "max-queues": n}`
+/// with the limits set.
+fn vhost_limits_json(l: &warren_broker::access::VhostLimits) -> Value {
+    let mut m = Map::new();
+    if let Some(n) = l.max_connections {
+        m.insert("max-connections".into(), Value::from(n));
+    }
+    if let Some(n) = l.max_queues {
+        m.insert("max-queues".into(), Value::from(n));
+    }
+    Value::Object(m)
+}
 
 /// A queue's counters as [`MessageStats`]: what went in (`publish`), out to consumers
 /// (`deliver`) and basic.get (`get`), acknowledgements and redeliveries.
@@ -131,6 +145,43 @@ pub struct QueueInfo {
     pub stats: MessageStats,
     /// The policy and operator policy that apply.
     pub policy: Arc<warren_broker::policy::Applied>,
+    /// Bytes the queue holds in memory, estimated (see `warren_broker::Queue::memory`).
+    pub memory: u64,
+    /// Tells this queue from another one declared later under the same name (its
+    /// address, while it lives): what its rate samples are kept under.
+    pub ident: usize,
+}
+
+/// A queue's counters and lengths for the rate sampler.
+#[derive(Debug, Clone)]
+pub struct QueueSample {
+    /// Virtual host.
+    pub vhost: String,
+    /// Name.
+    pub name: String,
+    /// See [`QueueInfo::ident`].
+    pub ident: usize,
+    /// Message counts since the queue was created.
+    pub stats: MessageStats,
+    /// Ready messages.
+    pub ready: u64,
+    /// Unacknowledged messages.
+    pub unacked: u64,
+}
+
+/// Everything the rate sampler reads in one sweep.
+#[derive(Debug, Clone, Default)]
+pub struct SampleSources {
+    /// The node's message counts.
+    pub node: MessageStats,
+    /// Each vhost's message counts.
+    pub vhosts: Vec<(String, MessageStats)>,
+    /// Each queue's.
+    pub queues: Vec<QueueSample>,
+    /// Each open channel's, by channel id.
+    pub channels: Vec<(u64, MessageStats)>,
+    /// Each exchange's that messages went through, by (vhost, name).
+    pub exchanges: Vec<((String, String), ExchangeCounts)>,
 }
 
 /// An exchange as the API shows it.
@@ -152,6 +203,8 @@ pub struct ExchangeInfo {
     pub arguments: Map<String, Value>,
     /// The policy and operator policy that apply.
     pub policy: Arc<warren_broker::policy::Applied>,
+    /// Messages through it (none when nothing was published to it).
+    pub stats: Option<ExchangeCounts>,
 }
 
 /// A binding as the API shows it.
@@ -510,6 +563,135 @@ impl Backend {
         self.broker().registry().global_stats()
     }
 
+    /// What the rate sampler reads: the registry's counters (atomics, no channel asked)
+    /// and each live queue's counts (its lock held for that read only).
+    pub fn sample_sources(&self) -> SampleSources {
+        let registry = self.broker().registry();
+        let (per_vhost, node) = registry.all_stats();
+        let mut out = SampleSources {
+            node,
+            exchanges: registry.exchange_stats().into_iter().collect(),
+            channels: registry
+                .channel_counters()
+                .into_iter()
+                .map(|(id, _, s)| (id, s))
+                .collect(),
+            ..SampleSources::default()
+        };
+        for v in self.vhost_list(None) {
+            out.vhosts.push((
+                v.name.clone(),
+                per_vhost.get(&v.name).copied().unwrap_or_default(),
+            ));
+            for q in v.queues() {
+                let c = q.counts();
+                out.queues.push(QueueSample {
+                    vhost: q.vhost.clone(),
+                    name: q.name.clone(),
+                    ident: Arc::as_ptr(&q) as usize,
+                    stats: queue_stats(&q),
+                    ready: c.ready.into(),
+                    unacked: c.unacked.into(),
+                });
+            }
+        }
+        out
+    }
+
+    // ---- runtime parameters ------------------------------------------------------------
+
+    /// Every vhost-scoped runtime parameter as RabbitMQ's `rabbit_runtime_parameters:list()`
+    /// gives them (policies left out, operator policies in), each
+    /// `{"vhost", "component", "name", "value"}`: `vhost-limits`/`limits` for each vhost with
+    /// limits, `operator_policy` for each operator policy. With `component`, only its;
+    /// `policy` lists the policies (as RabbitMQ does when asked for that component).
+    pub fn runtime_parameters(&self, component: Option<&str>) -> Vec<Value> {
+        let want = |c: &str| component.is_none_or(|x| x == c);
+        let mut out = Vec::new();
+        if want(warren_broker::definitions::VHOST_LIMITS_COMPONENT) {
+            let access = self.broker().access();
+            let mut limited: Vec<&VhostRecord> = access
+                .vhosts()
+                .filter(|v| v.limits != warren_broker::access::VhostLimits::default())
+                .collect();
+            limited.sort_by(|a, b| a.name.cmp(&b.name));
+            for v in limited {
+                out.push(serde_json::json!({
+                    "vhost": v.name,
+                    "component": warren_broker::definitions::VHOST_LIMITS_COMPONENT,
+                    "name": "limits",
+                    "value": vhost_limits_json(&v.limits),
+                }));
+            }
+        }
+        for (c, operator) in [("operator_policy", true), ("policy", false)] {
+            // `policy` only when asked for by name, as rabbit_runtime_parameters:list/2.
+            if !(want(c) && (operator || component == Some(c))) {
+                continue;
+            }
+            for v in self.vhost_list(None) {
+                for p in v.policies(operator) {
+                    let mut value = p.to_json();
+                    if let Value::Object(m) = &mut value {
+                        m.remove("name");
+                    }
+                    out.push(serde_json::json!({
+                        "vhost": v.name, "component": c, "name": p.name, "value": value,
+                    }));
+                }
+            }
+        }
+        out
+    }
+
+    /// The global runtime parameters, `{"name", "value"}` each, by name.
+    pub fn global_parameters(&self) -> Vec<Value> {
+        self.broker()
+            .access()
+            .global_parameters()
+            .map(|(name, value)| serde_json::json!({"name": name, "value": value}))
+            .collect()
+    }
+
+    /// Global runtime parameter `name`'s value.
+    pub fn global_parameter(&self, name: &str) -> Option<Value> {
+        self.broker().access().global_parameter(name).cloned()
+    }
+
+    /// Sets vhost `vhost`'s limits as `user` (the `vhost-limits` parameter); true when it had
+    /// none. Errors: 404, 401 (not a policymaker of the vhost), 500 (not stored).
+    pub fn set_vhost_limits(
+        &self,
+        user: &UserInfo,
+        vhost: &str,
+        limits: warren_broker::access::VhostLimits,
+    ) -> Result<bool, ApiError> {
+        self.admin(user, |a| a.set_vhost_limits(vhost, limits))
+    }
+
+    /// Clears vhost `vhost`'s limits as `user`. Errors: as [`Backend::set_vhost_limits`],
+    /// 404 when it has none.
+    pub fn clear_vhost_limits(&self, user: &UserInfo, vhost: &str) -> Result<(), ApiError> {
+        self.admin(user, |a| a.clear_vhost_limits(vhost))
+    }
+
+    /// Sets global parameter `name` as `user`; true when it was not set. Errors: 401 (not a
+    /// policymaker), 500 (not stored).
+    pub fn set_global_parameter(
+        &self,
+        user: &UserInfo,
+        name: &str,
+        value: Value,
+    ) -> Result<bool, ApiError> {
+        self.admin(user, |a| a.set_global_parameter(name, value))
+    }
+
+    /// Clears global parameter `name` as `user`. Errors: 404 when it is not set, else as
+    /// [`Backend::set_global_parameter`].
+    pub fn clear_global_parameter(&self, user: &UserInfo, name: &str) -> Result<(), ApiError> {
+        self.admin(user, |a| a.clear_global_parameter(name))
+    }
+
     // ---- topology reads --------------------------------------------------------------
 
     /// Every vhost name, sorted.
@@ -564,6 +746,8 @@ impl Backend {
                     ready_bytes: q.ready_bytes(),
                     stats: queue_stats(&q),
                     policy: q.applied_policy(),
+                    memory: q.memory(),
+                    ident: Arc::as_ptr(&q) as usize,
                 });
             }
         }
@@ -573,8 +757,10 @@ impl Backend {
     /// Exchanges of `vhost` (every vhost when `None`).
     pub fn exchanges(&self, vhost: Option<&str>) -> Vec<ExchangeInfo> {
         let mut out = Vec::new();
+        let stats = self.broker().registry().exchange_stats();
         for v in self.vhost_list(vhost) {
             for x in v.exchange_snapshots() {
+                let stats = stats.get(&(v.name.clone(), x.name.clone())).copied();
                 out.push(ExchangeInfo {
                     name: x.name,
                     vhost: v.name.clone(),
@@ -584,6 +770,7 @@ impl Backend {
                     internal: x.internal,
                     arguments: table_to_json(&x.arguments),
                     policy: x.policy,
+                    stats,
                 });
             }
         }
@@ -627,6 +814,12 @@ impl Backend {
             }
         }
         out
+    }
+
+    /// The `parameters` of a definitions export, as rabbit_definitions: every runtime
+    /// parameter but policies (`vhost-limits`, `operator_policy`).
+    fn definition_parameters(&self) -> Vec<Value> {
+        self.runtime_parameters(None)
     }
 
     /// Every vhost's policies in RabbitMQ's definitions format (with `vhost`).
@@ -1001,8 +1194,12 @@ impl Backend {
             "vhosts": vhosts,
             "permissions": permissions,
             "topic_permissions": topic_permissions,
-            "parameters": [],
-            "global_parameters": [],
+            "parameters": self.definition_parameters(),
+            "global_parameters": self
+                .global_parameters()
+                .into_iter()
+                .filter(|g| !g["name"].as_str().is_some_and(|n| n.starts_with("internal")))
+                .collect::<Vec<Value>>(),
             "policies": self.policies_json(),
             "queues": queues,
             "exchanges": exchanges,
@@ -1041,7 +1238,7 @@ impl Backend {
             "rabbitmq_version": rabbit_version,
             "product_name": "Warren",
             "product_version": env!("CARGO_PKG_VERSION"),
-            "parameters": [],
+            "parameters": of_vhost("parameters"),
             "policies": of_vhost("policies"),
             "queues": of_vhost("queues"),
             "exchanges": of_vhost("exchanges"),

@@ -10,6 +10,7 @@
 use crate::api::{authorize, listed, ok_json, visible_vhosts, App, Need, Peer, Reply, Q, S};
 use crate::backend::{ChannelSnapshot, ConnectionDetails, ConnectionSnapshot, MessageStats};
 use crate::error::ApiError;
+use crate::rates::{Key, Ranges};
 use axum::extract::{ConnectInfo, Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
@@ -20,8 +21,8 @@ use warren_broker::definitions::table_to_json;
 /// replaced by the request's `X-Reason` header when it has one.
 pub const DEFAULT_CLOSE_REASON: &str = "Closed via management plugin";
 
-/// `message_stats` as RabbitMQ's management API shows it: counts only (Warren keeps no rate
-/// samples; the `*_details` objects are left out rather than filled with made-up rates).
+/// `message_stats` as RabbitMQ's management API shows it, counts only; see
+/// [`stats_with_rates`] for the `*_details` objects.
 pub fn message_stats_json(s: &MessageStats) -> Value {
     json!({
         "publish": s.publish,
@@ -34,7 +35,22 @@ pub fn message_stats_json(s: &MessageStats) -> Value {
         "ack": s.ack,
         "redeliver": s.redeliver,
         "return_unroutable": s.return_unroutable,
+        "drop_unroutable": s.drop_unroutable,
+        "get_empty": s.get_empty,
     })
+}
+
+/// `message_stats` with each counter's `<name>_details: {"rate": ...}` (and `samples`,
+/// `avg_rate`, `avg` when `ranges` asks) from the samples of `keys` (summed when several).
+pub(crate) fn stats_with_rates(
+    app: &App,
+    s: &MessageStats,
+    keys: &[(Key, usize)],
+    ranges: &Ranges,
+) -> Value {
+    let mut v = message_stats_json(s);
+    app.rates.message_stats(&mut v, keys, ranges);
+    v
 }
 
 fn connection_json(app: &App, c: &ConnectionSnapshot) -> Value {
@@ -72,7 +88,7 @@ fn connection_details_json(d: &ConnectionDetails) -> Value {
     })
 }
 
-fn channel_json(app: &App, c: &ChannelSnapshot) -> Value {
+fn channel_json(app: &App, c: &ChannelSnapshot, ranges: &Ranges) -> Value {
     let d = &c.connection;
     json!({
         "name": c.name(),
@@ -89,7 +105,7 @@ fn channel_json(app: &App, c: &ChannelSnapshot) -> Value {
         "consumer_count": c.consumers.len(),
         "confirm": c.confirm,
         "transactional": c.transactional,
-        "message_stats": message_stats_json(&c.stats),
+        "message_stats": stats_with_rates(app, &c.stats, &[(Key::Channel(c.id), 0)], ranges),
     })
 }
 
@@ -226,12 +242,13 @@ pub(crate) async fn connection_channels(
     q: Q,
 ) -> Reply {
     let user = authorize(&app, &headers, peer, Need::Management, None)?;
+    let ranges = Ranges::from_query(&q)?;
     let c = find_connection(&app, &user, &name)?;
     let items = app
         .backend
         .channels(Some(&c.details.name))
         .iter()
-        .map(|ch| channel_json(&app, ch))
+        .map(|ch| channel_json(&app, ch, &ranges))
         .collect();
     listed(items, &q)
 }
@@ -251,9 +268,10 @@ pub(crate) async fn channels(
     q: Q,
 ) -> Reply {
     let user = authorize(&app, &headers, peer, Need::Management, None)?;
+    let ranges = Ranges::from_query(&q)?;
     let items = visible_channels(&app, &user)
         .iter()
-        .map(|c| channel_json(&app, c))
+        .map(|c| channel_json(&app, c, &ranges))
         .collect();
     listed(items, &q)
 }
@@ -266,13 +284,14 @@ pub(crate) async fn vhost_channels(
     q: Q,
 ) -> Reply {
     let user = authorize(&app, &headers, peer, Need::Management, Some(&v))?;
+    let ranges = Ranges::from_query(&q)?;
     if !app.backend.vhost_exists(&v) {
         return Err(ApiError::not_found());
     }
     let items = visible_channels(&app, &user)
         .iter()
         .filter(|c| c.connection.vhost == v)
-        .map(|c| channel_json(&app, c))
+        .map(|c| channel_json(&app, c, &ranges))
         .collect();
     listed(items, &q)
 }
@@ -282,6 +301,7 @@ pub(crate) async fn channel(
     ConnectInfo(peer): Peer,
     headers: HeaderMap,
     Path(name): Path<String>,
+    q: Q,
 ) -> Reply {
     let user = authorize(&app, &headers, peer, Need::Management, None)?;
     let c = app
@@ -295,7 +315,7 @@ pub(crate) async fn channel(
             "User not authorised to access object",
         ));
     }
-    ok_json(channel_json(&app, &c))
+    ok_json(channel_json(&app, &c, &Ranges::from_query(&q)?))
 }
 
 pub(crate) async fn consumers(

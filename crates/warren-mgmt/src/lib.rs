@@ -8,13 +8,26 @@
 //! - `api`: the routes and JSON shapes; `conns`: connections, channels and consumers;
 //!   `admin`: vhost, user and permission writes; `list`: `sort`, `columns`, `page`...;
 //!   `metrics`: the Prometheus text; `error`: RabbitMQ's error bodies; [`console`]: the
-//!   web console's page and assets at `/` and `/console/...`.
+//!   web console's page and assets at `/` and `/console/...`; [`rates`]: the rate sampler
+//!   and the `*_details` objects.
 //!
 //! ```no_run
 //! # async fn demo(node: std::sync::Arc<dyn warren_mgmt::Node>) -> std::io::Result<()> {
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:15672").await?;
 //! let (_stop, stopped) = tokio::sync::watch::channel(false);
 //! warren_mgmt::serve(listener, node, stopped).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! Several listeners share one [`Management`] (one sample store, one sampler):
+//!
+//! ```no_run
+//! # async fn demo(node: std::sync::Arc<dyn warren_mgmt::Node>) -> std::io::Result<()> {
+//! let mgmt = warren_mgmt::Management::new(node, std::time::Duration::from_secs(5));
+//! let (_stop, stopped) = tokio::sync::watch::channel(false);
+//! tokio::spawn(mgmt.clone().sample(stopped.clone()));
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:15672").await?;
+//! mgmt.serve(listener, stopped, Default::default()).await?;
 //! # Ok(()) }
 //! ```
 
@@ -27,6 +40,7 @@ mod error;
 mod list;
 pub mod listener;
 mod metrics;
+pub mod rates;
 
 pub use api::RABBITMQ_VERSION;
 pub use backend::Node;
@@ -47,17 +61,92 @@ pub fn node_name() -> String {
     format!("warren@{host}")
 }
 
-/// The API's router for `node` (for tests and for embedding under another server).
+/// The management API of one node: its handlers' state and its rate samples, shared by
+/// every listener that serves it.
+#[derive(Clone)]
+pub struct Management {
+    app: Arc<api::App>,
+}
+
+impl Management {
+    /// The API of `node`, sampling message rates every `interval` (RabbitMQ's
+    /// `collect_statistics_interval`, 5 s by default) once [`Management::sample`] runs.
+    pub fn new(node: Arc<dyn Node>, interval: std::time::Duration) -> Self {
+        Management {
+            app: Arc::new(api::App {
+                backend: backend::Backend::new(node),
+                node: node_name(),
+                started: Instant::now(),
+                rates: rates::Rates::new(interval),
+            }),
+        }
+    }
+
+    /// The router (for tests and for embedding under another server).
+    pub fn router(&self) -> axum::Router {
+        api::router(self.app.clone())
+    }
+
+    /// Samples the counters every interval until `shutdown` turns true (see [`rates`]).
+    /// The sweep runs on a blocking thread, so that a node with many queues does not hold
+    /// up the runtime's workers.
+    pub async fn sample(self, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+        let mut tick = tokio::time::interval(self.app.rates.interval());
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                changed = shutdown.changed() => {
+                    if changed.is_err() || *shutdown.borrow() {
+                        return;
+                    }
+                    continue;
+                }
+            }
+            if *shutdown.borrow() {
+                return;
+            }
+            let app = self.app.clone();
+            let _ = tokio::task::spawn_blocking(move || app.rates.sweep(&app.backend)).await;
+        }
+    }
+
+    /// Serves the API on `listener` bounded by `limits` until `shutdown` turns true
+    /// (requests in progress finish).
+    ///
+    /// Errors: the listener failed.
+    pub async fn serve(
+        &self,
+        listener: tokio::net::TcpListener,
+        mut shutdown: tokio::sync::watch::Receiver<bool>,
+        limits: ListenerLimits,
+    ) -> std::io::Result<()> {
+        use axum::serve::ListenerExt;
+        let app = self
+            .router()
+            .into_make_service_with_connect_info::<SocketAddr>();
+        // tap_io gives the bounded listener axum's ConnectInfo<SocketAddr>.
+        let listener = listener::Bounded::new(listener, limits).tap_io(|_| {});
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                while !*shutdown.borrow() {
+                    if shutdown.changed().await.is_err() {
+                        return;
+                    }
+                }
+            })
+            .await
+    }
+}
+
+/// The API's router for `node` (for tests and for embedding under another server), with
+/// the default sampling interval; nothing samples until [`Management::sample`] runs.
 pub fn router(node: Arc<dyn Node>) -> axum::Router {
-    api::router(Arc::new(api::App {
-        backend: backend::Backend::new(node),
-        node: node_name(),
-        started: Instant::now(),
-    }))
+    Management::new(node, rates::DEFAULT_INTERVAL).router()
 }
 
 /// Serves the API on `listener` with the default [`ListenerLimits`] until `shutdown` turns
-/// true (requests in progress finish).
+/// true (requests in progress finish), sampling rates every 5 s meanwhile.
 ///
 /// Errors: the listener failed.
 pub async fn serve(
@@ -75,20 +164,12 @@ pub async fn serve(
 pub async fn serve_with(
     listener: tokio::net::TcpListener,
     node: Arc<dyn Node>,
-    mut shutdown: tokio::sync::watch::Receiver<bool>,
+    shutdown: tokio::sync::watch::Receiver<bool>,
     limits: ListenerLimits,
 ) -> std::io::Result<()> {
-    use axum::serve::ListenerExt;
-    let app = router(node).into_make_service_with_connect_info::<SocketAddr>();
-    // tap_io gives the bounded listener axum's ConnectInfo<SocketAddr>.
-    let listener = listener::Bounded::new(listener, limits).tap_io(|_| {});
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            while !*shutdown.borrow() {
-                if shutdown.changed().await.is_err() {
-                    return;
-                }
-            }
-        })
-        .await
+    let mgmt = Management::new(node, rates::DEFAULT_INTERVAL);
+    let sampler = tokio::spawn(mgmt.clone().sample(shutdown.clone()));
+    let r = mgmt.serve(listener, shutdown, limits).await;
+    sampler.abort();
+    r
 }

@@ -146,7 +146,7 @@ pub fn render(app: &App, per_object: bool) -> Result<String, String> {
         )?;
     }
     type Series = (&'static str, &'static str, fn(&QueueInfo) -> u64);
-    let series: [Series; 4] = [
+    let series: [Series; 5] = [
         (
             "rabbitmq_queue_messages_ready",
             "Messages ready to be delivered to consumers",
@@ -165,6 +165,11 @@ pub fn render(app: &App, per_object: bool) -> Result<String, String> {
         ("rabbitmq_queue_consumers", "Consumers on a queue", |q| {
             q.consumers
         }),
+        (
+            "rabbitmq_queue_process_memory_bytes",
+            "Memory in bytes used by the Erlang queue process",
+            |q| q.memory,
+        ),
     ];
     for (name, help, f) in series {
         if per_object {

@@ -117,6 +117,10 @@ pub struct ManagementConfig {
     /// Seconds a client has to send a request's line and headers once it started (default
     /// 30; RabbitMQ's `management.tcp.request_timeout`).
     pub request_timeout: u64,
+    /// Milliseconds between two samples of the message counters and queue lengths that
+    /// message rates are computed from (RabbitMQ's `collect_statistics_interval`, default
+    /// 5000; at least 10).
+    pub collect_statistics_interval: u64,
 }
 
 impl ManagementConfig {
@@ -138,6 +142,7 @@ impl Default for ManagementConfig {
             max_connections: 1024,
             idle_timeout: 120,
             request_timeout: 30,
+            collect_statistics_interval: 5000,
         }
     }
 }
@@ -1042,6 +1047,13 @@ impl Config {
                 "must be at least 1 second",
             );
         }
+        if m.collect_statistics_interval < 10 {
+            return bad(
+                "management.collect_statistics_interval",
+                &m.collect_statistics_interval,
+                "must be at least 10 (milliseconds)",
+            );
+        }
         if a.max_table_depth == 0 || a.max_table_depth > warren_store::record::MAX_TABLE_DEPTH {
             return bad(
                 "amqp.max_table_depth",
@@ -1372,6 +1384,8 @@ max_connections = {management_max_connections}
 # Seconds a connection may wait between requests, and to send a request's line and headers.
 idle_timeout = {management_idle_timeout}
 request_timeout = {management_request_timeout}
+# Milliseconds between the samples message rates are computed from.
+collect_statistics_interval = {management_collect_statistics_interval}
 
 [httpmq]
 # The httpmq/httpsqs-compatible HTTP queue API: /?name=Q&opt=put|get|view|status|...
@@ -1466,6 +1480,7 @@ login_failure_delay_ms = {login_failure_delay_ms}
             management_max_connections = d.management.max_connections,
             management_idle_timeout = d.management.idle_timeout,
             management_request_timeout = d.management.request_timeout,
+            management_collect_statistics_interval = d.management.collect_statistics_interval,
             channel_max = d.amqp.channel_max,
             heartbeat = d.amqp.heartbeat,
             max_message_size = d.amqp.max_message_size,

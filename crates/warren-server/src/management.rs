@@ -60,21 +60,24 @@ pub(crate) async fn start(
     let mut known: Vec<(String, SocketAddr)> =
         amqp.iter().map(|a| ("amqp".to_string(), *a)).collect();
     known.extend(addrs.iter().map(|a| ("http".to_string(), *a)));
-    let state_limits = state.config.management.limits();
+    let limits = state.config.management.limits();
+    let interval =
+        std::time::Duration::from_millis(state.config.management.collect_statistics_interval);
     let node: Arc<dyn warren_mgmt::Node> = Arc::new(Node {
         state,
         listeners: known,
     });
-    let mut tasks = Vec::new();
-    let limits = state_limits;
+    // One sample store and one sampler for every listener.
+    let mgmt = warren_mgmt::Management::new(node, interval);
+    let mut tasks = vec![tokio::spawn(mgmt.clone().sample(shutdown.clone()))];
     for l in listeners {
         if let Ok(a) = l.local_addr() {
             info!(addr = %a, "started HTTP listener for the management API");
         }
-        let node = node.clone();
+        let mgmt = mgmt.clone();
         let rx = shutdown.clone();
         tasks.push(tokio::spawn(async move {
-            if let Err(e) = warren_mgmt::serve_with(l, node, rx, limits).await {
+            if let Err(e) = mgmt.serve(l, rx, limits).await {
                 tracing::error!(error = %e, "management listener failed");
             }
         }));

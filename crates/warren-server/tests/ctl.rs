@@ -1229,3 +1229,44 @@ async fn policies() {
     assert!(err.contains("404"), "{err}");
     env.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_parameters_are_listed() {
+    let env = Env::start().await;
+    let dir = std::env::temp_dir().join(format!("warren-ctl-params-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("params.json");
+    std::fs::write(
+        &file,
+        serde_json::json!({
+            "parameters": [{"vhost": "/", "component": "vhost-limits", "name": "limits",
+                            "value": {"max-queues": 9}}],
+            "global_parameters": [{"name": "cluster_name", "value": "ctl-cluster"}]
+        })
+        .to_string(),
+    )
+    .unwrap();
+    env.ctl(&["import", "definitions", "--file", file.to_str().unwrap()])
+        .await
+        .ok();
+    let rows = table(&env.ctl(&["list", "parameters"]).await.ok());
+    let p = row(&rows, "component", "vhost-limits");
+    assert_eq!(p["vhost"], "/");
+    assert_eq!(p["name"], "limits");
+    assert!(p["value"].contains("max-queues"), "{p:?}");
+    let list = env
+        .ctl(&["list", "parameters", "--vhost", "other", "--json"])
+        .await
+        .json();
+    assert_eq!(list, serde_json::json!([]));
+    let list = env
+        .ctl(&["list", "global-parameters", "--json"])
+        .await
+        .json();
+    assert_eq!(
+        list,
+        serde_json::json!([{"name": "cluster_name", "value": "ctl-cluster"}])
+    );
+    let _ = std::fs::remove_dir_all(dir);
+    env.stop().await;
+}

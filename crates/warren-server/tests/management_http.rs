@@ -2134,3 +2134,449 @@ async fn rabbitmq_export_imports_over_http_as_json() {
     }
     h.stop().await;
 }
+
+/// Reads `v[path...]` as f64 (`NaN` when missing).
+fn num(v: &Value, path: &[&str]) -> f64 {
+    let mut x = v;
+    for p in path {
+        x = &x[*p];
+    }
+    x.as_f64().unwrap_or(f64::NAN)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn message_rates_follow_a_paced_publisher() {
+    // Samples every 200 ms instead of RabbitMQ's 5 s, so that the test sees rates quickly.
+    let h = Http::start_with(|c| c.management.collect_statistics_interval = 200).await;
+    let (s, _, node) = h.call(Method::GET, "/api/nodes", Some("admin"), None).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(node[0]["rates_mode"], "basic");
+    assert_eq!(h.get("/api/overview").await["rates_mode"], "basic");
+    let conn = h.amqp().await;
+    let ch = within("channel", conn.create_channel()).await.unwrap();
+    within(
+        "declare",
+        ch.queue_declare(
+            "paced".into(),
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .unwrap();
+    let empty = h.get("/api/queues/%2F/paced").await;
+    let base_memory = empty["memory"].as_u64().expect("memory");
+    assert!(base_memory > 0, "{empty}");
+    // 20 messages every 50 ms: 400 messages a second, until told to stop.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let publisher = {
+        let stop = stop.clone();
+        let ch = ch.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(std::time::Duration::from_millis(50));
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                tick.tick().await;
+                for _ in 0..20 {
+                    ch.basic_publish(
+                        "".into(),
+                        "paced".into(),
+                        BasicPublishOptions::default(),
+                        &[0u8; 100],
+                        BasicProperties::default(),
+                    )
+                    .await
+                    .unwrap();
+                }
+            }
+        })
+    };
+    // Wide bounds around 400/s: the rate is over one 200 ms sample interval.
+    let in_range = |r: f64| (150.0..=1000.0).contains(&r);
+    let q = h
+        .wait_for("/api/queues/%2F/paced", |v| {
+            in_range(num(v, &["message_stats", "publish_details", "rate"]))
+                && in_range(num(v, &["messages_ready_details", "rate"]))
+                && in_range(num(v, &["messages_details", "rate"]))
+        })
+        .await;
+    assert_eq!(
+        num(&q, &["messages_unacknowledged_details", "rate"]),
+        0.0,
+        "{q}"
+    );
+    assert_eq!(num(&q, &["message_stats", "ack_details", "rate"]), 0.0);
+    h.wait_for("/api/overview", |v| {
+        in_range(num(v, &["message_stats", "publish_details", "rate"]))
+            && in_range(num(v, &["queue_totals", "messages_ready_details", "rate"]))
+    })
+    .await;
+    h.wait_for("/api/vhosts/%2F", |v| {
+        in_range(num(v, &["message_stats", "publish_details", "rate"]))
+            && in_range(num(v, &["messages_details", "rate"]))
+    })
+    .await;
+    h.wait_for("/api/channels", |v| {
+        v.as_array().is_some_and(|a| {
+            a.iter()
+                .any(|c| in_range(num(c, &["message_stats", "publish_details", "rate"])))
+        })
+    })
+    .await;
+    // The default exchange: every message in, and out to one queue.
+    h.wait_for("/api/exchanges/%2F/amq.default", |v| {
+        in_range(num(v, &["message_stats", "publish_in_details", "rate"]))
+            && in_range(num(v, &["message_stats", "publish_out_details", "rate"]))
+    })
+    .await;
+    // A range: one sample a second over the last 10 s, newest first, counts not falling.
+    let ranged = h
+        .wait_for(
+            "/api/queues/%2F/paced?msg_rates_age=10&msg_rates_incr=1&lengths_age=10&lengths_incr=1",
+            |v| {
+                v["message_stats"]["publish_details"]["samples"]
+                    .as_array()
+                    .is_some_and(|s| s.len() >= 3)
+            },
+        )
+        .await;
+    let samples = ranged["message_stats"]["publish_details"]["samples"]
+        .as_array()
+        .expect("samples")
+        .clone();
+    assert!(samples.len() >= 2, "{ranged}");
+    for w in samples.windows(2) {
+        assert!(
+            w[0]["sample"].as_u64() >= w[1]["sample"].as_u64(),
+            "{ranged}"
+        );
+        assert_eq!(
+            w[0]["timestamp"].as_u64().unwrap() - w[1]["timestamp"].as_u64().unwrap(),
+            1000
+        );
+    }
+    assert!(ranged["message_stats"]["publish_details"]["avg_rate"].is_number());
+    assert!(ranged["messages_ready_details"]["samples"].is_array());
+    let (s, _, bad) = h
+        .call(
+            Method::GET,
+            "/api/queues/%2F/paced?msg_rates_age=1000&msg_rates_incr=1",
+            Some("admin"),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        bad,
+        json!({"error": "invalid_range_parameters",
+               "reason": "Invalid range parameters: age 1000, incr 1"})
+    );
+    // The queue holds its ready messages in memory: at least their bodies.
+    let ready = q["messages_ready"].as_u64().unwrap();
+    assert!(
+        q["memory"].as_u64().unwrap() >= base_memory + ready * 100,
+        "{q}"
+    );
+    // Once the publisher stops, the rates fall back to zero (no new counts, then stale).
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    publisher.await.unwrap();
+    h.wait_for("/api/queues/%2F/paced", |v| {
+        num(v, &["message_stats", "publish_details", "rate"]) == 0.0
+            && num(v, &["messages_ready_details", "rate"]) == 0.0
+    })
+    .await;
+    // Consumed without acknowledgements: the queue's deliveries follow.
+    let mut consumer = within(
+        "consume",
+        ch.basic_consume(
+            "paced".into(),
+            "c".into(),
+            lapin::options::BasicConsumeOptions {
+                no_ack: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .unwrap();
+    use futures_util::StreamExt;
+    let drained = ready;
+    let mut got = 0;
+    while got < drained {
+        within("delivery", consumer.next()).await.unwrap().unwrap();
+        got += 1;
+    }
+    let q = h.get("/api/queues/%2F/paced").await;
+    assert!(num(&q, &["message_stats", "deliver_get"]) >= drained as f64);
+    assert!(q["message_stats"]["deliver_get_details"]["rate"].is_number());
+    h.stop().await;
+}
+
+/// Runtime parameters as a RabbitMQ 4.x node without shovel or federation: vhost-limits
+/// (the vhost's limits), operator policies, global parameters; RabbitMQ's validation texts
+/// and tag rules; durable, exported and imported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_parameters_as_rabbitmq() {
+    let dir = std::env::temp_dir().join(format!("warren-mgmt-params-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let h = Http::start_in(Some(dir.clone())).await;
+    let call = |m: Method, path: &'static str, who: &'static str, body: Option<Value>| {
+        let h = &h;
+        async move { h.call(m, path, Some(who), body).await }
+    };
+    assert_eq!(h.get("/api/parameters").await, json!([]));
+    assert_eq!(h.get("/api/global-parameters").await, json!([]));
+    // A policymaker with access to `/`.
+    for (path, body) in [
+        (
+            "/api/users/pm",
+            json!({"password": "pm-pw", "tags": "policymaker"}),
+        ),
+        (
+            "/api/permissions/%2F/pm",
+            json!({"configure": ".*", "write": ".*", "read": ".*"}),
+        ),
+    ] {
+        let (s, _, v) = h.call(Method::PUT, path, Some("admin"), Some(body)).await;
+        assert_eq!(s, StatusCode::CREATED, "{path}: {v}");
+    }
+    let limits = json!({"value": {"max-queues": 5, "max-connections": 10}});
+    let (s, _, v) = call(
+        Method::PUT,
+        "/api/parameters/vhost-limits/%2F/limits",
+        "pm",
+        Some(limits.clone()),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let (s, _, _) = call(
+        Method::PUT,
+        "/api/parameters/vhost-limits/%2F/limits",
+        "admin",
+        Some(limits),
+    )
+    .await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    let one = json!({"vhost": "/", "component": "vhost-limits", "name": "limits",
+                     "value": {"max-connections": 10, "max-queues": 5}});
+    assert_eq!(h.get("/api/parameters/vhost-limits/%2F/limits").await, one);
+    assert_eq!(h.get("/api/parameters").await, json!([one.clone()]));
+    assert_eq!(
+        h.get("/api/parameters/vhost-limits").await,
+        json!([one.clone()])
+    );
+    assert_eq!(
+        h.get("/api/parameters/vhost-limits/%2F").await,
+        json!([one.clone()])
+    );
+    assert_eq!(h.get("/api/parameters/shovel").await, json!([]));
+    // The limit is in force: a queue limit of 0 refuses a new queue.
+    let (s, _, _) = call(
+        Method::PUT,
+        "/api/parameters/vhost-limits/%2F/limits",
+        "admin",
+        Some(json!({"value": {"max-queues": 0}})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    let (s, _, v) = call(
+        Method::PUT,
+        "/api/queues/%2F/over",
+        "admin",
+        Some(json!({})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    // RabbitMQ's refusals.
+    for (path, body, reason) in [
+        (
+            "/api/parameters/federation-upstream/%2F/up",
+            json!({"value": {"uri": "amqp://"}}),
+            "Validation failed\n\ncomponent federation-upstream not found\n",
+        ),
+        (
+            "/api/parameters/vhost-limits/%2F/limits",
+            json!({"value": {"max-queues": "x"}}),
+            "Validation failed\n\nmax-queues should be a number, actually was <<\"x\">>\n",
+        ),
+        (
+            "/api/parameters/vhost-limits/%2F/limits",
+            json!({"value": {"max-things": 1}}),
+            "Validation failed\n\nUnrecognised terms [{<<\"max-things\">>,1}] in limits\n",
+        ),
+        (
+            "/api/parameters/vhost-limits/%2F/limits",
+            json!({"nothing": 1}),
+            "[{key_missing,value}]",
+        ),
+    ] {
+        let (s, _, v) = call(Method::PUT, path, "admin", Some(body)).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{path}: {v}");
+        assert_eq!(v, json!({"error": "bad_request", "reason": reason}));
+    }
+    let refused =
+        json!({"error": "not_authorised", "reason": "User not authorised to access object"});
+    for (m, path) in [
+        (Method::GET, "/api/parameters"),
+        (Method::PUT, "/api/parameters/vhost-limits/%2F/limits"),
+        (Method::GET, "/api/global-parameters"),
+        (Method::PUT, "/api/global-parameters/cluster_name"),
+    ] {
+        let (s, _, v) = call(m, path, "mon", Some(json!({"value": {}}))).await;
+        assert_eq!(
+            (s, v),
+            (StatusCode::UNAUTHORIZED, refused.clone()),
+            "{path}"
+        );
+    }
+    // Operator policies are parameters too (administrators only); policies only by name.
+    let (s, _, v) = call(
+        Method::PUT,
+        "/api/operator-policies/%2F/cap",
+        "admin",
+        Some(json!({"pattern": "^cap", "definition": {"max-length": 10}, "apply-to": "queues"})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let op = h.get("/api/parameters/operator_policy/%2F/cap").await;
+    assert_eq!(op["value"]["pattern"], "^cap");
+    assert_eq!(op["value"]["definition"], json!({"max-length": 10}));
+    let (s, _, _) = call(
+        Method::PUT,
+        "/api/parameters/operator_policy/%2F/cap2",
+        "pm",
+        Some(json!({"value": {"pattern": "x", "definition": {}}})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    let (s, _, v) = call(
+        Method::PUT,
+        "/api/parameters/policy/%2F/ttl",
+        "pm",
+        Some(json!({"value": {"pattern": "^t", "definition": {"message-ttl": 1000}}})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    assert_eq!(h.get("/api/policies/%2F/ttl").await["pattern"], "^t");
+    assert_eq!(
+        h.get("/api/parameters/policy")
+            .await
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    assert_eq!(h.get("/api/parameters").await.as_array().unwrap().len(), 2);
+    // Global parameters: any JSON; cluster_name names the cluster.
+    let (s, _, _) = call(
+        Method::PUT,
+        "/api/global-parameters/cluster_name",
+        "pm",
+        Some(json!({"value": "rabbit-test"})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED);
+    let (s, _, _) = call(
+        Method::PUT,
+        "/api/global-parameters/tags",
+        "admin",
+        Some(json!({"value": {"region": "eu"}})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED);
+    assert_eq!(h.get("/api/overview").await["cluster_name"], "rabbit-test");
+    assert_eq!(
+        h.get("/api/global-parameters/tags").await,
+        json!({"name": "tags", "value": {"region": "eu"}})
+    );
+    let exported = h.get("/api/definitions").await;
+    assert_eq!(
+        exported["global_parameters"],
+        json!([{"name": "cluster_name", "value": "rabbit-test"},
+               {"name": "tags", "value": {"region": "eu"}}])
+    );
+    let params = exported["parameters"].as_array().unwrap();
+    assert!(
+        params.iter().any(|p| p["component"] == "vhost-limits"),
+        "{exported}"
+    );
+    assert!(
+        params.iter().any(|p| p["component"] == "operator_policy"),
+        "{exported}"
+    );
+    h.stop().await;
+
+    // Durable: all there after a restart.
+    let h = Http::start_in(Some(dir.clone())).await;
+    assert_eq!(
+        h.get("/api/global-parameters/cluster_name").await["value"],
+        "rabbit-test"
+    );
+    assert_eq!(
+        h.get("/api/parameters/vhost-limits/%2F/limits").await["value"],
+        json!({"max-queues": 0})
+    );
+    // Deletes; a second delete is 404.
+    for path in [
+        "/api/parameters/vhost-limits/%2F/limits",
+        "/api/parameters/operator_policy/%2F/cap",
+        "/api/global-parameters/tags",
+    ] {
+        let (s, _, v) = h.call(Method::DELETE, path, Some("admin"), None).await;
+        assert_eq!(s, StatusCode::NO_CONTENT, "{path}: {v}");
+        let (s, _, _) = h.call(Method::DELETE, path, Some("admin"), None).await;
+        assert_eq!(s, StatusCode::NOT_FOUND, "{path}");
+        let (s, _, _) = h.call(Method::GET, path, Some("admin"), None).await;
+        assert_eq!(s, StatusCode::NOT_FOUND, "{path}");
+    }
+    let (s, _, v) = h
+        .call(
+            Method::DELETE,
+            "/api/parameters/policy/%2F/ttl",
+            Some("admin"),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    // A RabbitMQ export's parameters and global parameters import.
+    let (s, _, v) = h
+        .call(
+            Method::POST,
+            "/api/definitions",
+            Some("admin"),
+            Some(json!({
+                "rabbit_version": "4.0.5",
+                "parameters": [
+                    {"vhost": "/", "component": "vhost-limits", "name": "limits",
+                     "value": {"max-connections": 7}},
+                    {"vhost": "/", "component": "operator_policy", "name": "imported",
+                     "value": {"pattern": "^imp", "definition": {"max-length": 3},
+                               "priority": 2, "apply-to": "queues"}}
+                ],
+                "global_parameters": [{"name": "cluster_name", "value": "imported-cluster"},
+                                      {"name": "internal_cluster_id", "value": "rabbitmq-cluster-id-x"}]
+            })),
+        )
+        .await;
+    assert!(s.is_success(), "{s} {v}");
+    assert_eq!(
+        h.get("/api/parameters/vhost-limits/%2F/limits").await["value"],
+        json!({"max-connections": 7})
+    );
+    assert_eq!(
+        h.get("/api/operator-policies/%2F/imported").await["priority"],
+        2
+    );
+    assert_eq!(
+        h.get("/api/overview").await["cluster_name"],
+        "imported-cluster"
+    );
+    // `internal...` global parameters are kept but not exported, as RabbitMQ.
+    let exported = h.get("/api/definitions").await;
+    assert_eq!(
+        exported["global_parameters"],
+        json!([{"name": "cluster_name", "value": "imported-cluster"}])
+    );
+    h.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

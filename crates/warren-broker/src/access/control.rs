@@ -68,6 +68,8 @@ pub struct AccessControl {
     permissions: HashMap<String, ByVhost<Permissions>>,
     /// user -> vhost -> exchange -> topic permissions.
     topic_permissions: HashMap<String, ByVhost<HashMap<String, TopicPermissions>>>,
+    /// RabbitMQ's global runtime parameters (`cluster_name`, ...): any JSON by name.
+    global_parameters: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
 impl AccessControl {
@@ -412,6 +414,30 @@ impl AccessControl {
             by_vhost.remove(name);
         }
         self.vhosts.remove(name).is_some()
+    }
+
+    /// The global runtime parameters, by name.
+    pub fn global_parameters(&self) -> impl Iterator<Item = (&str, &serde_json::Value)> {
+        self.global_parameters.iter().map(|(k, v)| (k.as_str(), v))
+    }
+
+    /// Global runtime parameter `name`.
+    pub fn global_parameter(&self, name: &str) -> Option<&serde_json::Value> {
+        self.global_parameters.get(name)
+    }
+
+    /// Sets global runtime parameter `name`; returns the previous value.
+    pub fn set_global_parameter(
+        &mut self,
+        name: &str,
+        value: serde_json::Value,
+    ) -> Option<serde_json::Value> {
+        self.global_parameters.insert(name.to_string(), value)
+    }
+
+    /// Clears global runtime parameter `name`; false when it was not set.
+    pub fn clear_global_parameter(&mut self, name: &str) -> bool {
+        self.global_parameters.remove(name).is_some()
     }
 
     /// Replaces a vhost's limits.

@@ -102,6 +102,7 @@ impl Broker {
             Change::PutUser(_)
             | Change::PutVhost(_)
             | Change::SetVhostLimits { .. }
+            | Change::SetGlobalParameter { .. }
             | Change::SetPermissions { .. }
             | Change::SetTopicPermissions { .. } => {
                 let what = describe(change);
@@ -114,7 +115,7 @@ impl Broker {
                         self.add_vhost(&v.name);
                         done.vhosts += 1;
                     }
-                    Change::SetVhostLimits { .. } => {}
+                    Change::SetVhostLimits { .. } | Change::SetGlobalParameter { .. } => {}
                     _ => done.permissions += 1,
                 }
             }
@@ -195,9 +196,6 @@ impl Broker {
                 })?;
                 done.bindings += 1;
             }
-            Change::SetGlobalParameter { name, .. } => done
-                .skipped
-                .push(format!("global parameter '{name}': kept for later use")),
             Change::SetPolicy(p) => {
                 let what = || format!("policy '{}' in vhost '{}'", p.name, p.vhost);
                 let body = serde_json::json!({
@@ -206,18 +204,17 @@ impl Broker {
                     "priority": p.priority,
                     "definition": p.definition,
                 });
-                let policy =
-                    crate::policy::Policy::from_json(&p.name, &body, false).map_err(|reason| {
-                        ApplyError::Broker {
-                            what: what(),
-                            source: BrokerError::precondition_failed(reason.trim_end().to_string()),
-                        }
-                    })?;
+                let policy = crate::policy::Policy::from_json(&p.name, &body, p.operator).map_err(
+                    |reason| ApplyError::Broker {
+                        what: what(),
+                        source: BrokerError::precondition_failed(reason.trim_end().to_string()),
+                    },
+                )?;
                 let vh = self.vhost(&p.vhost).ok_or_else(|| ApplyError::Broker {
                     what: what(),
                     source: BrokerError::not_found(format!("no vhost '{}'", p.vhost)),
                 })?;
-                vh.set_policy(false, policy)
+                vh.set_policy(p.operator, policy)
                     .map_err(|source| ApplyError::Broker {
                         what: what(),
                         source,

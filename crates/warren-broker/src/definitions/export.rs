@@ -1,6 +1,7 @@
 //! Exporting the access-control database in the definitions format.
 //!
-//! [`export_access`] writes users, vhosts, permissions, topic permissions and vhost limits as
+//! [`export_access`] writes users, vhosts, permissions, topic permissions, global
+//! parameters and vhost limits as
 //! RabbitMQ 4.x does (`rabbit_definitions.erl`, "Export"): tags as lists, vhost metadata and
 //! limits as objects, and the limits once more as a `vhost-limits` parameter, which is where
 //! RabbitMQ's import reads them. Entries are sorted by name so that exports of equal databases
@@ -10,8 +11,9 @@
 use serde_json::{json, Map, Value};
 
 use super::format::{
-    Definitions, LimitsDefinition, Object, ParameterDefinition, PermissionDefinition, Tags,
-    TopicPermissionDefinition, UserDefinition, VhostDefinition, VhostMetadataDefinition,
+    Definitions, GlobalParameterDefinition, LimitsDefinition, Object, ParameterDefinition,
+    PermissionDefinition, Tags, TopicPermissionDefinition, UserDefinition, VhostDefinition,
+    VhostMetadataDefinition,
 };
 use super::import::VHOST_LIMITS_COMPONENT;
 use crate::access::{AccessControl, UserLimits, UserTag, VhostLimits};
@@ -118,12 +120,24 @@ pub fn export_access(access: &AccessControl) -> Definitions {
     topic_permissions
         .sort_by(|a, b| (&a.user, &a.vhost, &a.exchange).cmp(&(&b.user, &b.vhost, &b.exchange)));
 
+    // All of them: this is also the stored database (the management API's export leaves
+    // out names starting with `internal`, as rabbit_definitions does).
+    let global_parameters: Vec<GlobalParameterDefinition> = access
+        .global_parameters()
+        .map(|(name, value)| GlobalParameterDefinition {
+            name: name.to_string(),
+            value: value.clone(),
+            extra: Map::new(),
+        })
+        .collect();
+
     Definitions {
         users: Some(users),
         vhosts: Some(vhosts),
         permissions: Some(permissions),
         topic_permissions: Some(topic_permissions),
         parameters: Some(parameters),
+        global_parameters: Some(global_parameters),
         ..Definitions::default()
     }
 }

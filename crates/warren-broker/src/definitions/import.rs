@@ -142,6 +142,8 @@ pub struct PolicyChange {
     pub priority: i64,
     /// The policy's keys.
     pub definition: Object,
+    /// An operator policy (RabbitMQ exports those as `operator_policy` parameters).
+    pub operator: bool,
 }
 
 /// One change of an import plan. Each is idempotent (see the module docs).
@@ -471,8 +473,10 @@ impl Change {
                 write,
                 read,
             } => access.set_topic_permissions(user, vhost, exchange, write, read)?,
+            Change::SetGlobalParameter { name, value } => {
+                access.set_global_parameter(name, value.clone());
+            }
             Change::DeclareExchange(_)
-            | Change::SetGlobalParameter { .. }
             | Change::SetPolicy(_)
             | Change::SetParameter { .. }
             | Change::DeclareQueue(_)
@@ -717,10 +721,27 @@ fn policy_change(p: &PolicyDefinition, vhost: &str) -> PolicyChange {
         apply_to: p.apply_to.clone().unwrap_or_else(|| "all".to_string()),
         priority: p.priority.unwrap_or(0),
         definition: p.definition.clone(),
+        operator: false,
     }
 }
 
+/// RabbitMQ's runtime-parameter component of operator policies.
+pub const OPERATOR_POLICY_COMPONENT: &str = "operator_policy";
+
 fn parameter_change(p: &ParameterDefinition, vhost: &str) -> Result<Change> {
+    if p.component == OPERATOR_POLICY_COMPONENT {
+        // The value is the policy: pattern, definition, priority, apply-to.
+        let v = &p.value;
+        return Ok(Change::SetPolicy(PolicyChange {
+            vhost: vhost.to_string(),
+            name: p.name.clone(),
+            pattern: v["pattern"].as_str().unwrap_or_default().to_string(),
+            apply_to: v["apply-to"].as_str().unwrap_or("all").to_string(),
+            priority: v["priority"].as_i64().unwrap_or(0),
+            definition: v["definition"].as_object().cloned().unwrap_or_default(),
+            operator: true,
+        }));
+    }
     if p.component == VHOST_LIMITS_COMPONENT {
         let object = p.value.as_object().ok_or_else(|| ImportError::BadLimit {
             owner: format!("vhost '{vhost}'"),

@@ -42,4 +42,7 @@ pub use apply::{AppliedImport, ApplyError};
 pub use arguments::{json_to_table, table_to_json, ArgumentError};
 pub use export::export_access;
 pub use format::Definitions;
-pub use import::{plan_import, plan_vhost_import, Change, ImportError, ImportPlan};
+pub use import::{
+    parse_vhost_limits, plan_import, plan_vhost_import, Change, ImportError, ImportPlan,
+    VHOST_LIMITS_COMPONENT,
+};

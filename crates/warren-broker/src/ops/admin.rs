@@ -286,6 +286,90 @@ impl<'a> Admin<'a> {
         self.store()
     }
 
+    // --- Runtime parameters ---
+
+    /// Sets vhost `vhost`'s limits, RabbitMQ's `vhost-limits` runtime parameter `limits`
+    /// (`PUT /api/parameters/vhost-limits/<vhost>/limits`). Returns true when the vhost had
+    /// no limits before.
+    ///
+    /// Errors: 403 unless the actor is an administrator, or a policymaker with access to
+    /// the vhost (rabbit_mgmt_wm_parameter); 404 no vhost; the database could not be stored.
+    pub fn set_vhost_limits(
+        &self,
+        vhost: &str,
+        limits: crate::access::VhostLimits,
+    ) -> Result<bool> {
+        self.authorize(&Operation::ParameterPut {
+            vhost,
+            component: crate::definitions::VHOST_LIMITS_COMPONENT,
+            name: "limits",
+        })?;
+        let was_unset = {
+            let mut access = self.broker.access_mut();
+            let old = access
+                .vhost(vhost)
+                .map(|v| v.limits)
+                .ok_or_else(|| BrokerError::not_found(format!("no vhost '{vhost}'")))?;
+            access
+                .set_vhost_limits(vhost, limits)
+                .map_err(|e| BrokerError::not_found(e.to_string()))?;
+            old == crate::access::VhostLimits::default()
+        };
+        self.store()?;
+        Ok(was_unset)
+    }
+
+    /// Clears vhost `vhost`'s limits (`DELETE /api/parameters/vhost-limits/<vhost>/limits`).
+    ///
+    /// Errors: as [`Admin::set_vhost_limits`]; 404 when it has none.
+    pub fn clear_vhost_limits(&self, vhost: &str) -> Result<()> {
+        self.authorize(&Operation::ParameterDelete {
+            vhost,
+            component: crate::definitions::VHOST_LIMITS_COMPONENT,
+            name: "limits",
+        })?;
+        {
+            let mut access = self.broker.access_mut();
+            let unset = access
+                .vhost(vhost)
+                .is_none_or(|v| v.limits == crate::access::VhostLimits::default());
+            if unset {
+                return Err(BrokerError::not_found("Parameter does not exist"));
+            }
+            access
+                .set_vhost_limits(vhost, crate::access::VhostLimits::default())
+                .map_err(|e| BrokerError::not_found(e.to_string()))?;
+        }
+        self.store()
+    }
+
+    /// Sets global runtime parameter `name` to `value` (any JSON), durably. Returns true
+    /// when it was not set before.
+    ///
+    /// Errors: 403 unless the actor is a policymaker or administrator
+    /// (rabbit_mgmt_wm_global_parameter); the database could not be stored.
+    pub fn set_global_parameter(&self, name: &str, value: serde_json::Value) -> Result<bool> {
+        self.authorize(&Operation::GlobalParameterPut { name })?;
+        let created = self
+            .broker
+            .access_mut()
+            .set_global_parameter(name, value)
+            .is_none();
+        self.store()?;
+        Ok(created)
+    }
+
+    /// Clears global runtime parameter `name`.
+    ///
+    /// Errors: as [`Admin::set_global_parameter`]; 404 "Parameter does not exist".
+    pub fn clear_global_parameter(&self, name: &str) -> Result<()> {
+        self.authorize(&Operation::GlobalParameterDelete { name })?;
+        if !self.broker.access_mut().clear_global_parameter(name) {
+            return Err(BrokerError::not_found("Parameter does not exist"));
+        }
+        self.store()
+    }
+
     // --- Definitions ---
 
     /// Imports a definitions plan (`POST /api/definitions`, `rabbitmqadmin import`): checks
@@ -356,6 +440,7 @@ impl<'a> Admin<'a> {
                 Change::PutUser(_)
                 | Change::PutVhost(_)
                 | Change::SetVhostLimits { .. }
+                | Change::SetGlobalParameter { .. }
                 | Change::SetPermissions { .. }
                 | Change::SetTopicPermissions { .. } => {
                     if let Err(e) = change.apply_to_access(&mut access) {
@@ -427,7 +512,9 @@ impl<'a> Admin<'a> {
                         "priority": p.priority,
                         "definition": p.definition,
                     });
-                    if let Err(reason) = crate::policy::Policy::from_json(&p.name, &body, false) {
+                    if let Err(reason) =
+                        crate::policy::Policy::from_json(&p.name, &body, p.operator)
+                    {
                         return refuse(format!(
                             "policy '{}' in vhost '{}': {}",
                             p.name,
@@ -436,7 +523,7 @@ impl<'a> Admin<'a> {
                         ));
                     }
                 }
-                Change::SetGlobalParameter { .. } | Change::SetParameter { .. } => {}
+                Change::SetParameter { .. } => {}
             }
         }
         Ok(())

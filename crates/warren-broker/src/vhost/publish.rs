@@ -18,6 +18,8 @@ use warren_store::Completion;
 pub struct Published {
     /// At least one queue received the message.
     pub routed: bool,
+    /// How many queues enqueued it (RabbitMQ's exchange `publish_out` counts each).
+    pub queues: u32,
     /// The message was written to the store (with the caller's completion, if one was given,
     /// to run after the fsync that covers it); otherwise nothing is pending.
     pub stored: bool,
@@ -53,8 +55,10 @@ impl VHost {
         waiter: Option<(Arc<dyn Completion>, u64)>,
     ) -> std::result::Result<Published, PublishError> {
         if msg.exchange.is_empty() && msg.routing_key.starts_with(REPLY_TO) {
+            let routed = self.deliver_reply(msg);
             return Ok(Published {
-                routed: self.deliver_reply(msg),
+                routed,
+                queues: u32::from(routed),
                 stored: false,
                 pressured: None,
                 rejected: false,
@@ -119,6 +123,7 @@ impl VHost {
         let mut published = if queues.is_empty() {
             Published {
                 routed: false,
+                queues: 0,
                 stored: false,
                 pressured: None,
                 rejected: false,
@@ -192,6 +197,7 @@ impl VHost {
         if queues.is_empty() {
             return Ok(Published {
                 routed: true,
+                queues: 0,
                 stored: false,
                 pressured: None,
                 rejected,
@@ -248,6 +254,7 @@ impl VHost {
         }
         Ok(Published {
             routed: true,
+            queues: queues.len() as u32,
             stored: location.is_some(),
             pressured,
             rejected,

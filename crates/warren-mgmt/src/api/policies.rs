@@ -105,7 +105,7 @@ fn show(app: &super::App, vhost: &str, name: &str, operator: bool) -> Reply {
     }
 }
 
-fn put(
+pub(super) fn put(
     app: &super::App,
     user: &UserInfo,
     vhost: &str,
@@ -130,7 +130,13 @@ fn put(
     Ok(created_or_not(!existed))
 }
 
-fn delete(app: &super::App, user: &UserInfo, vhost: &str, name: &str, operator: bool) -> Reply {
+pub(super) fn delete(
+    app: &super::App,
+    user: &UserInfo,
+    vhost: &str,
+    name: &str,
+    operator: bool,
+) -> Reply {
     super::require_vhost(app, vhost)?;
     let broker = app.backend.node().broker();
     let v = broker.vhost(vhost).ok_or_else(ApiError::not_found)?;

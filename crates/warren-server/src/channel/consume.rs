@@ -156,6 +156,7 @@ impl Channel {
         let got = ctx.ops().get(&m.queue, m.no_ack)?;
         let q = got.queue;
         let Some((msg, remaining)) = got.message else {
+            bump(&self.shared.stats.counters.get_empty);
             self.send(BasicGetEmpty {
                 cluster_id: String::new(),
             });

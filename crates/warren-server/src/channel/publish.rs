@@ -204,6 +204,12 @@ impl Channel {
                 return Ok(None);
             }
         };
+        self.shared
+            .stats
+            .count_exchange(&msg.exchange, published.queues);
+        if !published.routed && !mandatory {
+            bump(&self.shared.stats.counters.drop_unroutable);
+        }
         if !published.routed && mandatory {
             bump(&self.shared.stats.counters.return_unroutable);
             let method = Method::BasicReturn(BasicReturn {

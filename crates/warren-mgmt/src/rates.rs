@@ -1,0 +1,590 @@
+//! Message rates as RabbitMQ's management plugin gives them with `rates_mode = basic`: every
+//! counter of a `message_stats` object gets `<name>_details: {"rate": <per second>}`, and a
+//! queue's (a vhost's, the overview's `queue_totals`) `messages`, `messages_ready` and
+//! `messages_unacknowledged` get theirs.
+//!
+//! How (rabbit_mgmt_stats in rabbitmq-server): a background sampler reads every counter
+//! every `collect_statistics_interval` (RabbitMQ's name; 5000 ms by default) and keeps the
+//! samples for a bounded window. A rate is the difference of the last two samples divided by
+//! the time between them, shown only while the last sample is live (not older than two
+//! intervals; RabbitMQ's `RangePoint` test), else 0.0.
+//!
+//! The range query parameters `msg_rates_age` / `msg_rates_incr` (for the counters) and
+//! `lengths_age` / `lengths_incr` (for the queue lengths), in seconds, add to each
+//! `_details` RabbitMQ's `samples` (`[{"sample": count, "timestamp": ms}]`, newest first,
+//! one every `incr` seconds over the last `age` seconds, each the last sampled value at or
+//! before that point), `avg_rate` (first to last sample, per second) and `avg` (the mean
+//! sample), and compute `rate` from the last two points of that list. `age / incr` above
+//! 500, or a zero, is 400 `invalid_range_parameters` ("Invalid range parameters: age A,
+//! incr I"), as RabbitMQ. Points older than the kept window are left out.
+//!
+//! Memory: one sample is 14 counters and a timestamp (120 bytes). The node and each vhost
+//! keep 605 s of samples (RabbitMQ's first retention tier), each queue, exchange and
+//! channel 65 s
+//! (what the web console's default "last minute" charts ask for); at most
+//! [`MAX_SAMPLES`] per object whatever the interval. An object that goes away (a queue
+//! deleted, a channel closed, a vhost deleted) loses its samples at the next sweep; a queue
+//! deleted and declared again, or a counter that goes backwards, starts a new series.
+//!
+//! Locks: a sweep reads the registry's counters (atomics) and each queue's counts under its
+//! own lock, one queue at a time (the same short hold as a `GET /api/queues`), and only then
+//! takes the sample store's lock to append; readers take that lock for the time it takes to
+//! copy out one object's samples.
+
+use crate::backend::{Backend, MessageStats, SampleSources};
+use crate::error::ApiError;
+use axum::http::StatusCode;
+use serde_json::{json, Map, Value};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// RabbitMQ's default `collect_statistics_interval`.
+pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(5000);
+
+/// The most samples one object keeps, whatever the interval.
+pub const MAX_SAMPLES: usize = 1000;
+
+/// The window the node and vhosts keep (RabbitMQ's first `sample_retention_policies` tier).
+const WIDE_WINDOW_MS: u64 = 605_000;
+/// The window queues and channels keep.
+const OBJECT_WINDOW_MS: u64 = 65_000;
+
+/// The most points a range may ask for (rabbit_mgmt_util's `MAX_RANGE`).
+const MAX_RANGE: u64 = 500;
+
+const PUBLISH: usize = 0;
+const CONFIRM: usize = 1;
+const DELIVER: usize = 2;
+const DELIVER_NO_ACK: usize = 3;
+const GET: usize = 4;
+const GET_NO_ACK: usize = 5;
+const ACK: usize = 6;
+const REDELIVER: usize = 7;
+const RETURN_UNROUTABLE: usize = 8;
+const DROP_UNROUTABLE: usize = 9;
+const GET_EMPTY: usize = 10;
+const READY: usize = 11;
+const UNACKED: usize = 12;
+const PUBLISH_OUT: usize = 13;
+const FIELDS: usize = 14;
+
+/// One sample: the counters and lengths of an object at one moment.
+type Point = [u64; FIELDS];
+
+fn point(s: &MessageStats, ready: u64, unacked: u64) -> Point {
+    let mut p = [0; FIELDS];
+    p[PUBLISH] = s.publish;
+    p[CONFIRM] = s.confirm;
+    p[DELIVER] = s.deliver;
+    p[DELIVER_NO_ACK] = s.deliver_no_ack;
+    p[GET] = s.get;
+    p[GET_NO_ACK] = s.get_no_ack;
+    p[ACK] = s.ack;
+    p[REDELIVER] = s.redeliver;
+    p[RETURN_UNROUTABLE] = s.return_unroutable;
+    p[DROP_UNROUTABLE] = s.drop_unroutable;
+    p[GET_EMPTY] = s.get_empty;
+    p[READY] = ready;
+    p[UNACKED] = unacked;
+    p
+}
+
+/// The value a JSON field name stands for in a sample (RabbitMQ's `message_stats` and
+/// length field names); `None` for a field without samples.
+fn field(name: &str) -> Option<fn(&Point) -> u64> {
+    Some(match name {
+        // An exchange's `publish_in` is kept where the others' `publish` is.
+        "publish" | "publish_in" => |p| p[PUBLISH],
+        "publish_out" => |p| p[PUBLISH_OUT],
+        "confirm" => |p| p[CONFIRM],
+        "deliver" => |p| p[DELIVER],
+        "deliver_no_ack" => |p| p[DELIVER_NO_ACK],
+        "get" => |p| p[GET],
+        "get_no_ack" => |p| p[GET_NO_ACK],
+        "ack" => |p| p[ACK],
+        "redeliver" => |p| p[REDELIVER],
+        "return_unroutable" => |p| p[RETURN_UNROUTABLE],
+        "drop_unroutable" => |p| p[DROP_UNROUTABLE],
+        "get_empty" => |p| p[GET_EMPTY],
+        "deliver_get" => |p| p[DELIVER] + p[DELIVER_NO_ACK] + p[GET] + p[GET_NO_ACK],
+        "messages_ready" => |p| p[READY],
+        "messages_unacknowledged" => |p| p[UNACKED],
+        "messages" => |p| p[READY] + p[UNACKED],
+        _ => return None,
+    })
+}
+
+/// What samples are kept for.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Key {
+    /// The whole node (the overview of monitors and administrators).
+    Node,
+    /// A vhost, by name.
+    Vhost(String),
+    /// A queue: (vhost, name).
+    Queue(String, String),
+    /// A channel, by its process-unique id.
+    Channel(u64),
+    /// An exchange: (vhost, name).
+    Exchange(String, String),
+}
+
+struct Series {
+    /// Identifies the object behind the key (a queue's address): another one under the
+    /// same key starts a new series.
+    ident: usize,
+    cap: usize,
+    samples: VecDeque<(u64, Point)>,
+}
+
+impl Series {
+    fn push(&mut self, ident: usize, ts: u64, p: Point) {
+        let went_back = self.samples.back().is_some_and(|(_, last)| {
+            (0..FIELDS)
+                .filter(|i| *i != READY && *i != UNACKED)
+                .any(|i| p[i] < last[i])
+        });
+        if ident != self.ident || went_back {
+            self.samples.clear();
+            self.ident = ident;
+        }
+        if self.samples.len() == self.cap {
+            self.samples.pop_front();
+        }
+        self.samples.push_back((ts, p));
+    }
+}
+
+/// A requested range (`<prefix>_age`, `<prefix>_incr`), in ms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Range {
+    first: u64,
+    last: u64,
+    incr: u64,
+}
+
+/// The ranges a request asks for: (message rates, lengths).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Ranges {
+    msg_rates: Option<Range>,
+    lengths: Option<Range>,
+}
+
+impl Ranges {
+    /// Reads `msg_rates_age`/`msg_rates_incr` and `lengths_age`/`lengths_incr` (seconds).
+    /// Errors: 400 `invalid_range_parameters`, as rabbit_mgmt_util.
+    pub fn from_query(q: &HashMap<String, String>) -> Result<Ranges, ApiError> {
+        Self::at(q, now_ms())
+    }
+
+    fn at(q: &HashMap<String, String>, now: u64) -> Result<Ranges, ApiError> {
+        Ok(Ranges {
+            msg_rates: range(q, "msg_rates", now, false)?,
+            lengths: range(q, "lengths", now, true)?,
+        })
+    }
+}
+
+fn range(
+    q: &HashMap<String, String>,
+    prefix: &str,
+    now: u64,
+    ceil: bool,
+) -> Result<Option<Range>, ApiError> {
+    let get = |k: &str| q.get(&format!("{prefix}_{k}"));
+    let (Some(age), Some(incr)) = (get("age"), get("incr")) else {
+        return Ok(None);
+    };
+    let invalid = || ApiError {
+        status: StatusCode::BAD_REQUEST,
+        error: "invalid_range_parameters",
+        reason: format!("Invalid range parameters: age {age}, incr {incr}"),
+        challenge: false,
+    };
+    let (Ok(a), Ok(i)) = (age.parse::<u64>(), incr.parse::<u64>()) else {
+        // RabbitMQ reads a non-integer as no range at all.
+        return Ok(None);
+    };
+    if a == 0 || i == 0 || a / i > MAX_RANGE {
+        return Err(invalid());
+    }
+    let (age, incr) = (a * 1000, i * 1000);
+    let floor = now / incr * incr;
+    let last = if ceil && floor != now {
+        floor + incr
+    } else {
+        floor
+    };
+    Ok(Some(Range {
+        first: last.saturating_sub(age),
+        last,
+        incr,
+    }))
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The sample store and its sampler's settings.
+pub struct Rates {
+    interval: Duration,
+    series: Mutex<HashMap<Key, Series>>,
+}
+
+impl Rates {
+    /// A store sampled every `interval` (RabbitMQ's `collect_statistics_interval`).
+    pub fn new(interval: Duration) -> Rates {
+        Rates {
+            interval: interval.max(Duration::from_millis(1)),
+            series: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The sampling interval.
+    pub fn interval(&self) -> Duration {
+        self.interval
+    }
+
+    fn cap(&self, window_ms: u64) -> usize {
+        let interval = self.interval.as_millis().max(1) as u64;
+        (window_ms.div_ceil(interval) as usize + 1).clamp(2, MAX_SAMPLES)
+    }
+
+    /// Takes one sample of everything `backend` counts, and forgets the objects gone since
+    /// the last sweep.
+    pub fn sweep(&self, backend: &Backend) {
+        let src = backend.sample_sources();
+        self.record(now_ms(), src);
+    }
+
+    fn record(&self, ts: u64, src: SampleSources) {
+        let mut rows: Vec<(Key, usize, Point, u64)> = Vec::new();
+        let mut lengths: HashMap<&str, (u64, u64)> = HashMap::new();
+        let (mut ready, mut unacked) = (0, 0);
+        for q in &src.queues {
+            let l = lengths.entry(q.vhost.as_str()).or_default();
+            l.0 += q.ready;
+            l.1 += q.unacked;
+            ready += q.ready;
+            unacked += q.unacked;
+            rows.push((
+                Key::Queue(q.vhost.clone(), q.name.clone()),
+                q.ident,
+                point(&q.stats, q.ready, q.unacked),
+                OBJECT_WINDOW_MS,
+            ));
+        }
+        for (name, stats) in &src.vhosts {
+            let (r, u) = lengths.get(name.as_str()).copied().unwrap_or_default();
+            rows.push((
+                Key::Vhost(name.clone()),
+                0,
+                point(stats, r, u),
+                WIDE_WINDOW_MS,
+            ));
+        }
+        rows.push((
+            Key::Node,
+            0,
+            point(&src.node, ready, unacked),
+            WIDE_WINDOW_MS,
+        ));
+        for (id, stats) in &src.channels {
+            rows.push((Key::Channel(*id), 0, point(stats, 0, 0), OBJECT_WINDOW_MS));
+        }
+        for ((vhost, name), c) in &src.exchanges {
+            let mut p = [0; FIELDS];
+            p[PUBLISH] = c.publish_in;
+            p[PUBLISH_OUT] = c.publish_out;
+            rows.push((
+                Key::Exchange(vhost.clone(), name.clone()),
+                0,
+                p,
+                OBJECT_WINDOW_MS,
+            ));
+        }
+        let caps: Vec<usize> = rows.iter().map(|r| self.cap(r.3)).collect();
+        let mut series = self.series.lock().unwrap_or_else(|e| e.into_inner());
+        let mut seen = HashSet::with_capacity(rows.len());
+        for ((key, ident, p, _), cap) in rows.into_iter().zip(caps) {
+            let s = series.entry(key.clone()).or_insert_with(|| Series {
+                ident,
+                cap,
+                samples: VecDeque::new(),
+            });
+            s.push(ident, ts, p);
+            seen.insert(key);
+        }
+        series.retain(|k, _| seen.contains(k));
+    }
+
+    /// The samples of `keys` summed by timestamp (the timestamps every key has), oldest
+    /// first; `ident` must match a queue's.
+    fn samples(&self, keys: &[(Key, usize)]) -> Vec<(u64, Point)> {
+        let series = self.series.lock().unwrap_or_else(|e| e.into_inner());
+        let mut sum: BTreeMap<u64, (usize, Point)> = BTreeMap::new();
+        let mut found = 0;
+        for (key, ident) in keys {
+            let Some(s) = series.get(key).filter(|s| s.ident == *ident) else {
+                continue;
+            };
+            found += 1;
+            for (ts, p) in &s.samples {
+                let e = sum.entry(*ts).or_insert((0, [0; FIELDS]));
+                e.0 += 1;
+                for (sum, v) in e.1.iter_mut().zip(p) {
+                    *sum += v;
+                }
+            }
+        }
+        drop(series);
+        sum.into_iter()
+            .filter(|(_, (n, _))| *n == found)
+            .map(|(ts, (_, p))| (ts, p))
+            .collect()
+    }
+
+    /// Adds `<field>_details` to every field of `obj` that has samples (a `message_stats`
+    /// object, or a queue with its lengths) among `only` (every one when empty).
+    /// `lengths` says which range applies: the lengths' or the message rates'.
+    fn decorate(
+        &self,
+        obj: &mut Map<String, Value>,
+        samples: &[(u64, Point)],
+        names: &[&str],
+        range: Option<Range>,
+    ) {
+        let now = now_ms();
+        let interval = self.interval.as_millis() as u64;
+        for name in names {
+            let Some(f) = field(name) else { continue };
+            if !obj.contains_key(*name) {
+                continue;
+            }
+            let details = match range {
+                None => json!({"rate": instant_rate(samples, f, now, interval)}),
+                Some(r) => ranged(samples, f, r, interval),
+            };
+            obj.insert(format!("{name}_details"), details);
+        }
+    }
+
+    /// Adds the `_details` of every counter in `stats` (a `message_stats` object) for the
+    /// object(s) `keys` (several are summed: the overview of a user who sees some vhosts).
+    pub fn message_stats(&self, stats: &mut Value, keys: &[(Key, usize)], ranges: &Ranges) {
+        let Value::Object(m) = stats else { return };
+        let samples = self.samples(keys);
+        let names: Vec<String> = m.keys().cloned().collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        self.decorate(m, &samples, &names, ranges.msg_rates);
+    }
+
+    /// Adds `messages_details`, `messages_ready_details` and
+    /// `messages_unacknowledged_details` to `obj` (a queue, a vhost, the overview's
+    /// `queue_totals`) for `keys`.
+    pub fn lengths(&self, obj: &mut Value, keys: &[(Key, usize)], ranges: &Ranges) {
+        let Value::Object(m) = obj else { return };
+        let samples = self.samples(keys);
+        self.decorate(
+            m,
+            &samples,
+            &["messages", "messages_ready", "messages_unacknowledged"],
+            ranges.lengths,
+        );
+    }
+}
+
+/// RabbitMQ's instant rate: the last two samples' difference per second, 0.0 when there
+/// are fewer than two or the last is stale (older than two intervals).
+fn instant_rate(samples: &[(u64, Point)], f: fn(&Point) -> u64, now: u64, interval: u64) -> f64 {
+    let n = samples.len();
+    if n < 2 {
+        return 0.0;
+    }
+    let (t1, p1) = &samples[n - 1];
+    let (t0, p0) = &samples[n - 2];
+    if now.saturating_sub(*t1) > 2 * interval || t1 <= t0 {
+        return 0.0;
+    }
+    rate(f(p1), f(p0), t1 - t0)
+}
+
+fn rate(newer: u64, older: u64, ms: u64) -> f64 {
+    (newer as f64 - older as f64) * 1000.0 / ms as f64
+}
+
+/// `_details` for a range: `samples` (newest first), `rate`, `avg_rate`, `avg`.
+fn ranged(samples: &[(u64, Point)], f: fn(&Point) -> u64, r: Range, interval: u64) -> Value {
+    // One point per `incr` from `first` to `last`, each the last sample at or before it.
+    let mut points: Vec<(u64, u64)> = Vec::new();
+    let mut t = r.first;
+    let mut i = 0;
+    while t <= r.last {
+        while i < samples.len() && samples[i].0 <= t {
+            i += 1;
+        }
+        if i > 0 {
+            points.push((t, f(&samples[i - 1].1)));
+        }
+        t += r.incr;
+    }
+    let n = points.len();
+    let rate_now = match points.as_slice() {
+        [.., (t0, v0), (t1, v1)] if *t1 + interval >= r.last => rate(*v1, *v0, t1 - t0),
+        _ => 0.0,
+    };
+    let list: Vec<Value> = points
+        .iter()
+        .rev()
+        .map(|(ts, v)| json!({"sample": v, "timestamp": ts}))
+        .collect();
+    let mut out = json!({"rate": rate_now, "samples": list});
+    if n > 1 {
+        let (t0, v0) = points[0];
+        let (t1, v1) = points[n - 1];
+        let total: u64 = points.iter().map(|p| p.1).sum();
+        out["avg_rate"] = json!(rate(v1, v0, t1 - t0));
+        out["avg"] = json!(total as f64 / n as f64);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::QueueSample;
+
+    fn sources(publish: u64, ready: u64, queue_ident: usize) -> SampleSources {
+        let stats = MessageStats {
+            publish,
+            ..MessageStats::default()
+        };
+        SampleSources {
+            node: stats,
+            vhosts: vec![("/".into(), stats)],
+            queues: vec![QueueSample {
+                vhost: "/".into(),
+                name: "q".into(),
+                ident: queue_ident,
+                stats,
+                ready,
+                unacked: 0,
+            }],
+            channels: vec![(7, stats)],
+            exchanges: vec![(
+                ("/".into(), "x".into()),
+                crate::backend::ExchangeCounts {
+                    publish_in: publish,
+                    publish_out: 2 * publish,
+                },
+            )],
+        }
+    }
+
+    fn rate_of(rates: &Rates, key: Key, ident: usize) -> Value {
+        let mut v = json!({"publish": 0, "deliver_get": 0});
+        rates.message_stats(&mut v, &[(key, ident)], &Ranges::default());
+        v
+    }
+
+    #[test]
+    fn rate_is_the_last_two_samples_per_second() {
+        let rates = Rates::new(Duration::from_millis(1000));
+        let now = now_ms();
+        rates.record(now - 1000, sources(100, 10, 1));
+        rates.record(now, sources(600, 20, 1));
+        let v = rate_of(&rates, Key::Node, 0);
+        assert_eq!(v["publish_details"]["rate"], 500.0);
+        assert_eq!(v["deliver_get_details"]["rate"], 0.0);
+        let mut q = json!({"messages": 20, "messages_ready": 20, "messages_unacknowledged": 0});
+        rates.lengths(
+            &mut q,
+            &[(Key::Queue("/".into(), "q".into()), 1)],
+            &Ranges::default(),
+        );
+        assert_eq!(q["messages_ready_details"]["rate"], 10.0);
+        assert_eq!(q["messages_details"]["rate"], 10.0);
+        assert_eq!(
+            rate_of(&rates, Key::Channel(7), 0)["publish_details"]["rate"],
+            500.0
+        );
+    }
+
+    #[test]
+    fn stale_samples_and_gone_objects() {
+        let rates = Rates::new(Duration::from_millis(1000));
+        let now = now_ms();
+        rates.record(now - 10_000, sources(100, 0, 1));
+        rates.record(now - 9_000, sources(200, 0, 1));
+        assert_eq!(
+            rate_of(&rates, Key::Node, 0)["publish_details"]["rate"],
+            0.0
+        );
+        // A queue declared again under the same name starts over; a wrong ident sees nothing.
+        rates.record(now, sources(300, 0, 2));
+        let q = Key::Queue("/".into(), "q".into());
+        assert_eq!(rates.samples(&[(q.clone(), 2)]).len(), 1);
+        assert!(rates.samples(&[(q.clone(), 1)]).is_empty());
+        let mut gone = sources(400, 0, 2);
+        gone.queues.clear();
+        gone.channels.clear();
+        rates.record(now + 1, gone);
+        assert!(rates.samples(&[(q, 2)]).is_empty());
+        assert!(rates.samples(&[(Key::Channel(7), 0)]).is_empty());
+    }
+
+    #[test]
+    fn windows_are_bounded() {
+        let rates = Rates::new(Duration::from_millis(1000));
+        for i in 0..2000 {
+            rates.record(i * 1000, sources(i, 0, 1));
+        }
+        let series = rates.series.lock().unwrap();
+        assert_eq!(series[&Key::Node].samples.len(), 606);
+        assert_eq!(series[&Key::Channel(7)].samples.len(), 66);
+        drop(series);
+        let tiny = Rates::new(Duration::from_millis(1));
+        for i in 0..3000 {
+            tiny.record(i, sources(i, 0, 1));
+        }
+        assert_eq!(
+            tiny.series.lock().unwrap()[&Key::Node].samples.len(),
+            MAX_SAMPLES
+        );
+    }
+
+    #[test]
+    fn ranges_give_samples_and_averages() {
+        let rates = Rates::new(Duration::from_millis(5000));
+        let last = now_ms() / 5000 * 5000;
+        for i in 0..5u64 {
+            rates.record(last - (4 - i) * 5000, sources(i * 50, 0, 1));
+        }
+        let q: HashMap<String, String> = [("msg_rates_age", "20"), ("msg_rates_incr", "5")]
+            .into_iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect();
+        let ranges = Ranges::at(&q, last + 10).unwrap();
+        let mut v = json!({"publish": 200});
+        rates.message_stats(&mut v, &[(Key::Node, 0)], &ranges);
+        let d = &v["publish_details"];
+        let samples = d["samples"].as_array().unwrap();
+        assert_eq!(samples.len(), 5, "{d}");
+        assert_eq!(samples[0]["sample"], 200);
+        assert_eq!(samples[4]["sample"], 0);
+        assert_eq!(d["rate"], 10.0);
+        assert_eq!(d["avg_rate"], 10.0);
+        assert_eq!(d["avg"], 100.0);
+        let bad: HashMap<String, String> = [("lengths_age", "600"), ("lengths_incr", "1")]
+            .into_iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect();
+        let e = Ranges::from_query(&bad).unwrap_err();
+        assert_eq!(e.error, "invalid_range_parameters");
+        assert_eq!(e.reason, "Invalid range parameters: age 600, incr 1");
+    }
+}
