@@ -229,7 +229,11 @@ where
 
     let negotiated = tokio::time::timeout(
         handshake,
-        handshake_steps(&state, &mut rd, &mut wr, &mut rbuf, peer, &security),
+        // Boxed, as the close handshakes below: what an idle connection's task keeps is
+        // only the frame loop's state, not the largest of the steps it went through.
+        Box::pin(handshake_steps(
+            &state, &mut rd, &mut wr, &mut rbuf, peer, &security,
+        )),
     )
     .await
     .unwrap_or_else(|_| {
@@ -259,7 +263,7 @@ where
             }
             let delay = Duration::from_millis(state.config.auth.login_failure_delay_ms);
             let until = tokio::time::Instant::now() + delay;
-            drain_until_eof(&mut rd, &mut rbuf, delay).await;
+            Box::pin(drain_until_eof(&mut rd, &mut rbuf, delay)).await;
             tokio::time::sleep_until(until).await;
             let _ = wr.shutdown().await;
             return Ok(());
@@ -513,7 +517,7 @@ where
             // reset the connection under a client that is still flushing.
             outbox.close_after_flush();
             let _ = tokio::time::timeout(Duration::from_secs(5), writer).await;
-            drain_until_eof(&mut rd, &mut rbuf, linger).await;
+            Box::pin(drain_until_eof(&mut rd, &mut rbuf, linger)).await;
         }
         End::Error(e) => {
             if e.code == constants::CONNECTION_FORCED {
@@ -544,7 +548,8 @@ where
                 linger
             };
             let since = std::time::Instant::now();
-            let waited = tokio::time::timeout(linger, wait_close_ok(&mut rd, &mut rbuf, &limits));
+            let waited =
+                tokio::time::timeout(linger, Box::pin(wait_close_ok(&mut rd, &mut rbuf, &limits)));
             let answered = match waited.await {
                 Ok(true) => {
                     debug!(
@@ -572,7 +577,7 @@ where
             // The close-ok may have overtaken frames the client still writes: read them until
             // the client closes, briefly, before closing the socket.
             if answered {
-                drain_until_eof(&mut rd, &mut rbuf, CLOSE_DRAIN).await;
+                Box::pin(drain_until_eof(&mut rd, &mut rbuf, CLOSE_DRAIN)).await;
             }
         }
     }

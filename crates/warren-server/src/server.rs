@@ -315,9 +315,23 @@ async fn serve_accepted(
     tls: Option<crate::tls::TlsAcceptorHandle>,
     shutdown: watch::Receiver<bool>,
 ) {
-    let Some(acceptor) = tls else {
-        return crate::connection::serve(state, stream, peer, local, shutdown).await;
-    };
+    match tls {
+        None => crate::connection::serve(state, stream, peer, local, shutdown).await,
+        // Boxed: the TLS stream and the TLS instance of the connection's future would
+        // otherwise sit inline in every plain connection's task (about 1 KB each).
+        Some(acceptor) => Box::pin(serve_tls(state, stream, peer, local, acceptor, shutdown)).await,
+    }
+}
+
+/// [`serve_accepted`] on the AMQPS listener: the TLS handshake, then the connection.
+async fn serve_tls(
+    state: Arc<ServerState>,
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    local: SocketAddr,
+    acceptor: crate::tls::TlsAcceptorHandle,
+    shutdown: watch::Receiver<bool>,
+) {
     let limit = Duration::from_secs(state.config.amqp.handshake_timeout.max(1));
     match acceptor.accept_timeout(stream, limit).await {
         Ok(tls) => {
