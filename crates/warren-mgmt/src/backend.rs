@@ -24,6 +24,8 @@ use warren_broker::vhost::{ExchangeDeclare, QueueDeclare};
 use warren_broker::{Actor, Ops};
 use warren_broker::{BrokerError, Destination};
 
+pub use warren_store::{HistogramSnapshot, StoreStats};
+
 pub use warren_broker::registry::{
     ChannelSnapshot, ConnectionDetails, ConnectionSnapshot, ConsumerDetails, ExchangeCounts,
     MessageStats,
@@ -140,6 +142,9 @@ pub struct QueueInfo {
     pub deliveries: u64,
     /// Body bytes of the ready messages.
     pub ready_bytes: u64,
+    /// Ready messages paged out to the queue's spill file, their bodies on disk only
+    /// (RabbitMQ's `messages_paged_out`).
+    pub paged_out: u64,
     /// Message counts since the queue was created (`deliver` counts every delivery to a
     /// consumer, acknowledging or not).
     pub stats: MessageStats,
@@ -294,6 +299,12 @@ impl Backend {
 
     fn broker(&self) -> &warren_broker::Broker {
         self.node.broker()
+    }
+
+    /// The message store's counters (see [`StoreStats`]); `None` for a broker that keeps
+    /// everything in memory (no data directory).
+    pub fn store_stats(&self) -> Option<StoreStats> {
+        self.broker().store().map(|s| s.stats())
     }
 
     // ---- users and permissions -------------------------------------------------------
@@ -744,6 +755,7 @@ impl Backend {
                     consumers: c.consumers.into(),
                     deliveries: q.deliveries(),
                     ready_bytes: q.ready_bytes(),
+                    paged_out: q.ready_in_memory_and_paged_out().1.into(),
                     stats: queue_stats(&q),
                     policy: q.applied_policy(),
                     memory: q.memory(),

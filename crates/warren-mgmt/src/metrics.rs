@@ -4,17 +4,133 @@
 //! endpoint does, one series per queue (labels `vhost`, `queue`) on `/metrics/per-object`.
 //! Built with the `prometheus` crate's registry and text encoder on each scrape, from the
 //! same snapshots the JSON API reads.
+//!
+//! Warren's own families, besides rabbitmq_prometheus's: the message store's (`warren_store_*`,
+//! only for a broker with a data directory: bytes and segment files held, bytes and records
+//! written, fsyncs, compactions, and two histograms, fsync latency and records per group
+//! commit, built from the store's bucket counters by [`SnapshotHistogram`]) and the ready
+//! messages paged out to spill files (`warren_queue_messages_paged_out`, the same value as
+//! rabbitmq_prometheus's `rabbitmq_queue_messages_paged_out`).
 
 use crate::api::{App, RABBITMQ_VERSION};
-use crate::backend::QueueInfo;
+use crate::backend::{HistogramSnapshot, QueueInfo, StoreStats};
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::{self, MetricFamily, MetricType};
 use prometheus::{
     Encoder, Gauge, GaugeVec, IntCounter, IntCounterVec, Opts, Registry, TextEncoder,
 };
+use std::collections::HashMap;
 
 fn gauge(r: &Registry, name: &str, help: &str, value: f64) -> Result<(), String> {
     let g = Gauge::with_opts(Opts::new(name, help)).map_err(|e| e.to_string())?;
     g.set(value);
     r.register(Box::new(g)).map_err(|e| e.to_string())
+}
+
+fn counter(r: &Registry, name: &str, help: &str, value: u64) -> Result<(), String> {
+    let c = IntCounter::with_opts(Opts::new(name, help)).map_err(|e| e.to_string())?;
+    c.inc_by(value);
+    r.register(Box::new(c)).map_err(|e| e.to_string())
+}
+
+/// A Prometheus histogram read from counters kept elsewhere (the store's atomic buckets):
+/// a [`Collector`] yielding one histogram [`MetricFamily`] with those cumulative buckets,
+/// sum and count, which the text encoder renders as `_bucket{le=...}`, `_sum` and `_count`.
+pub struct SnapshotHistogram {
+    desc: Desc,
+    family: MetricFamily,
+}
+
+impl SnapshotHistogram {
+    /// The histogram `name` with `help` holding `h`. Errors: an invalid metric name.
+    pub fn new(name: &str, help: &str, h: &HistogramSnapshot) -> Result<Self, String> {
+        let desc = Desc::new(name.into(), help.into(), Vec::new(), HashMap::new())
+            .map_err(|e| e.to_string())?;
+        let buckets = h
+            .buckets
+            .iter()
+            .map(|&(le, n)| {
+                let mut b = proto::Bucket::default();
+                b.set_upper_bound(le);
+                b.set_cumulative_count(n);
+                b
+            })
+            .collect();
+        let mut hist = proto::Histogram::default();
+        hist.set_bucket(buckets);
+        hist.set_sample_count(h.count);
+        hist.set_sample_sum(h.sum);
+        let mut m = proto::Metric::default();
+        m.set_histogram(hist);
+        let mut family = MetricFamily::default();
+        family.set_name(name.into());
+        family.set_help(help.into());
+        family.set_field_type(MetricType::HISTOGRAM);
+        family.set_metric(vec![m]);
+        Ok(SnapshotHistogram { desc, family })
+    }
+}
+
+impl Collector for SnapshotHistogram {
+    fn desc(&self) -> Vec<&Desc> {
+        vec![&self.desc]
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        vec![self.family.clone()]
+    }
+}
+
+/// The message store's families (see the module docs).
+fn store_metrics(r: &Registry, s: &StoreStats) -> Result<(), String> {
+    gauge(
+        r,
+        "warren_store_bytes",
+        "Bytes in the message store's segment files, as written and fsynced",
+        s.bytes as f64,
+    )?;
+    gauge(
+        r,
+        "warren_store_segments",
+        "Segment files in the message store",
+        s.segments as f64,
+    )?;
+    counter(
+        r,
+        "warren_store_written_bytes_total",
+        "Bytes written to the message store's segment files and fsynced, compaction's copies included",
+        s.written_bytes,
+    )?;
+    counter(
+        r,
+        "warren_store_records_written_total",
+        "Records (messages, acknowledgements, delivery marks, compaction's copies) written to the message store and fsynced",
+        s.records_written,
+    )?;
+    counter(
+        r,
+        "warren_store_fsyncs_total",
+        "fdatasync calls on the message store's segment files",
+        s.fsyncs,
+    )?;
+    counter(
+        r,
+        "warren_store_compactions_total",
+        "Message store segments compacted: live records copied to the head of the log, then the file deleted",
+        s.compactions,
+    )?;
+    let h = SnapshotHistogram::new(
+        "warren_store_fsync_seconds",
+        "Latency of the message store's fsyncs, seconds",
+        &s.fsync_seconds,
+    )?;
+    r.register(Box::new(h)).map_err(|e| e.to_string())?;
+    let h = SnapshotHistogram::new(
+        "warren_store_group_commit_batch_records",
+        "Records written and covered by one group commit (one observation per batch), records",
+        &s.batch_records,
+    )?;
+    r.register(Box::new(h)).map_err(|e| e.to_string())
 }
 
 fn info(r: &Registry, name: &str, help: &str, labels: &[(&str, &str)]) -> Result<(), String> {
@@ -146,7 +262,7 @@ pub fn render(app: &App, per_object: bool) -> Result<String, String> {
         )?;
     }
     type Series = (&'static str, &'static str, fn(&QueueInfo) -> u64);
-    let series: [Series; 5] = [
+    let series: [Series; 7] = [
         (
             "rabbitmq_queue_messages_ready",
             "Messages ready to be delivered to consumers",
@@ -169,6 +285,16 @@ pub fn render(app: &App, per_object: bool) -> Result<String, String> {
             "rabbitmq_queue_process_memory_bytes",
             "Memory in bytes used by the Erlang queue process",
             |q| q.memory,
+        ),
+        (
+            "rabbitmq_queue_messages_paged_out",
+            "Messages paged out to disk",
+            |q| q.paged_out,
+        ),
+        (
+            "warren_queue_messages_paged_out",
+            "Ready messages paged out to the queues' spill files, their bodies on disk only, messages",
+            |q| q.paged_out,
         ),
     ];
     for (name, help, f) in series {
@@ -202,6 +328,9 @@ pub fn render(app: &App, per_object: bool) -> Result<String, String> {
         let c = IntCounter::with_opts(Opts::new(name, help)).map_err(|e| e.to_string())?;
         c.inc_by(queues.iter().map(|q| q.deliveries).sum());
         r.register(Box::new(c)).map_err(|e| e.to_string())?;
+    }
+    if let Some(s) = b.store_stats() {
+        store_metrics(&r, &s)?;
     }
     let mut out = Vec::new();
     TextEncoder::new()

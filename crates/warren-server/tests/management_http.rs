@@ -900,6 +900,13 @@ async fn definitions_and_metrics() {
         assert!(agg.lines().any(|l| l == line), "{line} missing in:\n{agg}");
     }
     assert!(agg.contains("rabbitmq_identity_info{"), "{agg}");
+    // Nothing paged out; no message store in memory, so no store families.
+    assert!(
+        agg.lines()
+            .any(|l| l == "warren_queue_messages_paged_out 0"),
+        "{agg}"
+    );
+    assert!(!agg.contains("warren_store_"), "{agg}");
     // A Prometheus text parser reads it, with gauge types and the per-object labels.
     let parsed = prometheus_parse::Scrape::parse(agg.lines().map(|l| Ok(l.to_string())))
         .expect("parses as Prometheus text");
@@ -2577,6 +2584,186 @@ async fn runtime_parameters_as_rabbitmq() {
         exported["global_parameters"],
         json!([{"name": "cluster_name", "value": "imported-cluster"}])
     );
+    h.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Warren's own metrics over HTTP with a data directory: persistent messages published with
+/// confirms over AMQP (lapin) make the message store's fsync counter and histograms grow, the
+/// store's bytes and segments show, and a queue window of 8 pages the rest of the queue out,
+/// aggregated on /metrics and per queue on /metrics/per-object; all read with a Prometheus
+/// text parser.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_and_paging_metrics() {
+    use lapin::options::{ConfirmSelectOptions, QueueDeclareOptions as QOpts};
+    use prometheus_parse::{Scrape, Value as PValue};
+    let dir = std::env::temp_dir().join(format!("warren-mgmt-metrics-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let h = Http::start_with(|c| {
+        c.storage.data_dir = Some(dir.clone());
+        c.storage.queue_window = 8;
+    })
+    .await;
+    let scrape = |path: &'static str| {
+        let h = &h;
+        async move {
+            let r = within("scrape", h.client.get(format!("{}{path}", h.base)).send())
+                .await
+                .unwrap();
+            assert_eq!(r.status(), StatusCode::OK);
+            let text = r.text().await.unwrap();
+            let parsed = Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
+                .unwrap_or_else(|e| panic!("not Prometheus text ({e}):\n{text}"));
+            (text, parsed)
+        }
+    };
+    // A counter or gauge's value (the first sample of that name and labels).
+    fn value(s: &Scrape, name: &str, labels: &[(&str, &str)]) -> f64 {
+        s.samples
+            .iter()
+            .find(|x| x.metric == name && labels.iter().all(|(k, v)| x.labels.get(k) == Some(v)))
+            .map(|x| match x.value {
+                PValue::Counter(v) | PValue::Gauge(v) | PValue::Untyped(v) => v,
+                _ => f64::NAN,
+            })
+            .unwrap_or_else(|| panic!("{name} {labels:?} missing"))
+    }
+    // A histogram's buckets as (le, cumulative count), +Inf last.
+    fn buckets(s: &Scrape, name: &str) -> Vec<(f64, f64)> {
+        s.samples
+            .iter()
+            .find_map(|x| match &x.value {
+                PValue::Histogram(b) if x.metric == name => {
+                    Some(b.iter().map(|c| (c.less_than, c.count)).collect())
+                }
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("histogram {name} missing"))
+    }
+
+    let conn = h.amqp().await;
+    let ch = within("channel", conn.create_channel()).await.unwrap();
+    within(
+        "confirm",
+        ch.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await
+    .unwrap();
+    within(
+        "declare",
+        ch.queue_declare(
+            "stored".into(),
+            QOpts {
+                durable: true,
+                ..QOpts::default()
+            },
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .unwrap();
+    let (_, before) = scrape("/metrics").await;
+    let fsyncs_before = value(&before, "warren_store_fsyncs_total", &[]);
+
+    // 600 persistent messages, 50 confirms awaited at a time.
+    let body = vec![b'm'; 200];
+    let n = 600;
+    let mut pending = Vec::new();
+    for i in 0..n {
+        pending.push(
+            within(
+                "publish",
+                ch.basic_publish(
+                    "".into(),
+                    "stored".into(),
+                    BasicPublishOptions::default(),
+                    &body,
+                    BasicProperties::default().with_delivery_mode(2),
+                ),
+            )
+            .await
+            .unwrap(),
+        );
+        if pending.len() == 50 || i + 1 == n {
+            for c in pending.drain(..) {
+                assert!(within("confirm", c).await.unwrap().is_ack());
+            }
+        }
+    }
+
+    // Every publish is confirmed, so the writer is idle: the counters agree with each other
+    // (a scrape racing a last fsync is taken again).
+    let deadline = std::time::Instant::now() + lapin_support::WAIT;
+    let (text, m) = loop {
+        let (text, m) = scrape("/metrics").await;
+        let fsyncs = value(&m, "warren_store_fsyncs_total", &[]);
+        let count = value(&m, "warren_store_fsync_seconds_count", &[]);
+        if fsyncs == count {
+            break (text, m);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "fsyncs {fsyncs} != histogram count {count}:\n{text}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    for line in [
+        "# TYPE warren_store_fsync_seconds histogram",
+        "# TYPE warren_store_group_commit_batch_records histogram",
+        "# TYPE warren_store_fsyncs_total counter",
+        "# TYPE warren_store_bytes gauge",
+        "# HELP warren_store_fsync_seconds Latency of the message store's fsyncs, seconds",
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "{line} missing in:\n{text}"
+        );
+    }
+    let fsyncs = value(&m, "warren_store_fsyncs_total", &[]);
+    assert!(fsyncs > fsyncs_before, "{fsyncs} after {fsyncs_before}");
+    let stored = value(&m, "warren_store_bytes", &[]);
+    assert!(stored >= (n * body.len()) as f64, "{stored} bytes:\n{text}");
+    assert!(value(&m, "warren_store_written_bytes_total", &[]) >= stored);
+    assert!(value(&m, "warren_store_segments", &[]) >= 1.0);
+    assert!(value(&m, "warren_store_records_written_total", &[]) >= n as f64);
+    assert_eq!(value(&m, "warren_store_compactions_total", &[]), 0.0);
+    for (name, count) in [
+        ("warren_store_fsync_seconds", fsyncs),
+        (
+            "warren_store_group_commit_batch_records",
+            value(&m, "warren_store_group_commit_batch_records_count", &[]),
+        ),
+    ] {
+        let b = buckets(&m, name);
+        assert!(b.len() > 10, "{name}: {b:?}");
+        assert!(
+            b.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].1),
+            "{name} buckets not cumulative: {b:?}"
+        );
+        assert_eq!(b.last().unwrap(), &(f64::INFINITY, count), "{name}");
+        assert!(count >= 1.0, "{name}");
+    }
+    // Every record written was in one group commit.
+    assert_eq!(
+        value(&m, "warren_store_group_commit_batch_records_sum", &[]),
+        value(&m, "warren_store_records_written_total", &[])
+    );
+    assert!(value(&m, "warren_store_fsync_seconds_sum", &[]) > 0.0);
+    // Beyond the window of 8 the queue's messages are paged out.
+    let paged = value(&m, "warren_queue_messages_paged_out", &[]);
+    assert!(paged > 0.0 && paged <= (n - 8) as f64, "{paged} paged out");
+    assert_eq!(value(&m, "rabbitmq_queue_messages_paged_out", &[]), paged);
+    assert_eq!(value(&m, "rabbitmq_queue_messages_ready", &[]), n as f64);
+
+    let (per_text, per) = scrape("/metrics/per-object").await;
+    let q = [("vhost", "/"), ("queue", "stored")];
+    assert_eq!(value(&per, "warren_queue_messages_paged_out", &q), paged);
+    assert_eq!(value(&per, "rabbitmq_queue_messages_ready", &q), n as f64);
+    assert!(
+        per_text.contains("warren_store_fsync_seconds_bucket{le=\"0.001\"}"),
+        "{per_text}"
+    );
+    drop(conn);
     h.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -571,6 +571,10 @@ fn finish(
         st.superseded.retain(|(seg, _)| *seg != t);
     }
     inner.delete_files(&[t]);
+    inner
+        .stats
+        .compactions
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     hook(inner, CompactionStep::Deleted(t));
     if moved_records > 0 {
         info!(

@@ -49,6 +49,7 @@ mod deleted;
 pub mod record;
 mod recovery;
 pub mod spill;
+mod stats;
 
 use bytes::{Bytes, BytesMut};
 use parking_lot::{Condvar, Mutex};
@@ -67,6 +68,7 @@ use warren_amqp::properties::BasicProperties;
 pub use compact::CompactionStep;
 pub use record::StoredMessage;
 pub use recovery::{RecoveredEntry, RecoveryReport};
+pub use stats::{HistogramSnapshot, StoreStats, BATCH_BUCKETS_RECORDS, FSYNC_BUCKETS_NS};
 
 /// Where a record lives: segment number, byte offset of its header, and total length.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -247,6 +249,8 @@ struct State {
     /// Appended, not yet taken by the writer: (segment, start offset, bytes).
     pending: Vec<(u32, u64, BytesMut)>,
     pending_bytes: usize,
+    /// Records in `pending`.
+    pending_records: u64,
     /// Taken by the writer and not yet known to be written.
     writing: Vec<(u32, u64, Bytes)>,
     /// Completed after the fsync that covers their record, or failed with it.
@@ -376,6 +380,7 @@ fn append_locked(
     };
     st.position += len as u64;
     st.pending_bytes += len;
+    st.pending_records += 1;
     // Every segment is tracked, including ones holding only ACK records, so that it can be
     // deleted once settled.
     let seg = st.live.entry(segment).or_insert_with(|| Seg::new(0));
@@ -400,6 +405,8 @@ struct Inner {
     crashed: AtomicBool,
     /// Where segment deletions are recorded before the files go.
     deletions: Mutex<deleted::DeletionLog>,
+    /// What [`Store::stats`] reports.
+    stats: stats::Counters,
 }
 
 /// The message store. Cheap to clone; the writer and compactor threads run until
@@ -429,6 +436,7 @@ impl Store {
     pub fn open(cfg: StoreConfig) -> Result<(Store, Recovered), StoreError> {
         std::fs::create_dir_all(&cfg.dir)?;
         let rec = recovery::recover(&cfg.dir)?;
+        let (segments, file_bytes) = segment_files(&cfg.dir);
         let cfg_dir = cfg.dir.clone();
         let segment = rec.last_segment + 1;
         let inner = Arc::new(Inner {
@@ -437,6 +445,7 @@ impl Store {
                 position: 0,
                 pending: Vec::new(),
                 pending_bytes: 0,
+                pending_records: 0,
                 writing: Vec::new(),
                 waiters: Vec::new(),
                 barriers: Vec::new(),
@@ -462,6 +471,7 @@ impl Store {
             wake_compactor: Condvar::new(),
             crashed: AtomicBool::new(false),
             deletions: Mutex::new(deleted::DeletionLog::new(&cfg_dir)),
+            stats: stats::Counters::new(segments, file_bytes),
         });
         let w = inner.clone();
         let handle = std::thread::Builder::new()
@@ -762,6 +772,13 @@ impl Store {
         self.inner.crashed.load(Ordering::SeqCst)
     }
 
+    /// The store's counters now: bytes and segment files held, bytes and records written,
+    /// fsyncs and their latencies, group-commit batch sizes, compactions (see
+    /// [`StoreStats`]). A handful of atomic loads; takes no lock.
+    pub fn stats(&self) -> StoreStats {
+        self.inner.stats.snapshot()
+    }
+
     /// Number of segment files currently holding live data or pending deletion.
     pub fn segment_count(&self) -> usize {
         std::fs::read_dir(&self.inner.cfg.dir)
@@ -772,6 +789,21 @@ impl Store {
             })
             .unwrap_or(0)
     }
+}
+
+/// Segment files in `dir` and their total size, bytes.
+fn segment_files(dir: &Path) -> (u64, u64) {
+    let mut n = 0;
+    let mut bytes = 0;
+    if let Ok(d) = std::fs::read_dir(dir) {
+        for e in d.filter_map(|e| e.ok()) {
+            if e.path().extension().is_some_and(|x| x == "seg") {
+                n += 1;
+                bytes += e.metadata().map_or(0, |m| m.len());
+            }
+        }
+    }
+    (n, bytes)
 }
 
 fn decode_at(raw: &[u8], loc: Location) -> Result<StoredMessage, StoreError> {
@@ -871,8 +903,13 @@ impl Inner {
         }
         for &seg in segs {
             self.readers.lock().remove(&seg);
-            match std::fs::remove_file(segment_path(&self.cfg.dir, seg)) {
-                Ok(()) => tracing::debug!(segment = seg, "deleted settled segment"),
+            let path = segment_path(&self.cfg.dir, seg);
+            let len = std::fs::metadata(&path).map_or(0, |m| m.len());
+            match std::fs::remove_file(&path) {
+                Ok(()) => {
+                    self.stats.segment_deleted(len);
+                    tracing::debug!(segment = seg, "deleted settled segment")
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => warn!(segment = seg, error = %e, "cannot delete segment"),
             }
@@ -891,15 +928,22 @@ struct OpenSegment {
 
 fn writer_loop(inner: Arc<Inner>) {
     let mut open: Option<OpenSegment> = None;
-    // A batch whose write failed, with its barriers (its waiters were failed at once).
-    let mut retry: Option<(Batch, Vec<Waiter>)> = None;
+    // A batch whose write failed, with its barriers (its waiters were failed at once) and
+    // its record count.
+    let mut retry: Option<(Batch, Vec<Waiter>, u64)> = None;
     loop {
-        let (mut batch, waiters, barriers, shutdown) = match retry.take() {
-            Some((b, barriers)) => {
+        let (mut batch, waiters, barriers, shutdown, records) = match retry.take() {
+            Some((b, barriers, records)) => {
                 std::thread::sleep(Duration::from_secs(1));
                 // Settled segments can go even while writes fail: that may be what frees space.
                 inner.reclaim();
-                (b, Vec::new(), barriers, inner.state.lock().shutdown)
+                (
+                    b,
+                    Vec::new(),
+                    barriers,
+                    inner.state.lock().shutdown,
+                    records,
+                )
             }
             None => {
                 let mut st = inner.state.lock();
@@ -941,12 +985,13 @@ fn writer_loop(inner: Arc<Inner>) {
                     .collect();
                 st.writing = batch.iter().cloned().collect();
                 st.pending_bytes = 0;
+                let records = std::mem::take(&mut st.pending_records);
                 let waiters = std::mem::take(&mut st.waiters);
                 let barriers = std::mem::take(&mut st.barriers);
                 let shutdown = st.shutdown;
                 drop(st);
                 inner.wake_appenders.notify_all();
-                (batch, waiters, barriers, shutdown)
+                (batch, waiters, barriers, shutdown, records)
             }
         };
         if inner.crashed.load(Ordering::SeqCst) {
@@ -960,8 +1005,11 @@ fn writer_loop(inner: Arc<Inner>) {
         let end = batch
             .back()
             .map(|(seg, start, b)| (*seg, start + b.len() as u64));
-        match write_batch(&inner.cfg.dir, &mut open, &mut batch) {
+        match write_batch(&inner.cfg.dir, &inner.stats, &mut open, &mut batch) {
             Ok(()) => {
+                if records > 0 {
+                    inner.stats.committed(records);
+                }
                 let mut st = inner.state.lock();
                 st.writing.clear();
                 if let Some(end) = end {
@@ -992,7 +1040,7 @@ fn writer_loop(inner: Arc<Inner>) {
                     complete(&barriers, false);
                     return;
                 }
-                retry = Some((batch, barriers));
+                retry = Some((batch, barriers, records));
             }
         }
     }
@@ -1000,8 +1048,10 @@ fn writer_loop(inner: Arc<Inner>) {
 
 /// Writes `batch` and syncs it. On error, whatever was written but not synced is cut from the
 /// file and put back at the front of `batch`, so a retry writes each record exactly once.
+/// Each fsync that succeeds is counted in `stats` with its latency and the bytes it covered.
 fn write_batch(
     dir: &Path,
+    stats: &stats::Counters,
     open: &mut Option<OpenSegment>,
     batch: &mut VecDeque<(u32, u64, Bytes)>,
 ) -> std::io::Result<()> {
@@ -1010,14 +1060,14 @@ fn write_batch(
             let seg = *seg;
             if open.as_ref().map(|o| o.number) != Some(seg) {
                 if let Some(prev) = open.as_mut() {
-                    prev.file.sync_data()?;
-                    prev.synced_len += prev.unsynced.iter().map(|c| c.2.len() as u64).sum::<u64>();
-                    prev.unsynced.clear();
+                    sync(stats, prev)?;
                 }
-                let file = OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(segment_path(dir, seg))?;
+                let path = segment_path(dir, seg);
+                let created = !path.exists();
+                let file = OpenOptions::new().create(true).append(true).open(&path)?;
+                if created {
+                    stats.segments.fetch_add(1, Ordering::Relaxed);
+                }
                 let synced_len = file.metadata()?.len();
                 if let Ok(d) = File::open(dir) {
                     let _ = d.sync_all();
@@ -1036,9 +1086,7 @@ fn write_batch(
             r?;
         }
         if let Some(o) = open.as_mut() {
-            o.file.sync_data()?;
-            o.synced_len += o.unsynced.iter().map(|c| c.2.len() as u64).sum::<u64>();
-            o.unsynced.clear();
+            sync(stats, o)?;
         }
         Ok(())
     })();
@@ -1051,6 +1099,17 @@ fn write_batch(
         }
     }
     result
+}
+
+/// `fdatasync`s the open segment: what was written to it since the last one is durable.
+fn sync(stats: &stats::Counters, o: &mut OpenSegment) -> std::io::Result<()> {
+    let started = Instant::now();
+    o.file.sync_data()?;
+    let bytes = o.unsynced.iter().map(|c| c.2.len() as u64).sum::<u64>();
+    stats.synced(bytes, started.elapsed());
+    o.synced_len += bytes;
+    o.unsynced.clear();
+    Ok(())
 }
 
 fn complete(waiters: &[Waiter], ok: bool) {

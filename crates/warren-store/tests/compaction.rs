@@ -1072,3 +1072,70 @@ fn segments_the_store_deleted_are_not_reported_missing() {
     store.close();
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// The store's counters follow the files: bytes and segment files as on disk once the writer
+/// is idle, fsyncs counted in the latency histogram, every record in some group commit, and
+/// compactions counted; after a reopening the gauges start from what is on disk.
+#[test]
+fn stats_follow_the_files_on_disk() {
+    let dir = tempdir("stats");
+    let segment = 16 * 1024;
+    let (store, _) = Store::open(cfg(&dir, segment)).unwrap();
+    let s0 = store.stats();
+    assert_eq!((s0.bytes, s0.segments, s0.fsyncs), (0, 0, 0));
+    let (pinned, pinned_loc) = publish(&store, b"pinned", &["q"]);
+    store.delivered("q", pinned);
+    let body = vec![3u8; 512];
+    let mut sent = Vec::new();
+    for _ in 0..400 {
+        sent.push(publish(&store, &body, &["q"]));
+    }
+    sync(&store);
+    let s1 = store.stats();
+    assert!(s1.fsyncs >= 1, "{s1:?}");
+    assert_eq!(s1.fsync_seconds.count, s1.fsyncs);
+    assert!(s1.fsync_seconds.sum > 0.0);
+    assert_eq!(s1.bytes, disk_bytes(&dir));
+    assert_eq!(s1.written_bytes, s1.bytes);
+    assert_eq!(s1.segments, segment_files(&dir).len() as u64);
+    assert!(
+        s1.segments > 5,
+        "400 × 512 bytes in 16 KiB segments: {s1:?}"
+    );
+    // 401 publishes and at least one DELIVERED mark.
+    assert!(s1.records_written >= 402, "{s1:?}");
+    assert!(s1.batch_records.count >= 1);
+    assert_eq!(s1.batch_records.sum, s1.records_written as f64);
+    for h in [&s1.fsync_seconds, &s1.batch_records] {
+        assert!(h.buckets.windows(2).all(|w| w[0].1 <= w[1].1), "{h:?}");
+        assert!(h.buckets.last().unwrap().1 <= h.count);
+    }
+
+    for (id, loc) in sent {
+        store.ack("q", id, loc);
+    }
+    // The pinned message's segment is compacted away, the settled ones deleted.
+    wait_for(&store, "compaction", || {
+        let s = store.stats();
+        s.compactions >= 1 && s.segments <= 3
+    });
+    // (The compactor may still be deleting a file: the counters catch up right after.)
+    wait_for(&store, "counters to match the files", || {
+        let s = store.stats();
+        s.bytes == disk_bytes(&dir) && s.segments == segment_files(&dir).len() as u64
+    });
+    let s2 = store.stats();
+    assert!(s2.fsyncs > s1.fsyncs);
+    assert!(s2.written_bytes > s1.written_bytes);
+    assert!(s2.bytes < s1.bytes);
+    assert_eq!(&store.read(pinned_loc).unwrap().body[..], b"pinned");
+    store.close();
+
+    let (store, _) = Store::open(cfg(&dir, segment)).unwrap();
+    let s3 = store.stats();
+    assert_eq!(s3.bytes, disk_bytes(&dir));
+    assert_eq!(s3.segments, segment_files(&dir).len() as u64);
+    assert_eq!((s3.fsyncs, s3.written_bytes, s3.compactions), (0, 0, 0));
+    store.close();
+    std::fs::remove_dir_all(dir).unwrap();
+}
