@@ -189,12 +189,12 @@ cell_rate() { # workload side round
         local opened
         opened=$(j "$k" .idle_connections_opened)
         [ "${opened:-0}" = "$IDLE_CONNS" ] || { echo "FAIL"; return; }
-        awk -v b="$(cat "$WORK/$k.base")" -v p="$(cat "$WORK/$k.rss")" -v n="$IDLE_CONNS" 'BEGIN { printf "%.1f", (p - b) / n }'
+        awk -v b="$(cat "$WORK/$k.base")" -v p="$(cat "$WORK/$k.rss")" -v n="$IDLE_CONNS" 'BEGIN { printf "%.1f\n", (p - b) / n }'
         return
     fi
     local r
     r=$(j "$k" .consume_rate_median)
-    [ -n "$r" ] && printf "%.0f" "$r" || echo "FAIL"
+    if [ -n "$r" ]; then printf "%.0f\n" "$r"; else echo "FAIL"; fi
 }
 rounds_of() { # workload side -> "r1 / r2 / ..."
     local r s=""
@@ -287,5 +287,5 @@ load_stats() { # field of the load log (2 = 1 min)
 
 cat "$RESULT_MD"
 mkdir -p "$RAW"
-for f in "$WORK"/*.json "$WORK"/*.load; do [ -e "$f" ] && cp "$f" "$RAW/"; done
+for f in "$WORK"/*.json "$WORK"/*.load "$WORK"/*.rss "$WORK"/*.base; do [ -e "$f" ] && cp "$f" "$RAW/"; done
 log "results written to $RESULT_MD (raw output in $RAW)"
