@@ -206,6 +206,9 @@ median_of() { # workload side field-command
     for r in $(seq "$ROUNDS"); do "$3" "$1" "$2" "$r"; done | median
 }
 rss_of() { local k="$1.$2.$3"; [ -e "$WORK/$k.rss" ] && awk '{ printf "%.1f\n", $1 / 1024 }' "$WORK/$k.rss"; return 0; }
+# Broker CPU per consumed message over the measured window, µs: less sensitive to the machine's
+# load than msg/s (CPU time taken from the broker by a busy hypervisor still counts).
+cpu_of() { [ "$1" = h ] || jq -r 'if (.consume_rate_avg // 0) > 0 and .cpu.window_s then .cpu.broker_cpu_s * 1e6 / (.consume_rate_avg * .cpu.window_s) else empty end' "$WORK/$1.$2.$3.json" 2>/dev/null || true; }
 p99_of() { [ "$1" = h ] || j "$1.$2.$3" .latency_p99_us; }
 p50_of() { [ "$1" = h ] || j "$1.$2.$3" .latency_p50_us; }
 lost_of() { # workload side -> "missing/duplicates" summed over rounds, and errors
@@ -259,16 +262,17 @@ load_stats() { # field of the load log (2 = 1 min)
     echo "- old: $OLD_LABEL ($(version_of "$OLD_WARREN")), new: $NEW_LABEL ($(version_of "$NEW_WARREN")); one warren-perf for both"
     echo "- rounds per workload: $ROUNDS, each round old then new, each run on a freshly started broker with an empty data directory; ${DURATION} s per run, 1 KB messages unless noted"
     echo "- msg/s = median of the per-second consumed rate of one run; for (h) the cells are the broker's RSS growth per idle connection in KB (lower is better, so new/old above 1 is a loss)"
+    echo "- broker CPU = the broker's CPU time over the measured window / messages consumed in it, µs, median over the rounds (less sensitive to the machine's load than msg/s)"
     echo "- RSS = peak broker VmRSS during the run, MB, median over the rounds; p50/p99 = end-to-end latency in µs, median over the rounds; missing/dup summed over the rounds"
     echo
-    echo "| workload | old msg/s (per round) | new msg/s (per round) | median old | median new | new/old | verdict | RSS MB old / new | p50 µs old / new | p99 µs old / new | missing/dup old / new |"
-    echo "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---|"
+    echo "| workload | old msg/s (per round) | new msg/s (per round) | median old | median new | new/old | verdict | broker CPU µs/msg old / new | RSS MB old / new | p50 µs old / new | p99 µs old / new | missing/dup old / new |"
+    echo "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---|"
     for w in $WORKLOADS; do
         mo=$(median_of "$w" old cell_rate); mn=$(median_of "$w" new cell_rate)
         q=$(ratio "$mn" "$mo")
         d=${DESC[$w]}; case "$d" in "("*) ;; *) d="($w) $d" ;; esac
         fm=%.0f; [ "$w" = h ] && fm=%.1f
-        echo "| $d | $(rounds_of "$w" old) | $(rounds_of "$w" new) | $(fmt "$mo" "$fm") | $(fmt "$mn" "$fm") | $q | $(verdict "$w" "$q") | $(fmt "$(median_of "$w" old rss_of)") / $(fmt "$(median_of "$w" new rss_of)") | $(fmt "$(median_of "$w" old p50_of)") / $(fmt "$(median_of "$w" new p50_of)") | $(fmt "$(median_of "$w" old p99_of)") / $(fmt "$(median_of "$w" new p99_of)") | $(lost_of "$w" old) / $(lost_of "$w" new) |"
+        echo "| $d | $(rounds_of "$w" old) | $(rounds_of "$w" new) | $(fmt "$mo" "$fm") | $(fmt "$mn" "$fm") | $q | $(verdict "$w" "$q") | $(fmt "$(median_of "$w" old cpu_of)" %.2f) / $(fmt "$(median_of "$w" new cpu_of)" %.2f) | $(fmt "$(median_of "$w" old rss_of)") / $(fmt "$(median_of "$w" new rss_of)") | $(fmt "$(median_of "$w" old p50_of)") / $(fmt "$(median_of "$w" new p50_of)") | $(fmt "$(median_of "$w" old p99_of)") / $(fmt "$(median_of "$w" new p99_of)") | $(lost_of "$w" old) / $(lost_of "$w" new) |"
     done
     errs=""
     for f in "$WORK"/*.json; do
