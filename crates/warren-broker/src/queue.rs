@@ -181,17 +181,17 @@ pub struct PagedSettlement {
 /// A queue's declared properties and live state.
 pub struct Queue {
     /// Queue name.
-    pub name: String,
+    name: String,
     /// Name of the vhost the queue lives in (for reply texts).
-    pub vhost: String,
+    vhost: String,
     /// Survives a broker restart.
-    pub durable: bool,
+    durable: bool,
     /// The connection that owns an exclusive queue.
-    pub exclusive_owner: Option<u64>,
+    exclusive_owner: Option<u64>,
     /// Deleted when its last consumer is cancelled.
-    pub auto_delete: bool,
+    auto_delete: bool,
     /// Declared arguments (`x-…`).
-    pub arguments: FieldTable,
+    arguments: FieldTable,
     /// The arguments parsed from `arguments`.
     declared: QueueArgs,
     /// `arguments` has `x-overflow` (which then wins over a policy's `overflow`).
@@ -212,7 +212,7 @@ pub struct Queue {
     stalled_at: std::sync::atomic::AtomicU64,
     /// Message counts for operators (see [`crate::registry`]); deliveries to consumers are
     /// [`Queue::deliveries`].
-    pub stats: crate::registry::QueueStats,
+    stats: crate::registry::QueueStats,
     /// Held by a publisher from taking a message id to enqueueing the message (see
     /// [`Queue::enqueue_order`]), so that this queue enqueues its messages in id order.
     enqueue_order: Mutex<()>,
@@ -354,6 +354,41 @@ impl Queue {
             declared: args,
             arguments,
         }
+    }
+
+    /// The queue's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Name of the vhost the queue lives in.
+    pub fn vhost(&self) -> &str {
+        &self.vhost
+    }
+
+    /// True when the queue survives a broker restart (queue.declare's `durable`).
+    pub fn durable(&self) -> bool {
+        self.durable
+    }
+
+    /// The connection that owns an exclusive queue (queue.declare's `exclusive`).
+    pub fn exclusive_owner(&self) -> Option<u64> {
+        self.exclusive_owner
+    }
+
+    /// True when the queue is deleted once its last consumer is cancelled.
+    pub fn auto_delete(&self) -> bool {
+        self.auto_delete
+    }
+
+    /// The declared arguments (`x-…`), as queue.declare gave them.
+    pub fn arguments(&self) -> &FieldTable {
+        &self.arguments
+    }
+
+    /// Message counts for operators (see [`crate::registry`]).
+    pub fn stats(&self) -> &crate::registry::QueueStats {
+        &self.stats
     }
 
     /// The settings the queue acts on now: its arguments merged with the policies that apply.

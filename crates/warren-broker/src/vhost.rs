@@ -152,7 +152,7 @@ impl VHost {
             .read()
             .queues
             .get(name)
-            .filter(|q| q.durable)
+            .filter(|q| q.durable())
             .cloned()
     }
 

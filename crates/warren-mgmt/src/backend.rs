@@ -33,11 +33,11 @@ pub use warren_broker::registry::{
 fn queue_stats(q: &warren_broker::Queue) -> MessageStats {
     use std::sync::atomic::Ordering::Relaxed;
     MessageStats {
-        publish: q.stats.publish.load(Relaxed),
+        publish: q.stats().publish.load(Relaxed),
         deliver: q.deliveries(),
-        get: q.stats.get.load(Relaxed),
-        ack: q.stats.ack.load(Relaxed),
-        redeliver: q.stats.redeliver.load(Relaxed),
+        get: q.stats().get.load(Relaxed),
+        ack: q.stats().ack.load(Relaxed),
+        redeliver: q.stats().redeliver.load(Relaxed),
         ..MessageStats::default()
     }
 }
@@ -551,12 +551,12 @@ impl Backend {
                 }
                 let c = q.counts();
                 out.push(QueueInfo {
-                    name: q.name.clone(),
-                    vhost: q.vhost.clone(),
-                    durable: q.durable,
-                    auto_delete: q.auto_delete,
-                    exclusive: q.exclusive_owner.is_some(),
-                    arguments: table_to_json(&q.arguments),
+                    name: q.name().to_string(),
+                    vhost: q.vhost().to_string(),
+                    durable: q.durable(),
+                    auto_delete: q.auto_delete(),
+                    exclusive: q.exclusive_owner().is_some(),
+                    arguments: table_to_json(&q.arguments()),
                     ready: c.ready.into(),
                     unacked: c.unacked.into(),
                     consumers: c.consumers.into(),
@@ -595,7 +595,7 @@ impl Backend {
     pub fn bindings(&self, vhost: Option<&str>) -> Vec<BindingInfo> {
         let mut out = Vec::new();
         for v in self.vhost_list(vhost) {
-            let mut queues: Vec<String> = v.queues().iter().map(|q| q.name.clone()).collect();
+            let mut queues: Vec<String> = v.queues().iter().map(|q| q.name().to_string()).collect();
             queues.sort();
             for q in queues {
                 out.push(BindingInfo {

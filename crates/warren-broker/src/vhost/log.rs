@@ -266,9 +266,9 @@ impl TopologyCommand {
                 Removed::Exchange(x) => x.durable.then(|| TopologyCommand::RemoveExchange {
                     name: x.name.clone(),
                 }),
-                Removed::Queue(q) => (q.durable && q.exclusive_owner.is_none()).then(|| {
+                Removed::Queue(q) => (q.durable() && q.exclusive_owner().is_none()).then(|| {
                     TopologyCommand::RemoveQueue {
-                        name: q.name.clone(),
+                        name: q.name().to_string(),
                     }
                 }),
                 Removed::Binding(source, b) => Some(TopologyCommand::RemoveBinding {

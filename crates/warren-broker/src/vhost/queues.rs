@@ -89,7 +89,7 @@ impl VHost {
         // value is reported as inequivalent); they are validated when the queue is created.
         if let Some(q) = topo.queues.get(&name) {
             let owner = d.exclusive.then_some(connection_id);
-            if q.exclusive_owner != owner {
+            if q.exclusive_owner() != owner {
                 // Reuse the 405 text of check_exclusive.
                 return Err(q
                     .check_exclusive(u64::MAX)
@@ -97,9 +97,9 @@ impl VHost {
                     .unwrap_or_else(|| locked_queue(q)));
             }
             let what = self.queue_resource(&name);
-            check_field(&what, "durable", q.durable, d.durable && !d.exclusive)?;
-            check_field(&what, "auto_delete", q.auto_delete, d.auto_delete)?;
-            check_args(&what, &q.arguments, &d.arguments, EQUIVALENT_QUEUE_ARGS)?;
+            check_field(&what, "durable", q.durable(), d.durable && !d.exclusive)?;
+            check_field(&what, "auto_delete", q.auto_delete(), d.auto_delete)?;
+            check_args(&what, &q.arguments(), &d.arguments, EQUIVALENT_QUEUE_ARGS)?;
             q.touch();
             let counts = q.counts();
             return Ok((q.clone(), counts));
@@ -192,10 +192,10 @@ impl VHost {
     pub fn remove_queue(&self, queue: &Arc<Queue>) {
         {
             let mut topo = self.topology.write();
-            match topo.queues.get(&queue.name) {
+            match topo.queues.get(queue.name()) {
                 Some(q) if Arc::ptr_eq(q, queue) => {
                     let mut undo = Undo::default();
-                    topo.remove_queue(&queue.name, &mut undo);
+                    topo.remove_queue(&queue.name(), &mut undo);
                     // No client waits on this: a failed save is retried by the sweep.
                     if undo.durable {
                         self.save_detached(&mut topo, TopologyCommand::removals(&undo));
@@ -214,7 +214,7 @@ impl VHost {
             .read()
             .queues
             .values()
-            .filter(|q| q.exclusive_owner == Some(connection_id))
+            .filter(|q| q.exclusive_owner() == Some(connection_id))
             .cloned()
             .collect();
         for q in owned {
