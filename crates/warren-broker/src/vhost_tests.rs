@@ -194,7 +194,7 @@ fn requeue(q: &Arc<Queue>, m: QueuedMessage) {
     );
 }
 
-fn bodies(q: &Queue) -> Vec<String> {
+fn bodies(q: &Arc<Queue>) -> Vec<String> {
     std::iter::from_fn(|| q.get(true))
         .map(|(m, _)| String::from_utf8_lossy(&m.message.body).into_owned())
         .collect()

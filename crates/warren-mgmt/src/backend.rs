@@ -556,13 +556,13 @@ impl Backend {
                     durable: q.durable(),
                     auto_delete: q.auto_delete(),
                     exclusive: q.exclusive_owner().is_some(),
-                    arguments: table_to_json(&q.arguments()),
+                    arguments: table_to_json(q.arguments()),
                     ready: c.ready.into(),
                     unacked: c.unacked.into(),
                     consumers: c.consumers.into(),
                     deliveries: q.deliveries(),
                     ready_bytes: q.ready_bytes(),
-                    stats: queue_stats(&q),
+                    stats: queue_stats(&*q),
                     policy: q.applied_policy(),
                 });
             }

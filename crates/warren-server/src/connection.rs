@@ -462,7 +462,7 @@ where
         }
         for q in conn.take_pressure() {
             let t = std::time::Instant::now();
-            wait_for_drain(&q).await;
+            wait_for_drain(&*q).await;
             tracing::trace!(queue = %q.name(), waited_us = t.elapsed().as_micros() as u64, "publisher paused");
         }
         let read = async {

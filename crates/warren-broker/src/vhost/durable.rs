@@ -87,7 +87,7 @@ impl Topology {
             .values()
             .filter(|q| q.durable() && q.exclusive_owner().is_none())
             .collect();
-        qs.sort_by(|a, b| a.name().cmp(&b.name()));
+        qs.sort_by(|a, b| a.name().cmp(b.name()));
         let queues = qs
             .into_iter()
             .map(|q| {

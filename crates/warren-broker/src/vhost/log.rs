@@ -692,16 +692,10 @@ impl VHost {
                 arguments,
             } => {
                 if !topo.queues.contains_key(name) {
-                    let queue = self.new_queue(Queue::new(
-                        name.clone(),
-                        self.name.clone(),
-                        true,
-                        None,
-                        *auto_delete,
-                        arguments.clone(),
-                    ));
+                    let queue =
+                        self.new_queue(name.clone(), true, None, *auto_delete, arguments.clone());
                     queue.apply_policy(topo.policies.applied(name, true));
-                    topo.queues.insert(name.clone(), Arc::new(queue));
+                    topo.queues.insert(name.clone(), queue);
                 }
             }
             TopologyCommand::AddBinding { source, binding } => {

@@ -119,7 +119,7 @@ impl Topology {
                     }
                 }
                 Removed::Queue(q) => {
-                    q.apply_policy(self.policies.applied(&q.name(), true));
+                    q.apply_policy(self.policies.applied(q.name(), true));
                     self.queues.insert(q.name().to_string(), q);
                 }
                 Removed::Policy {
