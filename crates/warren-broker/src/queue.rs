@@ -9,8 +9,12 @@
 //! them (`unacked`) until they are settled. A requeued message goes back to its original
 //! position, flagged redelivered.
 //!
-//! This file holds the [`Queue`], its state and publishing into it; each concern has a file
-//! below `queue/`: `dispatch.rs` (consumers, delivery, get, settlement, purge), `paging.rs`
+//! Routing and the front ends see a queue as [`Queue`], the trait object of [`QueueBackend`]
+//! (`queue/backend.rs`, which says why), so that other kinds of queue can sit beside the
+//! classic one; `queue/classic.rs` implements the trait for [`ClassicQueue`].
+//!
+//! This file holds the [`ClassicQueue`], its state and publishing into it; each concern has a
+//! file below `queue/`: `dispatch.rs` (consumers, delivery, get, settlement, purge), `paging.rs`
 //! (the spill file beyond the in-memory window, read-back, recovery), `expiry.rs` (message
 //! TTL and `x-expires`), `limits.rs` (length limits and publisher flow control),
 //! `dead_letters.rs`, `positions.rs` and `view.rs` (the httpmq API's positions and views).
