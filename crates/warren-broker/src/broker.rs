@@ -183,7 +183,7 @@ impl Broker {
                 .split_once('\u{1f}')
                 .and_then(|(v, q)| b.vhost(v)?.durable_queue(q));
             match queue {
-                Some(q) => q.recover(entries.into_iter().map(|e| SpillEntry {
+                Some(q) => q.recover(&mut entries.into_iter().map(|e| SpillEntry {
                     seq: e.id,
                     id: e.id,
                     location: e.location,

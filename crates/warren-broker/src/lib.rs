@@ -10,6 +10,11 @@
 //! Front ends (the server crate's AMQP channels) go through [`ops`], the operations layer: every
 //! call carries an [`Actor`] and is authorized there. Tests also drive the vhosts directly.
 //!
+//! Routing, the operations layer and the front ends hold queues as [`Queue`], the trait object
+//! of [`QueueBackend`] (`queue/backend.rs`): the classic queue ([`ClassicQueue`]) is one
+//! implementation, and a vhost builds queues of other kinds, chosen by `x-queue-type`, through
+//! the [`queue::QueueKind`]s registered with it.
+//!
 //! [`registry`] is the read model for operators: live connections and channels, and message
 //! counts per channel, queue, vhost and node.
 //!
@@ -17,8 +22,10 @@
 //! lock may be held while calling into a [`queue::DeliveryTarget`] (a channel), never the reverse.
 //! Channels therefore never call back into a queue while holding their own lock. A vhost's
 //! schedule of delayed messages is taken alone or under the topology lock, and never held
-//! while routing. The definitions writer thread takes no lock of the model (a caller may wait
-//! for it under a topology lock); the rollbacks of durable changes it failed to write run on a
+//! while routing; so is a vhost's table of queue kinds, which is never held while calling
+//! into a queue. Every queue implementation follows the queue's part of this order. The
+//! definitions writer thread takes no lock of the model (a caller may wait for it under a
+//! topology lock); the rollbacks of durable changes it failed to write run on a
 //! thread of their own and take the topology lock there.
 
 pub mod access;
@@ -59,7 +66,7 @@ pub use login::{Authenticated, Credentials, LoginRefused, LoginSource, Sessions}
 pub use message::{Message, QueuedMessage};
 pub use ops::{Actor, Ops};
 pub use persist::StorageOptions;
-pub use queue::{Consumer, DeliveryTarget, Queue};
+pub use queue::{ClassicQueue, Consumer, DeliveryTarget, Queue, QueueBackend};
 pub use registry::Registry;
 pub use vhost::{ExchangeSnapshot, PublishError, Published, VHost};
 pub use warren_store::{once as completion_once, Completion, RecoveryReport};

@@ -9,8 +9,12 @@
 //! them (`unacked`) until they are settled. A requeued message goes back to its original
 //! position, flagged redelivered.
 //!
-//! This file holds the [`Queue`], its state and publishing into it; each concern has a file
-//! below `queue/`: `dispatch.rs` (consumers, delivery, get, settlement, purge), `paging.rs`
+//! Routing and the front ends see a queue as [`Queue`], the trait object of [`QueueBackend`]
+//! (`queue/backend.rs`, which says why), so that other kinds of queue can sit beside the
+//! classic one; `queue/classic.rs` implements the trait for [`ClassicQueue`].
+//!
+//! This file holds the [`ClassicQueue`], its state and publishing into it; each concern has a
+//! file below `queue/`: `dispatch.rs` (consumers, delivery, get, settlement, purge), `paging.rs`
 //! (the spill file beyond the in-memory window, read-back, recovery), `expiry.rs` (message
 //! TTL and `x-expires`), `limits.rs` (length limits and publisher flow control),
 //! `dead_letters.rs`, `positions.rs` and `view.rs` (the httpmq API's positions and views).
@@ -18,7 +22,7 @@
 use crate::args::{Overflow, QueueArgs};
 use crate::blocks::Blocks;
 use crate::clock::{Clock, SystemClock};
-use crate::dead_letter::{DeadLetter, DeadLetterSink, DeadLetterSource, DeathReason};
+use crate::dead_letter::{DeadLetter, DeadLetterSink, DeathReason};
 use crate::error::{resource, BrokerError, Result};
 use crate::log_limit::LogLimit;
 use crate::message::{Message, QueuedMessage};
@@ -32,6 +36,8 @@ use warren_amqp::table::FieldTable;
 use warren_store::spill::{SpillEntry, SpillFile};
 use warren_store::{Location, Store, StoreError};
 
+mod backend;
+mod classic;
 mod dead_letters;
 mod dispatch;
 mod expiry;
@@ -40,6 +46,7 @@ mod paging;
 mod positions;
 mod view;
 
+pub use backend::{lock_enqueue_order, queue_type, Queue, QueueBackend, QueueKind, QueueSpec};
 use paging::{entry_key, Spilled};
 pub use positions::Positions;
 
@@ -179,19 +186,19 @@ pub struct PagedSettlement {
 }
 
 /// A queue's declared properties and live state.
-pub struct Queue {
+pub struct ClassicQueue {
     /// Queue name.
-    pub name: String,
+    name: String,
     /// Name of the vhost the queue lives in (for reply texts).
-    pub vhost: String,
+    vhost: String,
     /// Survives a broker restart.
-    pub durable: bool,
+    durable: bool,
     /// The connection that owns an exclusive queue.
-    pub exclusive_owner: Option<u64>,
+    exclusive_owner: Option<u64>,
     /// Deleted when its last consumer is cancelled.
-    pub auto_delete: bool,
+    auto_delete: bool,
     /// Declared arguments (`x-…`).
-    pub arguments: FieldTable,
+    arguments: FieldTable,
     /// The arguments parsed from `arguments`.
     declared: QueueArgs,
     /// `arguments` has `x-overflow` (which then wins over a policy's `overflow`).
@@ -212,7 +219,7 @@ pub struct Queue {
     stalled_at: std::sync::atomic::AtomicU64,
     /// Message counts for operators (see [`crate::registry`]); deliveries to consumers are
     /// [`Queue::deliveries`].
-    pub stats: crate::registry::QueueStats,
+    stats: crate::registry::QueueStats,
     /// Held by a publisher from taking a message id to enqueueing the message (see
     /// [`Queue::enqueue_order`]), so that this queue enqueues its messages in id order.
     enqueue_order: Mutex<()>,
@@ -307,13 +314,15 @@ pub struct QueueCounts {
     pub consumers: u32,
 }
 
-impl std::fmt::Debug for Queue {
+impl std::fmt::Debug for ClassicQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Queue").field("name", &self.name).finish()
+        f.debug_struct("ClassicQueue")
+            .field("name", &self.name)
+            .finish()
     }
 }
 
-impl Queue {
+impl ClassicQueue {
     /// A new, empty queue.
     pub fn new(
         name: impl Into<String>,
@@ -329,7 +338,7 @@ impl Queue {
         let args =
             QueueArgs::parse(&resource("queue", &name, &vhost), &arguments).unwrap_or_default();
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-        Queue {
+        ClassicQueue {
             store_key: store_key(&vhost, &name),
             name,
             vhost,
@@ -354,6 +363,59 @@ impl Queue {
             declared: args,
             arguments,
         }
+    }
+
+    /// The queue's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Name of the vhost the queue lives in.
+    pub fn vhost(&self) -> &str {
+        &self.vhost
+    }
+
+    /// True when the queue survives a broker restart (queue.declare's `durable`).
+    pub fn durable(&self) -> bool {
+        self.durable
+    }
+
+    /// The connection that owns an exclusive queue (queue.declare's `exclusive`).
+    pub fn exclusive_owner(&self) -> Option<u64> {
+        self.exclusive_owner
+    }
+
+    /// True when the queue is deleted once its last consumer is cancelled.
+    pub fn auto_delete(&self) -> bool {
+        self.auto_delete
+    }
+
+    /// The declared arguments (`x-…`), as queue.declare gave them.
+    pub fn arguments(&self) -> &FieldTable {
+        &self.arguments
+    }
+
+    /// Message counts for operators (see [`crate::registry`]).
+    pub fn stats(&self) -> &crate::registry::QueueStats {
+        &self.stats
+    }
+
+    /// A new, empty queue with what its vhost gives it (see [`QueueSpec`]).
+    pub fn from_spec(spec: QueueSpec) -> Self {
+        let mut q = ClassicQueue::new(
+            spec.name,
+            spec.vhost,
+            spec.durable,
+            spec.exclusive_owner,
+            spec.auto_delete,
+            spec.arguments,
+        )
+        .with_clock(spec.clock)
+        .with_dead_letter_sink(spec.dead_letters);
+        if let Some(b) = spec.backing {
+            q = q.with_backing(b);
+        }
+        q
     }
 
     /// The settings the queue acts on now: its arguments merged with the policies that apply.
@@ -413,24 +475,6 @@ impl Queue {
             .map(|b| &b.store)
     }
 
-    /// `queue 'name' in vhost 'v'`, as RabbitMQ names a queue in reply texts.
-    pub fn resource_name(&self) -> String {
-        resource("queue", &self.name, &self.vhost)
-    }
-
-    /// Fails with 405 RESOURCE_LOCKED when the queue is exclusive to another connection.
-    pub fn check_exclusive(&self, connection_id: u64) -> Result<()> {
-        match self.exclusive_owner {
-            Some(owner) if owner != connection_id => Err(BrokerError::resource_locked(format!(
-                "cannot obtain exclusive access to locked {}. It could be originally declared on \
-                 another connection or the exclusive property value does not match that of the \
-                 original declaration.",
-                self.resource_name()
-            ))),
-            _ => Ok(()),
-        }
-    }
-
     /// Body bytes of the ready messages (those paged out after a restart count 0 until read
     /// back): RabbitMQ's `message_bytes_ready`.
     pub fn ready_bytes(&self) -> u64 {
@@ -450,7 +494,7 @@ impl Queue {
         use std::mem::size_of;
         let per_message = size_of::<QueuedMessage>() + size_of::<Message>();
         let st = self.state.lock();
-        let mut bytes = size_of::<Queue>()
+        let mut bytes = size_of::<ClassicQueue>()
             + size_of::<State>()
             + st.ready.len() * per_message
             + st.ready_bytes
@@ -500,28 +544,18 @@ impl Queue {
     }
 
     /// Appends message `seq` (ids increase across the broker, and each queue enqueues its
-    /// messages in id order, see [`Queue::enqueue_order`]) and delivers what consumers can
-    /// take. `stored` is where the store holds the message when it is persistent and this
-    /// queue durable. A deleted queue drops it.
+    /// messages in id order, see [`ClassicQueue::enqueue_order`]) and delivers what consumers
+    /// can take; `this` is this queue's handle, handed to the channels it delivers to.
+    /// `stored` is where the store holds the message when it is persistent and this queue
+    /// durable. A deleted queue drops it.
     ///
-    /// Returns true when publishers should pause (see [`Queue::is_pressured`]).
-    pub fn publish(
-        self: &Arc<Self>,
-        message: Arc<Message>,
-        seq: u64,
-        stored: Option<Location>,
-    ) -> bool {
-        let (pressured, dead) = self.publish_held(message, seq, stored);
-        self.publish_dead(dead);
-        pressured
-    }
-
-    /// [`Queue::publish`] that returns the dead letters (messages dropped by `x-overflow`
-    /// `drop-head` or a TTL of 0) instead of publishing them, for a caller that holds
-    /// [`Queue::enqueue_order`] locks: dead-lettering publishes again, maybe to this queue.
-    /// Publish them with [`Queue::dead_letter`] once the locks are released.
-    pub fn publish_held(
-        self: &Arc<Self>,
+    /// Returns (publishers should pause, see [`ClassicQueue::is_pressured`]; the dead letters:
+    /// messages dropped by `x-overflow` `drop-head` or a TTL of 0, for a caller that holds
+    /// [`ClassicQueue::enqueue_order`] locks: dead-lettering publishes again, maybe to this
+    /// queue. Publish them with [`ClassicQueue::dead_letter`] once the locks are released).
+    pub fn enqueue(
+        &self,
+        this: &Arc<Queue>,
         message: Arc<Message>,
         seq: u64,
         stored: Option<Location>,
@@ -548,7 +582,7 @@ impl Queue {
         if let Some(qm) = self.spill_if_full(&mut st, qm) {
             st.push_back(qm);
         }
-        self.dispatch_from(&mut st, Some(seq));
+        self.dispatch_from(this, &mut st, Some(seq));
         if expires_at.is_some() {
             // A message whose TTL ran out before a consumer could take it (TTL 0) goes now.
             self.expire_head(&mut st, None);
@@ -565,18 +599,6 @@ impl Queue {
     pub fn deliveries(&self) -> u64 {
         self.deliveries.load(std::sync::atomic::Ordering::Relaxed)
     }
-
-    // ---- positions (the HTTP queue API's `Pos`) --------------------------------------
-}
-
-/// Takes the [`Queue::enqueue_order`] locks of `queues` in address order (the same order for
-/// every publisher, so that publishers routing to overlapping sets of queues cannot deadlock);
-/// a queue listed twice is locked once.
-pub fn lock_enqueue_order(queues: &[Arc<Queue>]) -> Vec<parking_lot::MutexGuard<'_, ()>> {
-    let mut sorted: Vec<&Arc<Queue>> = queues.iter().collect();
-    sorted.sort_by_key(|q| Arc::as_ptr(q) as usize);
-    sorted.dedup_by_key(|q| Arc::as_ptr(q) as usize);
-    sorted.into_iter().map(|q| q.enqueue_order()).collect()
 }
 
 /// The key a queue's messages carry in the store: `vhost` U+001F `name`.

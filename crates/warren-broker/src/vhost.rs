@@ -25,7 +25,7 @@ use crate::limits::Limits;
 use crate::log_limit::LogLimit;
 use crate::message::Message;
 use crate::persist::{get_bool, get_str, get_table, s, Persistence};
-use crate::queue::{Backing, Queue};
+use crate::queue::{Backing, ClassicQueue, Queue, QueueKind};
 use crate::sender_selected::SenderKeys;
 use log::TopologyCommand;
 use parking_lot::RwLock;
@@ -78,6 +78,8 @@ pub struct VHost {
     limits: Arc<RwLock<Limits>>,
     /// The vhost was deleted: nothing of it is written to disk any more.
     removed: std::sync::atomic::AtomicBool,
+    /// Kinds of queue other than classic, by `x-queue-type` (see [`VHost::set_queue_kind`]).
+    queue_kinds: RwLock<HashMap<String, Arc<dyn QueueKind>>>,
 }
 
 /// The exchanges every vhost has from the start: they do not count against the exchange
@@ -110,7 +112,7 @@ impl VHost {
             clock: Arc::new(SystemClock),
             me: Weak::new(),
             reply_consumers: parking_lot::Mutex::new(HashMap::new()),
-            reply_queue: Arc::new(Queue::new(
+            reply_queue: Arc::new(ClassicQueue::new(
                 REPLY_TO,
                 name,
                 false,
@@ -124,6 +126,7 @@ impl VHost {
             delayed: parking_lot::Mutex::new(delayed::Schedule::default()),
             limits: Arc::default(),
             removed: std::sync::atomic::AtomicBool::new(false),
+            queue_kinds: RwLock::new(HashMap::new()),
         }
     }
 
@@ -152,7 +155,7 @@ impl VHost {
             .read()
             .queues
             .get(name)
-            .filter(|q| q.durable)
+            .filter(|q| q.durable())
             .cloned()
     }
 

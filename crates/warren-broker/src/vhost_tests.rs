@@ -194,7 +194,7 @@ fn requeue(q: &Arc<Queue>, m: QueuedMessage) {
     );
 }
 
-fn bodies(q: &Queue) -> Vec<String> {
+fn bodies(q: &Arc<Queue>) -> Vec<String> {
     std::iter::from_fn(|| q.get(true))
         .map(|(m, _)| String::from_utf8_lossy(&m.message.body).into_owned())
         .collect()
@@ -287,7 +287,7 @@ fn exclusive_queues_are_never_durable() {
             1,
         )
         .unwrap();
-    assert!(!q.durable);
+    assert!(!q.durable());
     // Redeclaring with either durable flag is equivalent.
     for durable in [false, true] {
         v.declare_queue(
@@ -389,7 +389,7 @@ fn routing_through_exchanges_and_alternate() {
     let names = |key: &str| {
         let mut out = Vec::new();
         v.route("x", key, None, &mut out).unwrap();
-        out.iter().map(|q| q.name.clone()).collect::<Vec<_>>()
+        out.iter().map(|q| q.name().to_string()).collect::<Vec<_>>()
     };
     assert_eq!(names("k"), vec!["a", "b"]);
     assert_eq!(names("other"), vec!["alt"]);

@@ -53,7 +53,7 @@ fn break_definitions(dir: &Path, broken: bool) {
 fn bound(v: &VHost, exchange: &str, queue: &str) -> bool {
     let mut out = Vec::new();
     v.route(exchange, "", None, &mut out).unwrap();
-    out.iter().any(|q| q.name == queue)
+    out.iter().any(|q| q.name() == queue)
 }
 
 #[test]
@@ -118,7 +118,7 @@ fn refused_changes_are_rolled_back_and_never_stored() {
 
     let b = open(&dir);
     let v = b.vhost("/").unwrap();
-    let mut names: Vec<String> = v.queues().iter().map(|q| q.name.clone()).collect();
+    let mut names: Vec<String> = v.queues().iter().map(|q| q.name().to_string()).collect();
     names.sort();
     assert_eq!(names, vec!["kept", "later"]);
     assert!(bound(&v, "x", "kept"));

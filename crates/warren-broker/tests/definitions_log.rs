@@ -37,7 +37,7 @@ fn exchange(name: &str, kind: &str, auto_delete: bool) -> ExchangeDeclare {
 }
 
 fn queue_names(v: &VHost) -> Vec<String> {
-    let mut names: Vec<String> = v.queues().iter().map(|q| q.name.clone()).collect();
+    let mut names: Vec<String> = v.queues().iter().map(|q| q.name().to_string()).collect();
     names.sort();
     names
 }
@@ -45,7 +45,7 @@ fn queue_names(v: &VHost) -> Vec<String> {
 fn routed(v: &VHost, exchange: &str, key: &str) -> Vec<String> {
     let mut out = Vec::new();
     v.route(exchange, key, None, &mut out).unwrap();
-    let mut names: Vec<String> = out.iter().map(|q| q.name.clone()).collect();
+    let mut names: Vec<String> = out.iter().map(|q| q.name().to_string()).collect();
     names.sort();
     names
 }
@@ -139,7 +139,7 @@ fn changes_survive_restarts_through_the_log_and_its_compaction() {
         assert!(!v.exchange_exists("ad"));
         assert!(!v.exchange_exists("gone-with-binding"));
         let q = v.queue("queue-with-a-long-name-02100", 1).unwrap();
-        assert_eq!(q.arguments, args);
+        assert_eq!(q.arguments(), &args);
         b.close();
     }
     let logs = files(&dir, ".log");

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use warren_amqp::properties::BasicProperties;
 use warren_amqp::table::{FieldTable, FieldValue};
 use warren_broker::clock::{Clock, ManualClock};
-use warren_broker::queue::Backing;
+use warren_broker::queue::{Backing, ClassicQueue};
 use warren_broker::{Message, Queue};
 use warren_store::spill::{SpillEntry, SpillFault};
 use warren_store::{Store, StoreConfig};
@@ -32,7 +32,7 @@ fn cfg(dir: &Path) -> StoreConfig {
 /// A durable queue paging to `store` beyond 8 messages, its spill file at `spill`.
 fn queue(store: &Store, spill: &Path, clock: &Arc<ManualClock>, args: FieldTable) -> Arc<Queue> {
     Arc::new(
-        Queue::new("q", "/", true, None, false, args)
+        ClassicQueue::new("q", "/", true, None, false, args)
             .with_clock(clock.clone())
             .with_backing(Backing {
                 store: store.clone(),
@@ -101,7 +101,7 @@ fn recover(
     let (store, rec) = Store::open(config).unwrap();
     let q = queue(&store, spill, clock, FieldTable::new());
     let entries = rec.queues.get(q.store_key()).cloned().unwrap_or_default();
-    q.recover(entries.into_iter().map(|e| SpillEntry {
+    q.recover(&mut entries.into_iter().map(|e| SpillEntry {
         seq: e.id,
         id: e.id,
         location: e.location,
@@ -308,7 +308,7 @@ fn a_message_that_cannot_be_read_now_stays_queued_in_order() {
     std::fs::create_dir(&broken).unwrap();
     let q = queue(&store, &dir.join("q.spill"), &clock, FieldTable::new());
     let entries = rec.queues.get(q.store_key()).cloned().unwrap_or_default();
-    q.recover(entries.into_iter().map(|e| SpillEntry {
+    q.recover(&mut entries.into_iter().map(|e| SpillEntry {
         seq: e.id,
         id: e.id,
         location: e.location,

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use warren_amqp::properties::BasicProperties;
 use warren_amqp::table::{FieldTable, FieldValue};
 use warren_broker::clock::ManualClock;
-use warren_broker::queue::{Backing, PagedSettlement, Settlement};
+use warren_broker::queue::{Backing, ClassicQueue, PagedSettlement, Settlement};
 use warren_broker::{Consumer, DeliveryTarget, Message, Queue, QueuedMessage};
 use warren_store::spill::SpillEntry;
 use warren_store::{Store, StoreConfig};
@@ -33,7 +33,7 @@ static SPILLS: AtomicU64 = AtomicU64::new(0);
 fn queue(store: &Store, dir: &Path, clock: &Arc<ManualClock>, args: FieldTable) -> Arc<Queue> {
     let n = SPILLS.fetch_add(1, Ordering::Relaxed);
     Arc::new(
-        Queue::new("q", "/", true, None, false, args)
+        ClassicQueue::new("q", "/", true, None, false, args)
             .with_clock(clock.clone())
             .with_backing(Backing {
                 store: store.clone(),
@@ -121,7 +121,7 @@ fn reopen(dir: &Path, clock: &Arc<ManualClock>, args: FieldTable) -> (Store, Arc
     let (store, rec) = open(dir);
     let q = queue(&store, dir, clock, args);
     let entries = rec.queues.get(q.store_key()).cloned().unwrap_or_default();
-    q.recover(entries.into_iter().map(|e| SpillEntry {
+    q.recover(&mut entries.into_iter().map(|e| SpillEntry {
         seq: e.id,
         id: e.id,
         location: e.location,

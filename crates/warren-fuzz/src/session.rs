@@ -1183,21 +1183,23 @@ async fn drive(session: &Session) -> Report {
     for q in vhost.queues() {
         let c = q.counts();
         assert_eq!(
-            c.consumers, 0,
+            c.consumers,
+            0,
             "queue {} has consumers of closed connections",
-            q.name
+            q.name()
         );
         assert_eq!(
-            c.unacked, 0,
+            c.unacked,
+            0,
             "queue {} has unacked messages of closed connections",
-            q.name
+            q.name()
         );
         assert!(
-            q.exclusive_owner.is_none(),
+            q.exclusive_owner().is_none(),
             "exclusive queue {} outlived its connection",
-            q.name
+            q.name()
         );
-        report.queues.push((q.name.clone(), c.ready));
+        report.queues.push((q.name().to_string(), c.ready));
     }
     report.queues.sort();
     state.broker.close();

@@ -204,17 +204,17 @@ impl Httpmq {
         };
         if let Some(v) = self.vhost() {
             for q in v.queues() {
-                if q.is_deleted() || !q.durable {
+                if q.is_deleted() || !q.durable() {
                     continue;
                 }
                 let p = q.positions();
-                if p.put > 0 || maxqueue.contains_key(&q.name) {
+                if p.put > 0 || maxqueue.contains_key(q.name()) {
                     out.queues.insert(
-                        q.name.clone(),
+                        q.name().to_string(),
                         QueueState {
                             putpos: p.put,
                             getpos: p.get(),
-                            maxqueue: maxqueue.get(&q.name).copied(),
+                            maxqueue: maxqueue.get(q.name()).copied(),
                         },
                     );
                 }

@@ -49,11 +49,11 @@ fn vhost_limits_json(l: &warren_broker::access::VhostLimits) -> Value {
 fn queue_stats(q: &warren_broker::Queue) -> MessageStats {
     use std::sync::atomic::Ordering::Relaxed;
     MessageStats {
-        publish: q.stats.publish.load(Relaxed),
+        publish: q.stats().publish.load(Relaxed),
         deliver: q.deliveries(),
-        get: q.stats.get.load(Relaxed),
-        ack: q.stats.ack.load(Relaxed),
-        redeliver: q.stats.redeliver.load(Relaxed),
+        get: q.stats().get.load(Relaxed),
+        ack: q.stats().ack.load(Relaxed),
+        redeliver: q.stats().redeliver.load(Relaxed),
         ..MessageStats::default()
     }
 }
@@ -597,10 +597,10 @@ impl Backend {
             for q in v.queues() {
                 let c = q.counts();
                 out.queues.push(QueueSample {
-                    vhost: q.vhost.clone(),
-                    name: q.name.clone(),
-                    ident: Arc::as_ptr(&q) as usize,
-                    stats: queue_stats(&q),
+                    vhost: q.vhost().to_string(),
+                    name: q.name().to_string(),
+                    ident: Arc::as_ptr(&q) as *const () as usize,
+                    stats: queue_stats(&*q),
                     ready: c.ready.into(),
                     unacked: c.unacked.into(),
                 });
@@ -744,22 +744,22 @@ impl Backend {
                 }
                 let c = q.counts();
                 out.push(QueueInfo {
-                    name: q.name.clone(),
-                    vhost: q.vhost.clone(),
-                    durable: q.durable,
-                    auto_delete: q.auto_delete,
-                    exclusive: q.exclusive_owner.is_some(),
-                    arguments: table_to_json(&q.arguments),
+                    name: q.name().to_string(),
+                    vhost: q.vhost().to_string(),
+                    durable: q.durable(),
+                    auto_delete: q.auto_delete(),
+                    exclusive: q.exclusive_owner().is_some(),
+                    arguments: table_to_json(q.arguments()),
                     ready: c.ready.into(),
                     unacked: c.unacked.into(),
                     consumers: c.consumers.into(),
                     deliveries: q.deliveries(),
                     ready_bytes: q.ready_bytes(),
                     paged_out: q.ready_in_memory_and_paged_out().1.into(),
-                    stats: queue_stats(&q),
+                    stats: queue_stats(&*q),
                     policy: q.applied_policy(),
                     memory: q.memory(),
-                    ident: Arc::as_ptr(&q) as usize,
+                    ident: Arc::as_ptr(&q) as *const () as usize,
                 });
             }
         }
@@ -794,7 +794,7 @@ impl Backend {
     pub fn bindings(&self, vhost: Option<&str>) -> Vec<BindingInfo> {
         let mut out = Vec::new();
         for v in self.vhost_list(vhost) {
-            let mut queues: Vec<String> = v.queues().iter().map(|q| q.name.clone()).collect();
+            let mut queues: Vec<String> = v.queues().iter().map(|q| q.name().to_string()).collect();
             queues.sort();
             for q in queues {
                 out.push(BindingInfo {

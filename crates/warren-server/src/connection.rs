@@ -466,8 +466,8 @@ where
         }
         for q in conn.take_pressure() {
             let t = std::time::Instant::now();
-            wait_for_drain(&q).await;
-            tracing::trace!(queue = %q.name, waited_us = t.elapsed().as_micros() as u64, "publisher paused");
+            wait_for_drain(&*q).await;
+            tracing::trace!(queue = %q.name(), waited_us = t.elapsed().as_micros() as u64, "publisher paused");
         }
         let read = async {
             match idle_limit {

@@ -245,7 +245,14 @@ mod tests {
 
     #[test]
     fn settles_by_tag_and_keeps_memory_bounded_behind_a_stuck_front() {
-        let q = Arc::new(Queue::new("q", "/", false, None, false, FieldTable::new()));
+        let q: Arc<Queue> = Arc::new(warren_broker::ClassicQueue::new(
+            "q",
+            "/",
+            false,
+            None,
+            false,
+            FieldTable::new(),
+        ));
         let mut p = PagedUnacked::default();
         let tag: Arc<str> = "c".into();
         for t in 1..=10_000u64 {

@@ -182,7 +182,7 @@ async fn a_declare_that_cannot_be_stored_closes_the_connection_with_541() {
         .expect("vhost /")
         .queues()
         .iter()
-        .map(|q| q.name.clone())
+        .map(|q| q.name().to_string())
         .collect();
     names.sort();
     assert_eq!(names, vec!["kept", "later"]);

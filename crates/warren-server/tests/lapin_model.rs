@@ -339,9 +339,9 @@ async fn exclusive_durable_queue_is_transient() {
         .unwrap()
         .queues()
         .into_iter()
-        .find(|q| q.name == "ex")
+        .find(|q| q.name() == "ex")
         .unwrap();
-    assert!(!queue.durable);
+    assert!(!queue.durable());
     env.stop().await;
 }
 

@@ -364,7 +364,7 @@ impl<'a> Ops<'a> {
             }
             let (q, counts) = self.vhost.declare_queue(d, self.actor.connection_id)?;
             return Ok(DeclaredQueue {
-                name: q.name.clone(),
+                name: q.name().to_string(),
                 counts,
                 queue: Some(q),
             });
@@ -392,7 +392,7 @@ impl<'a> Ops<'a> {
         let connection = self.actor.connection_id;
         let (q, counts) = self.change(|| self.vhost.declare_queue_as(name, d, connection))?;
         Ok(DeclaredQueue {
-            name: q.name.clone(),
+            name: q.name().to_string(),
             counts,
             queue: Some(q),
         })

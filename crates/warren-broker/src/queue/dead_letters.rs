@@ -3,7 +3,7 @@
 
 use super::*;
 
-impl Queue {
+impl ClassicQueue {
     /// A message leaves the queue without being delivered (expired, over the length limit,
     /// rejected): it is settled, and dead-lettered if the queue has a dead-letter exchange.
     pub(super) fn discard(&self, st: &mut State, qm: QueuedMessage, reason: DeathReason) {
@@ -34,16 +34,6 @@ impl Queue {
                 sink.dead_letter(&source, dead);
             }
         }
-    }
-
-    /// Where this queue's dead letters go under `args` (its [`Queue::args`]), if it has a
-    /// dead-letter exchange.
-    pub fn dead_letter_source<'a>(&'a self, args: &'a QueueArgs) -> Option<DeadLetterSource<'a>> {
-        Some(DeadLetterSource {
-            queue: &self.name,
-            exchange: args.dead_letter_exchange.as_deref()?,
-            routing_key: args.dead_letter_routing_key.as_deref(),
-        })
     }
 
     /// Publishes the dead letters [`Queue::publish_held`] returned (never with an

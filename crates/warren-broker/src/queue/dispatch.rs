@@ -3,7 +3,7 @@
 
 use super::*;
 
-impl Queue {
+impl ClassicQueue {
     /// A stored message leaves this queue for good: record it in the store.
     pub(super) fn forget(&self, seq: u64, stored: Option<Location>) {
         if let (Some(store), Some(loc)) = (self.store(), stored) {
@@ -104,9 +104,9 @@ impl Queue {
     }
 
     /// Delivers ready messages to consumers with credit, round-robin.
-    pub fn dispatch(self: &Arc<Self>) {
+    pub fn dispatch_with(&self, this: &Arc<Queue>) {
         let mut st = self.state.lock();
-        self.dispatch_from(&mut st, None);
+        self.dispatch_from(this, &mut st, None);
         let dead = self.flush_dead(&mut st);
         drop(st);
         self.publish_dead(dead);
@@ -114,7 +114,7 @@ impl Queue {
 
     /// Delivers what consumers can take; `spare` as in [`Queue::expire_head`]. With
     /// `x-single-active-consumer`, only the first registered consumer receives messages.
-    pub(super) fn dispatch_from(self: &Arc<Self>, st: &mut State, spare: Option<u64>) {
+    pub(super) fn dispatch_from(&self, this: &Arc<Queue>, st: &mut State, spare: Option<u64>) {
         while !st.consumers.is_empty() {
             self.refill(st);
             self.expire_head(st, spare);
@@ -145,7 +145,7 @@ impl Queue {
                     let (seq, stored, first) = (msg.seq, msg.stored, !msg.redelivered);
                     let ticket = msg.message.confirm.get().cloned();
                     let c = &mut st.consumers[idx];
-                    match c.target.deliver(self, &c.tag, c.no_ack, msg) {
+                    match c.target.deliver(this, &c.tag, c.no_ack, msg) {
                         Ok(()) => {
                             self.deliveries
                                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -222,7 +222,7 @@ impl Queue {
     /// requeue drops (or dead-letters, reason `maxlen`) from its head, which is where requeued
     /// messages return to; `reject-publish` queues keep them, over their limit, as RabbitMQ's
     /// `requeue_and_run` does (its `maybe_drop_head` only drops for `drop-head`).
-    pub fn settle(self: &Arc<Self>, channel_key: u64, settlements: Vec<Settlement>) {
+    pub fn settle_with(&self, this: &Arc<Queue>, channel_key: u64, settlements: Vec<Settlement>) {
         let mut st = self.state.lock();
         if st.deleted {
             drop(st);
@@ -258,7 +258,7 @@ impl Queue {
         if requeued {
             self.enforce_max_length(&mut st);
         }
-        self.dispatch_from(&mut st, None);
+        self.dispatch_from(this, &mut st, None);
         let dead = self.flush_dead(&mut st);
         drop(st);
         self.publish_dead(dead);

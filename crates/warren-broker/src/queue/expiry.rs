@@ -3,7 +3,7 @@
 
 use super::*;
 
-impl Queue {
+impl ClassicQueue {
     /// Records a use of the queue (basic.get, declare, consumers coming and going), which
     /// restarts its `x-expires` timer.
     pub fn touch(&self) {
@@ -71,7 +71,7 @@ impl Queue {
     /// Periodic housekeeping: pages out what a full disk kept in memory once it takes writes
     /// again, and expires messages at the head. Returns true when the queue has
     /// been unused for its `x-expires` and should be deleted.
-    pub fn sweep(self: &Arc<Self>) -> bool {
+    pub fn sweep(&self) -> bool {
         let mut st = self.state.lock();
         if st.deleted {
             return false;

@@ -3,7 +3,7 @@
 
 use super::*;
 
-impl Queue {
+impl ClassicQueue {
     /// Ready messages and their body bytes, in memory and spilled.
     pub(super) fn depth(st: &State) -> (u64, u64) {
         (

@@ -20,12 +20,12 @@ pub(super) static SPILL_WRITE_FAILED: LogLimit = LogLimit::new();
 
 pub(super) static SPILL_READ_FAILED: LogLimit = LogLimit::new();
 
-impl Queue {
+impl ClassicQueue {
     /// Adds messages recovered from the store, in id order, as ready: the first window's worth
     /// is read into memory, the rest goes to the spill file (of its priority) unread. Every
     /// entry stays in the queue, in order: when the spill file cannot be written (a full
     /// disk), its entries wait in memory until it can.
-    pub fn recover(self: &Arc<Self>, entries: impl IntoIterator<Item = SpillEntry>) {
+    pub fn recover(&self, entries: &mut dyn Iterator<Item = SpillEntry>) {
         let Some(b) = &self.backing else {
             return;
         };
@@ -384,7 +384,12 @@ impl Queue {
     /// Settles deliveries their channel held paged out, as [`Queue::settle`] does: acked ones
     /// leave the store, rejected ones are read back to be dead-lettered, and requeued ones go
     /// back to their place without their body, which is read when they reach the head.
-    pub fn settle_paged(self: &Arc<Self>, channel_key: u64, settlements: Vec<PagedSettlement>) {
+    pub fn settle_paged_with(
+        &self,
+        this: &Arc<Queue>,
+        channel_key: u64,
+        settlements: Vec<PagedSettlement>,
+    ) {
         let Some(b) = &self.backing else {
             return;
         };
@@ -426,7 +431,7 @@ impl Queue {
                 self.forget_entry(b, &e);
             }
         }
-        self.dispatch_from(&mut st, None);
+        self.dispatch_from(this, &mut st, None);
         let dead = self.flush_dead(&mut st);
         drop(st);
         self.publish_dead(dead);

@@ -3,7 +3,7 @@
 
 use super::*;
 
-impl Queue {
+impl ClassicQueue {
     /// The queue's put position and ready count, read together (see [`Positions`]).
     pub fn positions(&self) -> Positions {
         let st = self.state.lock();

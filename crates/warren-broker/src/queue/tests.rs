@@ -55,7 +55,14 @@ fn msg(body: &str) -> Arc<Message> {
 }
 
 fn queue() -> Arc<Queue> {
-    Arc::new(Queue::new("q", "/", false, None, false, FieldTable::new()))
+    Arc::new(ClassicQueue::new(
+        "q",
+        "/",
+        false,
+        None,
+        false,
+        FieldTable::new(),
+    ))
 }
 
 #[test]
@@ -249,7 +256,14 @@ fn exclusive_consumers() {
 
 #[test]
 fn auto_delete_on_last_consumer() {
-    let q = Arc::new(Queue::new("q", "/", false, None, true, FieldTable::new()));
+    let q: Arc<Queue> = Arc::new(ClassicQueue::new(
+        "q",
+        "/",
+        false,
+        None,
+        true,
+        FieldTable::new(),
+    ));
     let a = sink(9);
     q.add_consumer(Consumer::new(
         "a".into(),

@@ -2,7 +2,7 @@
 //! it (in memory, requeued and paged out, or spilled beyond the in-memory window), read
 //! without taking it and without changing anything in the queue.
 
-use super::{entry_key, order_key, Queue, State};
+use super::{entry_key, order_key, ClassicQueue, State};
 use crate::log_limit::LogLimit;
 use crate::message::QueuedMessage;
 use bytes::Bytes;
@@ -19,7 +19,7 @@ enum Held {
 
 static VIEW_READ_FAILED: LogLimit = LogLimit::new();
 
-impl Queue {
+impl ClassicQueue {
     /// The body of the ready message at position `pos` (see [`super::Positions`]: the ready
     /// messages are the positions `put - ready + 1 ..= put`, in queue order), without taking
     /// it: nothing is requeued, reordered, flagged redelivered or kept in memory.

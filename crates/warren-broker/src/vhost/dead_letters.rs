@@ -54,7 +54,7 @@ impl DeadLetterSink for VHost {
                 queues.retain(|q| {
                     !deaths
                         .iter()
-                        .any(|d| field(d, "queue").as_deref() == Some(q.name.as_str()))
+                        .any(|d| field(d, "queue").as_deref() == Some(q.name()))
                 });
             }
             if queues.is_empty() {

@@ -85,16 +85,16 @@ impl Topology {
         let mut qs: Vec<&Arc<Queue>> = self
             .queues
             .values()
-            .filter(|q| q.durable && q.exclusive_owner.is_none())
+            .filter(|q| q.durable() && q.exclusive_owner().is_none())
             .collect();
-        qs.sort_by(|a, b| a.name.cmp(&b.name));
+        qs.sort_by(|a, b| a.name().cmp(b.name()));
         let queues = qs
             .into_iter()
             .map(|q| {
                 entry(TopologyCommand::PutQueue {
-                    name: q.name.clone(),
-                    auto_delete: q.auto_delete,
-                    arguments: q.arguments.clone(),
+                    name: q.name().to_string(),
+                    auto_delete: q.auto_delete(),
+                    arguments: q.arguments().clone(),
                 })
             })
             .collect();

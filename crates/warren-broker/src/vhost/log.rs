@@ -266,9 +266,9 @@ impl TopologyCommand {
                 Removed::Exchange(x) => x.durable.then(|| TopologyCommand::RemoveExchange {
                     name: x.name.clone(),
                 }),
-                Removed::Queue(q) => (q.durable && q.exclusive_owner.is_none()).then(|| {
+                Removed::Queue(q) => (q.durable() && q.exclusive_owner().is_none()).then(|| {
                     TopologyCommand::RemoveQueue {
-                        name: q.name.clone(),
+                        name: q.name().to_string(),
                     }
                 }),
                 Removed::Binding(source, b) => Some(TopologyCommand::RemoveBinding {
@@ -692,16 +692,10 @@ impl VHost {
                 arguments,
             } => {
                 if !topo.queues.contains_key(name) {
-                    let queue = self.new_queue(Queue::new(
-                        name.clone(),
-                        self.name.clone(),
-                        true,
-                        None,
-                        *auto_delete,
-                        arguments.clone(),
-                    ));
+                    let queue =
+                        self.new_queue(name.clone(), true, None, *auto_delete, arguments.clone());
                     queue.apply_policy(topo.policies.applied(name, true));
-                    topo.queues.insert(name.clone(), Arc::new(queue));
+                    topo.queues.insert(name.clone(), queue);
                 }
             }
             TopologyCommand::AddBinding { source, binding } => {

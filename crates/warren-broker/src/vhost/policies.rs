@@ -13,7 +13,7 @@ impl Topology {
     pub(super) fn reapply_policies(&mut self) -> Vec<Arc<Queue>> {
         let mut changed = Vec::new();
         for q in self.queues.values() {
-            if q.apply_policy(self.policies.applied(&q.name, true)) {
+            if q.apply_policy(self.policies.applied(q.name(), true)) {
                 changed.push(q.clone());
             }
         }

@@ -32,15 +32,18 @@ pub(super) struct Routed {
 impl Routed {
     pub(super) fn add_queue(&mut self, q: &Arc<Queue>) {
         const LINEAR: usize = 16;
-        let addr = Arc::as_ptr(q) as usize;
+        let addr = Arc::as_ptr(q) as *const () as usize;
         if self.queues.len() < LINEAR {
             if self.queues.iter().any(|o| Arc::ptr_eq(o, q)) {
                 return;
             }
         } else {
             if self.index.is_empty() {
-                self.index
-                    .extend(self.queues.iter().map(|o| Arc::as_ptr(o) as usize));
+                self.index.extend(
+                    self.queues
+                        .iter()
+                        .map(|o| Arc::as_ptr(o) as *const () as usize),
+                );
             }
             if !self.index.insert(addr) {
                 return;

@@ -22,7 +22,7 @@ impl Topology {
     pub(super) fn queue_is_durable(&self, name: &str) -> bool {
         self.queues
             .get(name)
-            .is_some_and(|q| q.durable && q.exclusive_owner.is_none())
+            .is_some_and(|q| q.durable() && q.exclusive_owner().is_none())
     }
 
     pub(super) fn exchange_is_durable(&self, name: &str) -> bool {
@@ -51,7 +51,7 @@ impl Topology {
     /// bindings; records each removal in `undo`.
     pub(super) fn remove_queue(&mut self, name: &str, undo: &mut Undo) {
         if let Some(q) = self.queues.remove(name) {
-            undo.durable |= q.durable && q.exclusive_owner.is_none();
+            undo.durable |= q.durable() && q.exclusive_owner().is_none();
             undo.steps.push(Removed::Queue(q));
         }
         self.unbind_everywhere(&Destination::Queue(name.to_string()), undo);
@@ -94,8 +94,12 @@ impl Topology {
                     }
                 }
                 Removed::AddedQueue(q) => {
-                    if self.queues.get(&q.name).is_some_and(|o| Arc::ptr_eq(o, &q)) {
-                        self.queues.remove(&q.name);
+                    if self
+                        .queues
+                        .get(q.name())
+                        .is_some_and(|o| Arc::ptr_eq(o, &q))
+                    {
+                        self.queues.remove(q.name());
                     }
                 }
                 Removed::AddedBinding(source, b) => {
@@ -115,8 +119,8 @@ impl Topology {
                     }
                 }
                 Removed::Queue(q) => {
-                    q.apply_policy(self.policies.applied(&q.name, true));
-                    self.queues.insert(q.name.clone(), q);
+                    q.apply_policy(self.policies.applied(q.name(), true));
+                    self.queues.insert(q.name().to_string(), q);
                 }
                 Removed::Policy {
                     operator,

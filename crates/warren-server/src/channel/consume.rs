@@ -81,7 +81,7 @@ impl Channel {
             ConsumerInfo {
                 queue: q.clone(),
                 details: Some(ConsumerDetails {
-                    queue: q.name.clone(),
+                    queue: q.name().to_string(),
                     ..details
                 }),
             },

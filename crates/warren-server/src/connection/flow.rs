@@ -78,7 +78,7 @@ pub(super) async fn wait_for_drain(q: &warren_broker::Queue) {
             last = now;
             since = tokio::time::Instant::now();
         } else if since.elapsed() >= Duration::from_millis(250) {
-            debug!(queue = %q.name, "consumers stalled; publisher resumes");
+            debug!(queue = %q.name(), "consumers stalled; publisher resumes");
             q.mark_stalled(now);
             return;
         }
