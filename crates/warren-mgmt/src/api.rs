@@ -818,11 +818,7 @@ async fn queues_vhost(
 
 fn find_queue(app: &App, v: &str, name: &str) -> Result<QueueInfo, ApiError> {
     require_vhost(app, v)?;
-    app.backend
-        .queues(Some(v))
-        .into_iter()
-        .find(|x| x.name == name)
-        .ok_or_else(ApiError::not_found)
+    app.backend.queue(v, name).ok_or_else(ApiError::not_found)
 }
 
 async fn queue_get(

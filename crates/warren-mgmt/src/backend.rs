@@ -739,31 +739,19 @@ impl Backend {
         let mut out = Vec::new();
         for v in self.vhost_list(vhost) {
             for q in v.queues() {
-                if q.is_deleted() {
-                    continue;
+                if !q.is_deleted() {
+                    out.push(queue_info(&q));
                 }
-                let c = q.counts();
-                out.push(QueueInfo {
-                    name: q.name().to_string(),
-                    vhost: q.vhost().to_string(),
-                    durable: q.durable(),
-                    auto_delete: q.auto_delete(),
-                    exclusive: q.exclusive_owner().is_some(),
-                    arguments: table_to_json(q.arguments()),
-                    ready: c.ready.into(),
-                    unacked: c.unacked.into(),
-                    consumers: c.consumers.into(),
-                    deliveries: q.deliveries(),
-                    ready_bytes: q.ready_bytes(),
-                    paged_out: q.ready_in_memory_and_paged_out().1.into(),
-                    stats: queue_stats(&*q),
-                    policy: q.applied_policy(),
-                    memory: q.memory(),
-                    ident: Arc::as_ptr(&q) as *const () as usize,
-                });
             }
         }
         out
+    }
+
+    /// Queue `name` of `vhost`, without reading every other queue of the vhost.
+    pub fn queue(&self, vhost: &str, name: &str) -> Option<QueueInfo> {
+        let v = self.broker().vhost(vhost)?;
+        let q = v.queues().into_iter().find(|q| q.name() == name)?;
+        (!q.is_deleted()).then(|| queue_info(&q))
     }
 
     /// Exchanges of `vhost` (every vhost when `None`).
@@ -1353,4 +1341,27 @@ fn properties_to_json(p: &BasicProperties) -> Map<String, Value> {
         m.insert("headers".into(), Value::Object(table_to_json(h)));
     }
     m
+}
+
+/// What the management API shows of queue `q`.
+fn queue_info(q: &Arc<warren_broker::Queue>) -> QueueInfo {
+    let c = q.counts();
+    QueueInfo {
+        name: q.name().to_string(),
+        vhost: q.vhost().to_string(),
+        durable: q.durable(),
+        auto_delete: q.auto_delete(),
+        exclusive: q.exclusive_owner().is_some(),
+        arguments: table_to_json(q.arguments()),
+        ready: c.ready.into(),
+        unacked: c.unacked.into(),
+        consumers: c.consumers.into(),
+        deliveries: q.deliveries(),
+        ready_bytes: q.ready_bytes(),
+        paged_out: q.ready_in_memory_and_paged_out().1.into(),
+        stats: queue_stats(q.as_ref()),
+        policy: q.applied_policy(),
+        memory: q.memory(),
+        ident: Arc::as_ptr(q) as *const () as usize,
+    }
 }
