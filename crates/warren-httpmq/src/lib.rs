@@ -961,7 +961,12 @@ pub async fn serve(
                 tokio::select! {
                     _ = tick.tick() => {
                         if let Err(e) = app.checkpoint().await {
-                            warn!(error = %e, "httpmq: cannot checkpoint the state file");
+                            // A full disk fails every tick: once, then every 10 s at most.
+                            static CHECKPOINT_FAILED: warren_broker::log_limit::LogLimit =
+                                warren_broker::log_limit::LogLimit::new();
+                            if let Some(suppressed) = CHECKPOINT_FAILED.admit() {
+                                warn!(error = %e, suppressed, "httpmq: cannot checkpoint the state file");
+                            }
                         }
                     }
                     _ = stopped(&mut stop) => return,
