@@ -9,18 +9,34 @@
 #   MGMT_USER       user (default guest), MGMT_PASSWORD (default guest)
 #   WARREN_BIN      a Warren binary: the export is imported into a fresh Warren started from
 #                   it (skipped without it)
-#   RABBITMQADMIN   the tool (default: rabbitmqadmin on PATH; otherwise it is extracted from
-#                   Debian's rabbitmq-server package without installing or starting RabbitMQ)
+#   RABBITMQADMIN   the tool (default: the Python rabbitmqadmin on PATH; otherwise it is
+#                   extracted from Debian's rabbitmq-server package without installing or
+#                   starting RabbitMQ)
 set -uo pipefail
 
 PORT=${MGMT_PORT:-15672}
 USER_=${MGMT_USER:-guest}
 PASS=${MGMT_PASSWORD:-guest}
 
+# is_python_tool FILE: true when FILE is the Python rabbitmqadmin script. The Rust
+# rabbitmqadmin v2 (`cargo install rabbitmqadmin`, ~/.cargo/bin) has the same name but other
+# commands and flags, so a binary of that name on PATH is passed over.
+is_python_tool() {
+  [ -f "$1" ] && head -c 2 "$1" | grep -q '^#!' && head -n 1 "$1" | grep -q python
+}
+
 tool=${RABBITMQADMIN:-}
 if [ -z "$tool" ]; then
-  if command -v rabbitmqadmin >/dev/null 2>&1; then
-    tool=$(command -v rabbitmqadmin)
+  path_tool=""
+  while IFS= read -r candidate; do
+    if is_python_tool "$candidate"; then
+      path_tool=$candidate
+      break
+    fi
+    echo "passing over $candidate: not the Python rabbitmqadmin script"
+  done < <(type -ap rabbitmqadmin)
+  if [ -n "$path_tool" ]; then
+    tool=$path_tool
   else
     dir=$(mktemp -d -t rabbitmqadmin.XXXXXX)
     echo "extracting rabbitmqadmin from Debian's rabbitmq-server package into $dir"
