@@ -284,13 +284,15 @@ impl Broker {
             .entry(name.to_string())
             .or_insert_with(|| {
                 Arc::new_cyclic(|me| {
-                    VHost::new(name).attached(
-                        self.persist.clone(),
-                        self.ids.clone(),
-                        self.clock.clone(),
-                        self.limits.clone(),
-                        me.clone(),
-                    )
+                    VHost::new(name)
+                        .attached(
+                            self.persist.clone(),
+                            self.ids.clone(),
+                            self.clock.clone(),
+                            self.limits.clone(),
+                            me.clone(),
+                        )
+                        .counting_churn_in(self.registry.churn().clone())
                 })
             })
             .clone()
@@ -317,6 +319,7 @@ impl Broker {
         for q in &queues {
             finish_queue_delete(q);
         }
+        crate::registry::bump_by(&self.registry.churn().queue_deleted, queues.len() as u64);
         self.registry.forget_vhost(name);
         let Some(p) = &self.persist else {
             return Ok(true);

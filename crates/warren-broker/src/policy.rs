@@ -54,15 +54,25 @@ pub enum ApplyTo {
     Queues,
     /// Exchanges only.
     Exchanges,
+    /// Classic queues only (RabbitMQ 4): every Warren queue is a classic queue.
+    ClassicQueues,
+    /// Quorum queues only (RabbitMQ 4): accepted, applies to no Warren queue.
+    QuorumQueues,
+    /// Streams only (RabbitMQ 4): accepted, applies to no Warren queue.
+    Streams,
 }
 
 impl ApplyTo {
-    /// RabbitMQ's name: `all`, `queues`, `exchanges`.
+    /// RabbitMQ's name: `all`, `queues`, `exchanges`, `classic_queues`, `quorum_queues`,
+    /// `streams`.
     pub fn as_str(self) -> &'static str {
         match self {
             ApplyTo::All => "all",
             ApplyTo::Queues => "queues",
             ApplyTo::Exchanges => "exchanges",
+            ApplyTo::ClassicQueues => "classic_queues",
+            ApplyTo::QuorumQueues => "quorum_queues",
+            ApplyTo::Streams => "streams",
         }
     }
 
@@ -72,6 +82,9 @@ impl ApplyTo {
             "all" => Some(ApplyTo::All),
             "queues" => Some(ApplyTo::Queues),
             "exchanges" => Some(ApplyTo::Exchanges),
+            "classic_queues" => Some(ApplyTo::ClassicQueues),
+            "quorum_queues" => Some(ApplyTo::QuorumQueues),
+            "streams" => Some(ApplyTo::Streams),
             _ => None,
         }
     }
@@ -317,7 +330,8 @@ impl Policy {
             None | Some(Value::Null) => ApplyTo::All,
             Some(v) => v.as_str().and_then(ApplyTo::parse).ok_or_else(|| {
                 validation_failed(format!(
-                    "apply-to '{}' unrecognised; should be 'queues', 'exchanges' or 'all'",
+                    "apply-to '{}' unrecognised; should be one of: 'queues', 'classic_queues',  \
+                     'quorum_queues', 'streams', 'exchanges', or 'all'",
                     v.as_str().map_or_else(|| erlang_term(v), String::from)
                 ))
             })?,
@@ -339,8 +353,9 @@ impl Policy {
     fn matches(&self, name: &str, queue: bool) -> bool {
         let kind = match self.apply_to {
             ApplyTo::All => true,
-            ApplyTo::Queues => queue,
+            ApplyTo::Queues | ApplyTo::ClassicQueues => queue,
             ApplyTo::Exchanges => !queue,
+            ApplyTo::QuorumQueues | ApplyTo::Streams => false,
         };
         kind && self.regex.is_match(name)
     }
@@ -638,7 +653,7 @@ mod tests {
         );
         assert_eq!(
             Policy::from_json("p", &json!({"pattern": "q", "definition": {"max-length": 1}, "apply-to": "bogus"}), false).unwrap_err(),
-            "Validation failed\n\napply-to 'bogus' unrecognised; should be 'queues', 'exchanges' or 'all'\n"
+            "Validation failed\n\napply-to 'bogus' unrecognised; should be one of: 'queues', 'classic_queues',  'quorum_queues', 'streams', 'exchanges', or 'all'\n"
         );
         assert_eq!(
             err(json!({"message-ttl": -1}), false),

@@ -254,6 +254,10 @@ pub struct ChannelEntry {
     global_prefetch: AtomicU32,
     confirm: AtomicBool,
     tx: AtomicBool,
+    /// Publishes in confirm mode not yet confirmed (RabbitMQ's `messages_unconfirmed`):
+    /// raised when a publish takes its sequence number, lowered when its basic.ack or
+    /// basic.nack is sent.
+    pub unconfirmed: AtomicU64,
     probe: Mutex<Option<Weak<dyn ChannelProbe>>>,
     /// Per exchange published to: locked by the channel's own task per publish (so never
     /// contended but by a reader) and by readers.
@@ -270,6 +274,7 @@ impl ChannelEntry {
             global_prefetch: AtomicU32::new(0),
             confirm: AtomicBool::new(false),
             tx: AtomicBool::new(false),
+            unconfirmed: AtomicU64::new(0),
             probe: Mutex::new(None),
             exchanges: Mutex::new(HashMap::new()),
         }
@@ -350,6 +355,8 @@ pub struct ChannelSnapshot {
     pub global_prefetch_count: u16,
     /// Deliveries not yet acknowledged.
     pub unacked: u64,
+    /// Publishes not yet confirmed (confirm mode).
+    pub unconfirmed: u64,
     /// Consumers on the channel.
     pub consumers: Vec<ConsumerDetails>,
     /// In confirm mode.
@@ -367,6 +374,65 @@ impl ChannelSnapshot {
     }
 }
 
+/// Churn since the broker started: connections and channels opened and closed, queues
+/// declared, created and deleted (RabbitMQ's `churn_rates` in `/api/overview`). The
+/// registry counts connections and channels; vhosts count their queues (every deletion:
+/// by a client, by `x-expires`, auto-delete, exclusive owner gone, vhost deleted), the
+/// operations layer counts declares.
+#[derive(Debug, Default)]
+pub struct ChurnCounters {
+    /// Connections registered (handshake completed).
+    pub connection_created: AtomicU64,
+    /// Connections unregistered.
+    pub connection_closed: AtomicU64,
+    /// Channels opened.
+    pub channel_created: AtomicU64,
+    /// Channels closed (with their connection or alone).
+    pub channel_closed: AtomicU64,
+    /// Non-passive queue.declare calls that passed the permission check, as RabbitMQ
+    /// counts `queue_declared`.
+    pub queue_declared: AtomicU64,
+    /// Queues created by a declare.
+    pub queue_created: AtomicU64,
+    /// Queues deleted, for whatever reason.
+    pub queue_deleted: AtomicU64,
+}
+
+impl ChurnCounters {
+    /// The counts now.
+    pub fn snapshot(&self) -> Churn {
+        let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        Churn {
+            connection_created: l(&self.connection_created),
+            connection_closed: l(&self.connection_closed),
+            channel_created: l(&self.channel_created),
+            channel_closed: l(&self.channel_closed),
+            queue_declared: l(&self.queue_declared),
+            queue_created: l(&self.queue_created),
+            queue_deleted: l(&self.queue_deleted),
+        }
+    }
+}
+
+/// A snapshot of [`ChurnCounters`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Churn {
+    /// See [`ChurnCounters::connection_created`].
+    pub connection_created: u64,
+    /// See [`ChurnCounters::connection_closed`].
+    pub connection_closed: u64,
+    /// See [`ChurnCounters::channel_created`].
+    pub channel_created: u64,
+    /// See [`ChurnCounters::channel_closed`].
+    pub channel_closed: u64,
+    /// See [`ChurnCounters::queue_declared`].
+    pub queue_declared: u64,
+    /// See [`ChurnCounters::queue_created`].
+    pub queue_created: u64,
+    /// See [`ChurnCounters::queue_deleted`].
+    pub queue_deleted: u64,
+}
+
 /// The registry of live connections and channels, with the counts closed channels left.
 #[derive(Default)]
 pub struct Registry {
@@ -379,6 +445,8 @@ pub struct Registry {
     next_channel: AtomicU64,
     /// Exchange counts of closed channels, per (vhost, exchange).
     retired_exchanges: Mutex<HashMap<(String, String), ExchangeCounts>>,
+    /// Connections, channels and queues created and closed (shared with the vhosts).
+    churn: Arc<ChurnCounters>,
 }
 
 /// A connection's place in the [`Registry`]: dropping it unregisters the connection (and
@@ -394,6 +462,7 @@ impl ConnectionHandle {
     /// the vhost's totals.
     pub fn open_channel(&self, number: u16) -> ChannelHandle {
         let id = self.registry.next_channel.fetch_add(1, Ordering::Relaxed);
+        bump(&self.registry.churn.channel_created);
         let ch = Arc::new(ChannelEntry::new(id, number));
         self.entry.channels.lock().insert(number, ch.clone());
         ChannelHandle {
@@ -434,6 +503,7 @@ impl Drop for ChannelHandle {
         {
             channels.remove(&self.entry.number);
             drop(channels);
+            bump(&self.registry.churn.channel_closed);
             self.registry.retire(
                 &self.connection.details.vhost,
                 &self.entry.counters.snapshot(),
@@ -451,6 +521,8 @@ impl Drop for ConnectionHandle {
             .write()
             .remove(&self.entry.details.id);
         let channels = std::mem::take(&mut *self.entry.channels.lock());
+        bump(&self.registry.churn.connection_closed);
+        bump_by(&self.registry.churn.channel_closed, channels.len() as u64);
         let mut total = MessageStats::default();
         for ch in channels.values() {
             total.add(&ch.counters.snapshot());
@@ -482,6 +554,7 @@ impl Registry {
         self.connections
             .write()
             .insert(entry.details.id, entry.clone());
+        bump(&self.churn.connection_created);
         ConnectionHandle {
             registry: self.clone(),
             entry,
@@ -528,6 +601,11 @@ impl Registry {
 
     fn entries(&self) -> Vec<Arc<ConnectionEntry>> {
         self.connections.read().values().cloned().collect()
+    }
+
+    /// The churn counters (shared with the vhosts, which count their queues).
+    pub fn churn(&self) -> &Arc<ChurnCounters> {
+        &self.churn
     }
 
     /// Connections open now (cheap: no snapshot).
@@ -584,6 +662,7 @@ impl Registry {
                     prefetch_count: l(&ch.prefetch),
                     global_prefetch_count: l(&ch.global_prefetch),
                     unacked: probe.as_ref().map_or(0, |p| p.unacked()),
+                    unconfirmed: ch.unconfirmed.load(Ordering::Relaxed),
                     consumers: probe.as_ref().map_or_else(Vec::new, |p| p.consumers()),
                     confirm: ch.confirm.load(Ordering::Relaxed),
                     transactional: ch.tx.load(Ordering::Relaxed),
@@ -745,6 +824,26 @@ mod tests {
         assert_eq!(r.vhost_stats("other").publish, 0);
         assert_eq!(r.global_stats().publish, 4);
         assert_eq!(r.global_stats().ack, 1);
+    }
+
+    #[test]
+    fn churn_counts_each_open_and_close_once() {
+        let r = Registry::new();
+        let closer = Arc::new(Closer(Mutex::new(Vec::new())));
+        let a = r.register(details(1, "/"), closer.clone());
+        let b = r.register(details(2, "/"), closer);
+        let ch1 = a.open_channel(1);
+        let _ch2 = a.open_channel(2);
+        let ch3 = b.open_channel(1);
+        drop(ch1);
+        // The connection goes first: its open channel is closed with it, and the handle
+        // dropped afterwards counts nothing more.
+        drop(b);
+        drop(ch3);
+        drop(a);
+        let c = r.churn().snapshot();
+        assert_eq!((c.connection_created, c.connection_closed), (2, 2));
+        assert_eq!((c.channel_created, c.channel_closed), (3, 3));
     }
 
     #[test]

@@ -80,6 +80,8 @@ pub struct VHost {
     removed: std::sync::atomic::AtomicBool,
     /// Kinds of queue other than classic, by `x-queue-type` (see [`VHost::set_queue_kind`]).
     queue_kinds: RwLock<HashMap<String, Arc<dyn QueueKind>>>,
+    /// Where queues created and deleted are counted (the broker's registry's).
+    churn: Arc<crate::registry::ChurnCounters>,
 }
 
 /// The exchanges every vhost has from the start: they do not count against the exchange
@@ -127,6 +129,7 @@ impl VHost {
             limits: Arc::default(),
             removed: std::sync::atomic::AtomicBool::new(false),
             queue_kinds: RwLock::new(HashMap::new()),
+            churn: Arc::default(),
         }
     }
 
@@ -146,6 +149,13 @@ impl VHost {
         self.clock = clock;
         self.limits = limits;
         self.me = me;
+        self
+    }
+
+    /// This vhost counting the queues it creates and deletes in `churn` (the broker's
+    /// registry's [`crate::registry::ChurnCounters`]).
+    pub(crate) fn counting_churn_in(mut self, churn: Arc<crate::registry::ChurnCounters>) -> VHost {
+        self.churn = churn;
         self
     }
 

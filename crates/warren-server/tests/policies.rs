@@ -454,7 +454,7 @@ async fn validation_errors_and_access() {
          "Validation failed\n\nno policy provided\n"),
         (json!({"definition": {"max-length": 1}}), "[{key_missing,pattern}]"),
         (json!({"pattern": "^q", "definition": {"max-length": 1}, "apply-to": "bogus"}),
-         "Validation failed\n\napply-to 'bogus' unrecognised; should be 'queues', 'exchanges' or 'all'\n"),
+         "Validation failed\n\napply-to 'bogus' unrecognised; should be one of: 'queues', 'classic_queues',  'quorum_queues', 'streams', 'exchanges', or 'all'\n"),
     ];
     for (body, reason) in cases {
         let (s, v) = put("admin", "/api/policies/%2F/bad", body.clone()).await;

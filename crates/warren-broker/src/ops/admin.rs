@@ -343,6 +343,23 @@ impl<'a> Admin<'a> {
         self.store()
     }
 
+    /// Replaces user `user`'s limits (`max-connections`, `max-channels`; RabbitMQ's user
+    /// limits, `PUT /api/user-limits/<user>/<name>`). Connections and channels already open
+    /// stay open; the limits apply to those opened from then on.
+    ///
+    /// Errors: not an administrator; 404 for an unknown user; the database could not be
+    /// stored.
+    pub fn set_user_limits(&self, user: &str, limits: crate::access::UserLimits) -> Result<()> {
+        self.authorize(&Operation::UserLimitsSet { user })?;
+        self.broker
+            .access_mut()
+            .set_user_limits(user, limits)
+            .map_err(|e| BrokerError::not_found(e.to_string()))?;
+        self.store()?;
+        tracing::info!(user, by = %self.actor.user, "user limits stored");
+        Ok(())
+    }
+
     /// Sets global runtime parameter `name` to `value` (any JSON), durably. Returns true
     /// when it was not set before.
     ///

@@ -375,6 +375,7 @@ impl<'a> Ops<'a> {
             passive: false,
             dead_letter_exchange: None,
         })?;
+        crate::registry::bump(&self.broker.registry().churn().queue_declared);
         if !self.vhost.queue_exists(&name) {
             self.broker.access().check_new_queue(
                 &self.actor.vhost,

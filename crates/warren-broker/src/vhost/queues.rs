@@ -167,6 +167,7 @@ impl VHost {
             let what = format!("failed to declare {}", self.queue_resource(&name));
             self.save(&mut topo, vec![put], undo, what)?;
         }
+        crate::registry::bump(&self.churn.queue_created);
         Ok((q, QueueCounts::default()))
     }
 
@@ -225,6 +226,7 @@ impl VHost {
             }
             q
         };
+        crate::registry::bump(&self.churn.queue_deleted);
         Ok(finish_queue_delete(&q))
     }
 
@@ -245,6 +247,7 @@ impl VHost {
                 _ => return,
             }
         }
+        crate::registry::bump(&self.churn.queue_deleted);
         finish_queue_delete(queue);
     }
 

@@ -42,6 +42,7 @@ impl Confirms {
         let seq = b.next_seq;
         b.next_seq += 1;
         b.waiting.insert(seq);
+        bump(&self.stats.unconfirmed);
         seq
     }
 
@@ -61,6 +62,9 @@ impl Confirms {
         let Some((&last, _)) = ready.last_key_value() else {
             return;
         };
+        self.stats
+            .unconfirmed
+            .fetch_sub(ready.len() as u64, std::sync::atomic::Ordering::Relaxed);
         bump_by(
             &self.stats.counters.confirm,
             ready.values().filter(|ok| **ok).count() as u64,
