@@ -24,6 +24,8 @@ use std::time::Instant;
 use warren_broker::policy::definition_json;
 
 mod definitions;
+mod health;
+mod limits;
 mod parameters;
 mod policies;
 
@@ -149,9 +151,23 @@ fn authorize_basic(
     Ok(user)
 }
 
-/// The vhosts a user sees in lists: all for monitors and administrators.
+/// The vhosts a user learns of (rabbit_mgmt_util's `list_visible_vhosts`): all for monitors
+/// and administrators, else those the user may log in to. `/api/vhosts` and the overview
+/// show these.
 pub(crate) fn visible_vhosts(app: &App, user: &UserInfo) -> Vec<String> {
     if has(&user.tags, &["administrator", "monitoring"]) {
+        app.backend.vhosts()
+    } else {
+        app.backend.user_vhosts(&user.name)
+    }
+}
+
+/// The vhosts whose objects a user sees in the lists of queues, exchanges, bindings,
+/// policies and parameters (rabbit_mgmt_util's `filter_vhost`): all for administrators,
+/// else those the user may log in to; a `monitoring` user learns that other vhosts exist
+/// ([`visible_vhosts`]) but not what is in them.
+pub(crate) fn member_vhosts(app: &App, user: &UserInfo) -> Vec<String> {
+    if has(&user.tags, &["administrator"]) {
         app.backend.vhosts()
     } else {
         app.backend.user_vhosts(&user.name)
@@ -191,6 +207,21 @@ pub(crate) fn body_json(body: &Bytes) -> Result<Map<String, Value>, ApiError> {
         Ok(Value::Object(m)) => Ok(m),
         Ok(_) => Err(ApiError::bad_request("not_json")),
         Err(_) => Err(ApiError::bad_request("not_json")),
+    }
+}
+
+/// rabbit_mgmt_util's `with_decode` check: 400 `[{key_missing,a},{key_missing,b}]` naming
+/// every one of `keys` the body lacks.
+pub(crate) fn require_keys(m: &Map<String, Value>, keys: &[&str]) -> Result<(), ApiError> {
+    let missing: Vec<String> = keys
+        .iter()
+        .filter(|k| !m.contains_key(**k))
+        .map(|k| format!("{{key_missing,{k}}}"))
+        .collect();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(ApiError::bad_request(format!("[{}]", missing.join(","))))
     }
 }
 
@@ -304,14 +335,23 @@ fn binding_json(b: &BindingInfo) -> Value {
     })
 }
 
-fn user_json(u: &UserInfo) -> Value {
+/// A user as `/api/users` shows it (rabbit_mgmt_format's `internal_user`).
+pub(crate) fn user_json(u: &UserInfo) -> Value {
     json!({
         "name": u.name,
         "tags": u.tags,
         "password_hash": u.password_hash,
         "hashing_algorithm": u.hashing_algorithm,
-        "limits": {},
+        "limits": u.limits,
     })
+}
+
+/// The cluster's name: the `cluster_name` global parameter when it is set, else `warren`.
+pub(crate) fn cluster_name(app: &App) -> String {
+    app.backend
+        .global_parameter("cluster_name")
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_else(|| "warren".to_string())
 }
 
 fn resident_memory() -> Option<u64> {
@@ -342,9 +382,14 @@ fn node_json(app: &App) -> Value {
 
 // ---- handlers ------------------------------------------------------------------------
 
+/// `GET /api/overview`, as rabbit_mgmt_wm_overview: monitors and administrators get the
+/// node's figures with `node`, `listeners` and `contexts`; other users the figures of the
+/// vhosts they may use, their own connections and channels, no consumer count and no
+/// node details.
 async fn overview(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap, q: Q) -> Reply {
     let user = authorize(&app, &headers, peer, Need::Management, None)?;
     let ranges = Ranges::from_query(&q)?;
+    let monitor = has(&user.tags, &["administrator", "monitoring"]);
     let vhosts = visible_vhosts(&app, &user);
     let keys = overview_keys(&user, &vhosts);
     let mut queues = Vec::new();
@@ -357,21 +402,29 @@ async fn overview(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap, q:
     let unacked: u64 = queues.iter().map(|q| q.unacked).sum();
     let consumers: u64 = queues.iter().map(|q| q.consumers).sum();
     let n = app.backend.node();
-    let listeners: Vec<Value> = n
-        .listeners()
-        .into_iter()
-        .map(|(protocol, a)| {
-            json!({"node": app.node, "protocol": protocol, "ip_address": a.ip().to_string(),
-                   "port": a.port()})
-        })
-        .collect();
     let mut queue_totals = json!({
         "messages": ready + unacked,
         "messages_ready": ready,
         "messages_unacknowledged": unacked,
     });
     app.rates.lengths(&mut queue_totals, &keys, &ranges);
-    ok_json(json!({
+    let (connections, channels) = if monitor {
+        (app.backend.connections().len(), app.backend.channel_count())
+    } else {
+        let own = app.backend.connections();
+        let own: Vec<_> = own.iter().filter(|c| c.details.user == user.name).collect();
+        (own.len(), own.iter().map(|c| c.channels).sum())
+    };
+    let mut object_totals = json!({
+        "connections": connections,
+        "channels": channels,
+        "exchanges": exchanges,
+        "queues": queues.len(),
+    });
+    if monitor {
+        object_totals["consumers"] = Value::from(consumers);
+    }
+    let mut out = json!({
         "management_version": RABBITMQ_VERSION,
         "rabbitmq_version": RABBITMQ_VERSION,
         "product_name": "Warren",
@@ -379,15 +432,22 @@ async fn overview(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap, q:
         "erlang_version": "none",
         "erlang_full_version": "none",
         "rates_mode": "basic",
+        // What the rate samples keep (see `rates`): 605 s for the node and vhosts, 65 s
+        // for queues, exchanges and channels, in RabbitMQ's rounded form.
+        "sample_retention_policies": {
+            "global": [600],
+            "basic": [60],
+            "detailed": [],
+        },
         "disable_stats": false,
         "enable_queue_totals": true,
-        // RabbitMQ's cluster name is the `cluster_name` global parameter when it is set.
-        "cluster_name": app
-            .backend
-            .global_parameter("cluster_name")
-            .and_then(|v| v.as_str().map(str::to_string))
-            .unwrap_or_else(|| "warren".to_string()),
-        "node": app.node,
+        "default_queue_type": "classic",
+        "is_op_policy_updating_enabled": true,
+        "cluster_name": cluster_name(&app),
+        "cluster_tags": app.backend.global_parameter("cluster_tags")
+            .filter(Value::is_object)
+            .unwrap_or_else(|| json!({})),
+        "node_tags": {},
         "exchange_types": [
             {"name": "direct", "description": "AMQP direct exchange, as per the AMQP specification", "enabled": true},
             {"name": "fanout", "description": "AMQP fanout exchange, as per the AMQP specification", "enabled": true},
@@ -396,22 +456,32 @@ async fn overview(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap, q:
             {"name": "x-delayed-message", "description": "Delayed Message Exchange", "enabled": true},
         ],
         "message_stats": overview_stats(&app, &user, &vhosts, &keys, &ranges),
+        "churn_rates": app.rates.churn_rates(&app.backend.churn(), &ranges),
         "queue_totals": queue_totals,
-        "object_totals": {
-            "connections": app.backend.connections().len(),
-            "channels": app.backend.channel_count(),
-            "consumers": consumers,
-            "exchanges": exchanges,
-            "queues": queues.len(),
-        },
-        "listeners": listeners,
-        "contexts": [],
-    }))
+        "object_totals": object_totals,
+        // RabbitMQ's backlog of stats events; Warren reads its counters directly.
+        "statistics_db_event_queue": 0,
+    });
+    if monitor {
+        let listeners: Vec<Value> = n
+            .listeners()
+            .into_iter()
+            .map(|(protocol, a)| {
+                json!({"node": app.node, "protocol": protocol, "ip_address": a.ip().to_string(),
+                       "port": a.port()})
+            })
+            .collect();
+        out["node"] = Value::from(app.node.as_str());
+        out["listeners"] = Value::Array(listeners);
+        out["contexts"] = json!([]);
+    }
+    ok_json(out)
 }
 
 async fn whoami(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap) -> Reply {
     let user = authorize(&app, &headers, peer, Need::Management, None)?;
-    ok_json(json!({"name": user.name, "tags": user.tags}))
+    // Every Warren user is in its own database (RabbitMQ's internal backend).
+    ok_json(json!({"name": user.name, "tags": user.tags, "is_internal_user": true}))
 }
 
 async fn nodes(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap, q: Q) -> Reply {
@@ -432,21 +502,50 @@ async fn node(
     ok_json(node_json(&app))
 }
 
+/// `GET /api/nodes/{node}/memory`: RabbitMQ breaks an Erlang node's memory down by
+/// kind of process and table; a Warren node has none of those, so it answers as RabbitMQ
+/// does when the breakdown cannot be had: `{"memory": "not_available"}`.
+async fn node_memory(
+    State(app): S,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Reply {
+    authorize(&app, &headers, peer, Need::Monitor, None)?;
+    if name != app.node {
+        return Err(ApiError::not_found());
+    }
+    ok_json(json!({"memory": "not_available"}))
+}
+
+/// `GET /api/feature-flags`, `/api/deprecated-features[/used]`: Warren has no feature flags
+/// (what a RabbitMQ 4 cluster enables is simply there) and deprecates nothing, so the
+/// lists are empty; any management user may ask.
+async fn no_items(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap, q: Q) -> Reply {
+    authorize(&app, &headers, peer, Need::Management, None)?;
+    listed(Vec::new(), &q)
+}
+
 fn vhost_json(app: &App, v: &str, ranges: &Ranges) -> Value {
     let key = [(Key::Vhost(v.to_string()), 0)];
     let queues = app.backend.queues(Some(v));
     let ready: u64 = queues.iter().map(|q| q.ready).sum();
     let unacked: u64 = queues.iter().map(|q| q.unacked).sum();
     let record = app.backend.vhost_record(v).unwrap_or_default();
-    let mut metadata = json!({"description": record.description, "tags": record.tags});
-    if let Some(t) = &record.default_queue_type {
-        metadata["default_queue_type"] = Value::from(t.as_str());
-    }
+    // As RabbitMQ 4 (`rabbit_queue_type:inject_dqt`): the default queue type always, at
+    // the top and in the metadata, `classic` when none was set.
+    let queue_type = record.default_queue_type.as_deref().unwrap_or("classic");
     let mut out = json!({
         "name": v,
         "description": record.description,
         "tags": record.tags,
-        "metadata": metadata,
+        "default_queue_type": queue_type,
+        "protected_from_deletion": false,
+        "metadata": {
+            "description": record.description,
+            "tags": record.tags,
+            "default_queue_type": queue_type,
+        },
         "tracing": false,
         "cluster_state": {app.node.clone(): "running"},
         "messages": ready + unacked,
@@ -454,9 +553,6 @@ fn vhost_json(app: &App, v: &str, ranges: &Ranges) -> Value {
         "messages_unacknowledged": unacked,
         "message_stats": stats_with_rates(app, &app.backend.vhost_stats(v), &key, ranges),
     });
-    if let Some(t) = &record.default_queue_type {
-        out["default_queue_type"] = Value::from(t.as_str());
-    }
     app.rates.lengths(&mut out, &key, ranges);
     out
 }
@@ -533,9 +629,11 @@ async fn user(
     ok_json(user_json(&u))
 }
 
-fn permission_items(app: &App) -> Vec<Value> {
-    app.backend
-        .permissions()
+/// Every permission, in RabbitMQ's default order for these lists: by vhost, then user.
+pub(crate) fn permission_items(app: &App) -> Vec<Value> {
+    let mut items = app.backend.permissions();
+    items.sort_by(|a, b| (&a.1, &a.0).cmp(&(&b.1, &b.0)));
+    items
         .into_iter()
         .map(|(user, vhost, configure, write, read)| {
             json!({"user": user, "vhost": vhost, "configure": configure, "write": write, "read": read})
@@ -569,7 +667,7 @@ fn sorted<T>(mut items: Vec<T>, key: impl Fn(&T) -> (String, String)) -> Vec<T> 
 async fn exchanges_all(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap, q: Q) -> Reply {
     let user = authorize(&app, &headers, peer, Need::Management, None)?;
     let mut items = Vec::new();
-    for v in visible_vhosts(&app, &user) {
+    for v in member_vhosts(&app, &user) {
         items.extend(app.backend.exchanges(Some(&v)));
     }
     let items = sorted(items, |x| (x.vhost.clone(), x.name.clone()));
@@ -692,6 +790,10 @@ async fn exchange_publish(
     let user = authorize(&app, &headers, peer, Need::Management, Some(&v))?;
     require_vhost(&app, &v)?;
     let b = body_json(&body)?;
+    require_keys(
+        &b,
+        &["routing_key", "properties", "payload", "payload_encoding"],
+    )?;
     let missing = |k: &str| ApiError::bad_request(format!("[{{key_missing,{k}}}]"));
     let routing_key = b
         .get("routing_key")
@@ -786,7 +888,7 @@ async fn exchange_bindings_destination(
 async fn queues_all(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap, q: Q) -> Reply {
     let user = authorize(&app, &headers, peer, Need::Management, None)?;
     let mut items = Vec::new();
-    for v in visible_vhosts(&app, &user) {
+    for v in member_vhosts(&app, &user) {
         items.extend(app.backend.queues(Some(&v)));
     }
     let items = sorted(items, |x| (x.vhost.clone(), x.name.clone()));
@@ -896,6 +998,7 @@ async fn queue_get_messages(
     let user = authorize(&app, &headers, peer, Need::Management, Some(&v))?;
     find_queue(&app, &v, &name)?;
     let b = body_json(&body)?;
+    require_keys(&b, &["ackmode", "count", "encoding"])?;
     let missing = |k: &str| ApiError::bad_request(format!("[{{key_missing,{k}}}]"));
     let count = b
         .get("count")
@@ -981,7 +1084,7 @@ async fn queue_bindings(
 async fn bindings_all(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap, q: Q) -> Reply {
     let user = authorize(&app, &headers, peer, Need::Management, None)?;
     let mut items = Vec::new();
-    for v in visible_vhosts(&app, &user) {
+    for v in member_vhosts(&app, &user) {
         items.extend(app.backend.bindings(Some(&v)).iter().map(binding_json));
     }
     listed(items, &q)
@@ -1169,100 +1272,6 @@ async fn aliveness(
     }
 }
 
-fn health_ok(extra: Value) -> Reply {
-    let mut v = json!({"status": "ok"});
-    if let (Some(o), Value::Object(e)) = (v.as_object_mut(), extra) {
-        o.extend(e);
-    }
-    ok_json(v)
-}
-
-fn health_failed(body: Value) -> Reply {
-    Ok((StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response())
-}
-
-async fn health_alarms(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap) -> Reply {
-    authorize(&app, &headers, peer, Need::Management, None)?;
-    alarms_reply(&app, "There are alarms in effect in the cluster")
-}
-
-async fn health_local_alarms(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap) -> Reply {
-    authorize(&app, &headers, peer, Need::Management, None)?;
-    alarms_reply(&app, "There are alarms in effect on the node")
-}
-
-/// The alarm health checks' reply: 200 without alarms, else 503 with `reason` and the alarms
-/// in effect (this node is the whole cluster).
-fn alarms_reply(app: &App, reason: &str) -> Reply {
-    let n = app.backend.node();
-    let mut alarms = Vec::new();
-    if n.memory_alarm() {
-        alarms.push(json!({"node": app.node, "resource": "memory"}));
-    }
-    if n.disk_alarm() {
-        alarms.push(json!({"node": app.node, "resource": "disk"}));
-    }
-    if alarms.is_empty() {
-        health_ok(json!({}))
-    } else {
-        health_failed(json!({"status": "failed", "reason": reason, "alarms": alarms}))
-    }
-}
-
-async fn health_simple(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap) -> Reply {
-    // virtual-hosts (every vhost runs in this process), node-is-quorum-critical and
-    // node-is-mirror-sync-critical (a single node has no replicas to lose).
-    authorize(&app, &headers, peer, Need::Management, None)?;
-    health_ok(json!({}))
-}
-
-async fn health_port(
-    State(app): S,
-    ConnectInfo(peer): Peer,
-    headers: HeaderMap,
-    Path(port): Path<String>,
-) -> Reply {
-    authorize(&app, &headers, peer, Need::Management, None)?;
-    let port: u16 = port
-        .parse()
-        .map_err(|_| ApiError::bad_request(format!("Invalid port {port}")))?;
-    let ports: Vec<u16> = app
-        .backend
-        .node()
-        .listeners()
-        .iter()
-        .map(|(_, a)| a.port())
-        .collect();
-    if ports.contains(&port) {
-        health_ok(json!({"port": port}))
-    } else {
-        health_failed(json!({"status": "failed", "reason": "No active listener",
-            "missing": port, "ports": ports}))
-    }
-}
-
-async fn health_protocol(
-    State(app): S,
-    ConnectInfo(peer): Peer,
-    headers: HeaderMap,
-    Path(protocol): Path<String>,
-) -> Reply {
-    authorize(&app, &headers, peer, Need::Management, None)?;
-    let protocols: Vec<String> = app
-        .backend
-        .node()
-        .listeners()
-        .into_iter()
-        .map(|(p, _)| p)
-        .collect();
-    if protocols.contains(&protocol) {
-        health_ok(json!({"protocol": protocol}))
-    } else {
-        health_failed(json!({"status": "failed", "reason": "No active listener",
-            "missing": protocol, "protocols": protocols}))
-    }
-}
-
 async fn metrics(State(app): S) -> Reply {
     text_metrics(crate::metrics::render(&app, false))
 }
@@ -1301,15 +1310,38 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/api/whoami", get(whoami))
         .route("/api/nodes", get(nodes))
         .route("/api/nodes/{node}", get(node))
+        .route("/api/nodes/{node}/memory", get(node_memory))
+        .route("/api/feature-flags", get(no_items))
+        .route("/api/deprecated-features", get(no_items))
+        .route("/api/deprecated-features/used", get(no_items))
         .route("/api/vhosts", get(vhosts))
         .route(
             "/api/vhosts/{v}",
             get(vhost).put(admin::vhost_put).delete(admin::vhost_delete),
         )
+        .route(
+            "/api/cluster-name",
+            get(admin::cluster_name).put(admin::cluster_name_put),
+        )
+        .route("/api/vhosts/{v}/permissions", get(admin::vhost_permissions))
+        .route(
+            "/api/vhosts/{v}/topic-permissions",
+            get(admin::vhost_topic_permissions),
+        )
         .route("/api/users", get(users))
+        .route(
+            "/api/users/without-permissions",
+            get(admin::users_without_permissions),
+        )
+        .route("/api/users/bulk-delete", post(admin::users_bulk_delete))
         .route(
             "/api/users/{u}",
             get(user).put(admin::user_put).delete(admin::user_delete),
+        )
+        .route("/api/users/{u}/permissions", get(admin::user_permissions))
+        .route(
+            "/api/users/{u}/topic-permissions",
+            get(admin::user_topic_permissions),
         )
         .route("/api/permissions", get(permissions))
         .route(
@@ -1321,6 +1353,12 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/api/topic-permissions", get(admin::topic_permissions))
         .route(
             "/api/topic-permissions/{v}/{u}",
+            get(admin::topic_permission_get)
+                .put(admin::topic_permission_put)
+                .delete(admin::topic_permission_delete),
+        )
+        .route(
+            "/api/topic-permissions/{v}/{u}/{exchange}",
             get(admin::topic_permission_get)
                 .put(admin::topic_permission_put)
                 .delete(admin::topic_permission_delete),
@@ -1363,22 +1401,6 @@ pub fn router(app: Arc<App>) -> Router {
             get(binding_one).delete(binding_delete),
         )
         .route("/api/aliveness-test/{v}", get(aliveness))
-        .route("/api/health/checks/alarms", get(health_alarms))
-        .route("/api/health/checks/local-alarms", get(health_local_alarms))
-        .route("/api/health/checks/virtual-hosts", get(health_simple))
-        .route(
-            "/api/health/checks/node-is-quorum-critical",
-            get(health_simple),
-        )
-        .route(
-            "/api/health/checks/node-is-mirror-sync-critical",
-            get(health_simple),
-        )
-        .route("/api/health/checks/port-listener/{port}", get(health_port))
-        .route(
-            "/api/health/checks/protocol-listener/{protocol}",
-            get(health_protocol),
-        )
         .route("/api/connections", get(conns::connections))
         .route(
             "/api/connections/{name}",
@@ -1388,12 +1410,18 @@ pub fn router(app: Arc<App>) -> Router {
             "/api/connections/{name}/channels",
             get(conns::connection_channels),
         )
+        .route(
+            "/api/connections/username/{username}",
+            get(conns::user_connections).delete(conns::user_connections_delete),
+        )
         .route("/api/vhosts/{v}/connections", get(conns::vhost_connections))
         .route("/api/vhosts/{v}/channels", get(conns::vhost_channels))
         .route("/api/channels", get(conns::channels))
         .route("/api/channels/{name}", get(conns::channel))
         .route("/api/consumers", get(conns::consumers))
         .route("/api/consumers/{v}", get(conns::vhost_consumers))
+        .merge(health::routes())
+        .merge(limits::routes())
         .merge(policies::routes())
         .merge(parameters::routes())
         .merge(definitions::routes())

@@ -27,7 +27,7 @@ use warren_broker::{BrokerError, Destination};
 pub use warren_store::{HistogramSnapshot, StoreStats};
 
 pub use warren_broker::registry::{
-    ChannelSnapshot, ConnectionDetails, ConnectionSnapshot, ConsumerDetails, ExchangeCounts,
+    ChannelSnapshot, Churn, ConnectionDetails, ConnectionSnapshot, ConsumerDetails, ExchangeCounts,
     MessageStats,
 };
 
@@ -42,6 +42,19 @@ fn vhost_limits_json(l: &warren_broker::access::VhostLimits) -> Value {
         m.insert("max-queues".into(), Value::from(n));
     }
     Value::Object(m)
+}
+
+/// User limits as RabbitMQ shows them: `{"max-connections": n, "max-channels": n}` with
+/// the limits set.
+fn user_limits_json(l: &warren_broker::access::UserLimits) -> Map<String, Value> {
+    let mut m = Map::new();
+    if let Some(n) = l.max_connections {
+        m.insert("max-connections".into(), Value::from(n));
+    }
+    if let Some(n) = l.max_channels {
+        m.insert("max-channels".into(), Value::from(n));
+    }
+    m
 }
 
 /// A queue's counters as [`MessageStats`]: what went in (`publish`), out to consumers
@@ -76,6 +89,36 @@ pub trait Node: Send + Sync + 'static {
     /// The deepest field-table nesting AMQP clients may send (`amqp.max_table_depth`): HTTP
     /// publishes are held to the same bound, so that a stored message always reads back.
     fn max_table_depth(&self) -> usize;
+    /// The most client connections the node accepts at once (RabbitMQ's `connection_max`),
+    /// `None` for no limit. The health checks `below-node-connection-limit` and
+    /// `ready-to-serve-clients` compare [`Node::connection_count`] with it.
+    fn connection_limit(&self) -> Option<usize> {
+        None
+    }
+    /// The certificate files of the TLS listeners, read now (the health check
+    /// `certificate-expiration` looks at them).
+    fn tls_certificates(&self) -> Vec<ListenerCertificates> {
+        Vec::new()
+    }
+}
+
+/// A TLS listener's certificate files and when the certificates in them expire, for the
+/// `certificate-expiration` health check.
+#[derive(Debug, Clone)]
+pub struct ListenerCertificates {
+    /// The listener's protocol as RabbitMQ names it (`amqp/ssl`, `https`, ...).
+    pub protocol: String,
+    /// The listener's address.
+    pub addr: SocketAddr,
+    /// The certificate chain file, as configured.
+    pub cert_file: String,
+    /// The CA bundle file, as configured, if any.
+    pub ca_file: Option<String>,
+    /// The end of validity of each certificate in `cert_file`, seconds since the Unix epoch;
+    /// or why the file could not be read.
+    pub cert_expiries: Result<Vec<i64>, String>,
+    /// The same for `ca_file` (an empty list when there is none).
+    pub ca_expiries: Result<Vec<i64>, String>,
 }
 
 /// The connection id the management API uses for broker calls: it owns no exclusive queue,
@@ -106,6 +149,9 @@ pub struct UserInfo {
     pub password_hash: String,
     /// RabbitMQ's name of the hashing algorithm (`rabbit_password_hashing_sha256`, ...).
     pub hashing_algorithm: String,
+    /// The user's limits as RabbitMQ shows them (`{"max-connections": n, "max-channels":
+    /// n}`, the ones set), empty for a login.
+    pub limits: Map<String, Value>,
 }
 
 /// Why a login over HTTP failed.
@@ -187,6 +233,8 @@ pub struct SampleSources {
     pub channels: Vec<(u64, MessageStats)>,
     /// Each exchange's that messages went through, by (vhost, name).
     pub exchanges: Vec<((String, String), ExchangeCounts)>,
+    /// Connections, channels and queues created and closed since the start.
+    pub churn: Churn,
 }
 
 /// An exchange as the API shows it.
@@ -332,6 +380,7 @@ impl Backend {
                 tags: u.tags.iter().map(|t| t.to_string()).collect(),
                 password_hash: String::new(),
                 hashing_algorithm: String::new(),
+                limits: Map::new(),
             }),
             Err(warren_broker::LoginRefused::NotLoopback(_)) => Err(LoginError::NotLoopback),
             Err(_) => Err(LoginError::BadCredentials),
@@ -348,6 +397,7 @@ impl Backend {
                 tags: u.tags.iter().map(|t| t.to_string()).collect(),
                 password_hash: u.password.to_base64(),
                 hashing_algorithm: u.password.algorithm.module_name().to_string(),
+                limits: user_limits_json(&u.limits),
             })
             .collect();
         out.sort_by(|a, b| a.name.cmp(&b.name));
@@ -574,6 +624,11 @@ impl Backend {
         self.broker().registry().global_stats()
     }
 
+    /// Connections, channels and queues created and closed since the node started.
+    pub fn churn(&self) -> Churn {
+        self.broker().registry().churn().snapshot()
+    }
+
     /// What the rate sampler reads: the registry's counters (atomics, no channel asked)
     /// and each live queue's counts (its lock held for that read only).
     pub fn sample_sources(&self) -> SampleSources {
@@ -581,6 +636,7 @@ impl Backend {
         let (per_vhost, node) = registry.all_stats();
         let mut out = SampleSources {
             node,
+            churn: registry.churn().snapshot(),
             exchanges: registry.exchange_stats().into_iter().collect(),
             channels: registry
                 .channel_counters()
@@ -667,6 +723,22 @@ impl Backend {
     /// Global runtime parameter `name`'s value.
     pub fn global_parameter(&self, name: &str) -> Option<Value> {
         self.broker().access().global_parameter(name).cloned()
+    }
+
+    /// The limits of user `name`, `None` when there is no such user.
+    pub fn user_limits(&self, name: &str) -> Option<warren_broker::access::UserLimits> {
+        self.broker().access().user(name).map(|u| u.limits)
+    }
+
+    /// Replaces user `who`'s limits as `user` (administrators). Errors: 404 unknown user,
+    /// 401, 500 (not stored).
+    pub fn set_user_limits(
+        &self,
+        user: &UserInfo,
+        who: &str,
+        limits: warren_broker::access::UserLimits,
+    ) -> Result<(), ApiError> {
+        self.admin(user, |a| a.set_user_limits(who, limits))
     }
 
     /// Sets vhost `vhost`'s limits as `user` (the `vhost-limits` parameter); true when it had
@@ -1112,7 +1184,7 @@ impl Backend {
     /// file imports into RabbitMQ with working logins), vhosts, permissions, queues (not the
     /// exclusive ones),
     /// exchanges (the standard ones left out, as RabbitMQ does) and bindings.
-    pub fn definitions(&self, rabbit_version: &str) -> Value {
+    pub fn definitions(&self, rabbit_version: &str, cluster_name: &str) -> Value {
         let users: Vec<Value> = self
             .users()
             .into_iter()
@@ -1122,7 +1194,7 @@ impl Backend {
                     "password_hash": u.password_hash,
                     "hashing_algorithm": u.hashing_algorithm,
                     "tags": u.tags,
-                    "limits": {},
+                    "limits": u.limits,
                 })
             })
             .collect();
@@ -1133,12 +1205,23 @@ impl Backend {
                 let r = self
                     .vhost_record(&v)
                     .unwrap_or_else(|| VhostRecord::new(v.as_str()));
-                let mut metadata =
-                    serde_json::json!({"description": r.description, "tags": r.tags});
-                if let Some(t) = &r.default_queue_type {
-                    metadata["default_queue_type"] = Value::from(t.as_str());
-                }
-                serde_json::json!({"name": v, "limits": [], "metadata": metadata})
+                // RabbitMQ 4's vhost entry (rabbit_mgmt_wm_vhosts' `basic`), the default
+                // queue type always given; and the limits, as `rabbitmqctl
+                // export_definitions` writes them.
+                let queue_type = r.default_queue_type.as_deref().unwrap_or("classic");
+                serde_json::json!({
+                    "name": v,
+                    "description": r.description,
+                    "tags": r.tags,
+                    "default_queue_type": queue_type,
+                    "protected_from_deletion": false,
+                    "metadata": {
+                        "description": r.description,
+                        "tags": r.tags,
+                        "default_queue_type": queue_type,
+                    },
+                    "limits": vhost_limits_json(&r.limits),
+                })
             })
             .collect();
         let permissions: Vec<Value> = self
@@ -1190,6 +1273,9 @@ impl Backend {
             "rabbitmq_version": rabbit_version,
             "product_name": "Warren",
             "product_version": env!("CARGO_PKG_VERSION"),
+            "rabbitmq_definition_format": "cluster",
+            "original_cluster_name": cluster_name,
+            "explanation": format!("Definitions of cluster '{cluster_name}'"),
             "users": users,
             "vhosts": vhosts,
             "permissions": permissions,
@@ -1215,7 +1301,12 @@ impl Backend {
         if !self.vhost_exists(vhost) {
             return None;
         }
-        let all = self.definitions(rabbit_version);
+        let all = self.definitions(rabbit_version, "");
+        let entry = all["vhosts"]
+            .as_array()
+            .and_then(|vs| vs.iter().find(|v| v["name"] == vhost))
+            .cloned()
+            .unwrap_or_default();
         let of_vhost = |key: &str| -> Value {
             Value::Array(
                 all[key]
@@ -1238,6 +1329,13 @@ impl Backend {
             "rabbitmq_version": rabbit_version,
             "product_name": "Warren",
             "product_version": env!("CARGO_PKG_VERSION"),
+            "rabbitmq_definition_format": "single_virtual_host",
+            "original_vhost_name": vhost,
+            "explanation": format!("Definitions of virtual host '{vhost}'"),
+            "metadata": entry["metadata"],
+            "description": entry["description"],
+            "default_queue_type": entry["default_queue_type"],
+            "limits": entry["limits"],
             "parameters": of_vhost("parameters"),
             "policies": of_vhost("policies"),
             "queues": of_vhost("queues"),

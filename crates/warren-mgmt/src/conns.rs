@@ -5,10 +5,13 @@
 //! Who sees what follows rabbit_mgmt_util: monitoring and administrator users see every
 //! connection and channel; other management users only their own (`filter_user`), and a
 //! single connection or channel of another user is refused with 401 "User not authorised to
-//! access object". Consumers are listed for the vhosts the user may see.
+//! access object". Consumers likewise: monitors and administrators see all, other users the
+//! consumers of their own channels.
 
-use crate::api::{authorize, listed, ok_json, visible_vhosts, App, Need, Peer, Reply, Q, S};
-use crate::backend::{ChannelSnapshot, ConnectionDetails, ConnectionSnapshot, MessageStats};
+use crate::api::{authorize, has, listed, ok_json, App, Need, Peer, Reply, Q, S};
+use crate::backend::{
+    ChannelSnapshot, ConnectionDetails, ConnectionSnapshot, MessageStats, UserInfo,
+};
 use crate::error::ApiError;
 use crate::rates::{Key, Ranges};
 use axum::extract::{ConnectInfo, Path, State};
@@ -102,6 +105,7 @@ fn channel_json(app: &App, c: &ChannelSnapshot, ranges: &Ranges) -> Value {
         "prefetch_count": c.prefetch_count,
         "global_prefetch_count": c.global_prefetch_count,
         "messages_unacknowledged": c.unacked,
+        "messages_unconfirmed": c.unconfirmed,
         "consumer_count": c.consumers.len(),
         "confirm": c.confirm,
         "transactional": c.transactional,
@@ -234,6 +238,67 @@ pub(crate) async fn connection_delete(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
+/// `GET /api/connections/username/{user}`: the user's connections as RabbitMQ's connection
+/// tracking lists them (`name`, `vhost`, `user`, `node`); the user itself, monitors and
+/// administrators may ask (401 "User not authorised to access object" otherwise).
+pub(crate) async fn user_connections(
+    State(app): S,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path(username): Path<String>,
+    q: Q,
+) -> Reply {
+    let user = authorize(&app, &headers, peer, Need::Management, None)?;
+    if !app.backend.may_view_connection(&user, &username) {
+        return Err(ApiError::not_authorised(
+            "User not authorised to access object",
+        ));
+    }
+    let items = app
+        .backend
+        .connections()
+        .iter()
+        .filter(|c| c.details.user == username)
+        .map(|c| {
+            json!({"name": c.details.name, "vhost": c.details.vhost, "user": c.details.user,
+                   "node": app.node})
+        })
+        .collect();
+    listed(items, &q)
+}
+
+/// `DELETE /api/connections/username/{user}`: closes every connection of the user with
+/// 320 CONNECTION_FORCED (the `X-Reason` header's text, or "Closed via management
+/// plugin"); the user itself or an administrator; 204.
+pub(crate) async fn user_connections_delete(
+    State(app): S,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path(username): Path<String>,
+) -> Reply {
+    let user = authorize(&app, &headers, peer, Need::Management, None)?;
+    if user.name != username && !has(&user.tags, &["administrator"]) {
+        return Err(ApiError::not_authorised(
+            "User not authorised to access object",
+        ));
+    }
+    let reason = headers
+        .get("x-reason")
+        .and_then(|v| v.to_str().ok())
+        .filter(|r| !r.is_empty())
+        .unwrap_or(DEFAULT_CLOSE_REASON);
+    for c in app.backend.connections() {
+        if c.details.user == username {
+            match app.backend.close_connection(&user, &c.details.name, reason) {
+                // Gone in the meantime.
+                Err(e) if e.status == StatusCode::NOT_FOUND => {}
+                r => r?,
+            }
+        }
+    }
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
 pub(crate) async fn connection_channels(
     State(app): S,
     ConnectInfo(peer): Peer,
@@ -318,6 +383,20 @@ pub(crate) async fn channel(
     ok_json(channel_json(&app, &c, &Ranges::from_query(&q)?))
 }
 
+/// The consumers on `channels` that `user` may see: all for monitors and administrators,
+/// else those of the user's own channels (rabbit_mgmt_wm_consumers' `filter_user`).
+fn visible_consumers(app: &App, user: &UserInfo, channels: Vec<ChannelSnapshot>) -> Vec<Value> {
+    let channels: Vec<ChannelSnapshot> = if has(&user.tags, &["administrator", "monitoring"]) {
+        channels
+    } else {
+        channels
+            .into_iter()
+            .filter(|c| c.connection.user == user.name)
+            .collect()
+    };
+    consumer_items(app, &channels)
+}
+
 pub(crate) async fn consumers(
     State(app): S,
     ConnectInfo(peer): Peer,
@@ -325,16 +404,12 @@ pub(crate) async fn consumers(
     q: Q,
 ) -> Reply {
     let user = authorize(&app, &headers, peer, Need::Management, None)?;
-    let vhosts = visible_vhosts(&app, &user);
-    let channels: Vec<ChannelSnapshot> = app
-        .backend
-        .channels(None)
-        .into_iter()
-        .filter(|c| vhosts.contains(&c.connection.vhost))
-        .collect();
-    listed(consumer_items(&app, &channels), &q)
+    let items = visible_consumers(&app, &user, app.backend.channels(None));
+    listed(items, &q)
 }
 
+/// `GET /api/consumers/{vhost}`: as RabbitMQ, any management user may ask (404 for a
+/// missing vhost) and sees the consumers of the vhost it may see.
 pub(crate) async fn vhost_consumers(
     State(app): S,
     ConnectInfo(peer): Peer,
@@ -342,7 +417,7 @@ pub(crate) async fn vhost_consumers(
     Path(v): Path<String>,
     q: Q,
 ) -> Reply {
-    authorize(&app, &headers, peer, Need::Management, Some(&v))?;
+    let user = authorize(&app, &headers, peer, Need::Management, None)?;
     if !app.backend.vhost_exists(&v) {
         return Err(ApiError::not_found());
     }
@@ -352,5 +427,5 @@ pub(crate) async fn vhost_consumers(
         .into_iter()
         .filter(|c| c.connection.vhost == v)
         .collect();
-    listed(consumer_items(&app, &channels), &q)
+    listed(visible_consumers(&app, &user, channels), &q)
 }

@@ -18,6 +18,9 @@
 //! 500, or a zero, is 400 `invalid_range_parameters` ("Invalid range parameters: age A,
 //! incr I"), as RabbitMQ. Points older than the kept window are left out.
 //!
+//! The node's churn counters (connections, channels and queues created and closed: the
+//! overview's `churn_rates`) are one more series, [`Key::Churn`], with the node's window.
+//!
 //! Memory: one sample is 14 counters and a timestamp (120 bytes). The node and each vhost
 //! keep 605 s of samples (RabbitMQ's first retention tier), each queue, exchange and
 //! channel 65 s
@@ -90,9 +93,15 @@ fn point(s: &MessageStats, ready: u64, unacked: u64) -> Point {
     p
 }
 
+/// Reads one value out of a sample.
+type Slot = fn(&Point) -> u64;
+
+/// Which [`Slot`] a JSON field name stands for (`None`: a field without samples).
+type Lookup = fn(&str) -> Option<Slot>;
+
 /// The value a JSON field name stands for in a sample (RabbitMQ's `message_stats` and
 /// length field names); `None` for a field without samples.
-fn field(name: &str) -> Option<fn(&Point) -> u64> {
+fn field(name: &str) -> Option<Slot> {
     Some(match name {
         // An exchange's `publish_in` is kept where the others' `publish` is.
         "publish" | "publish_in" => |p| p[PUBLISH],
@@ -115,11 +124,53 @@ fn field(name: &str) -> Option<fn(&Point) -> u64> {
     })
 }
 
+/// The churn counters of the overview's `churn_rates`, in the order a [`Key::Churn`]
+/// sample keeps them (in the first slots of a [`Point`]).
+const CHURN_FIELDS: [&str; 7] = [
+    "connection_created",
+    "connection_closed",
+    "channel_created",
+    "channel_closed",
+    "queue_declared",
+    "queue_created",
+    "queue_deleted",
+];
+
+fn churn_point(c: &crate::backend::Churn) -> Point {
+    let mut p = [0; FIELDS];
+    let values = [
+        c.connection_created,
+        c.connection_closed,
+        c.channel_created,
+        c.channel_closed,
+        c.queue_declared,
+        c.queue_created,
+        c.queue_deleted,
+    ];
+    p[..values.len()].copy_from_slice(&values);
+    p
+}
+
+/// The slot of a churn counter in a [`Key::Churn`] sample.
+fn churn_field(name: &str) -> Option<Slot> {
+    Some(match CHURN_FIELDS.iter().position(|f| *f == name)? {
+        0 => |p| p[0],
+        1 => |p| p[1],
+        2 => |p| p[2],
+        3 => |p| p[3],
+        4 => |p| p[4],
+        5 => |p| p[5],
+        _ => |p| p[6],
+    })
+}
+
 /// What samples are kept for.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Key {
     /// The whole node (the overview of monitors and administrators).
     Node,
+    /// The node's churn counters (the overview's `churn_rates`).
+    Churn,
     /// A vhost, by name.
     Vhost(String),
     /// A queue: (vhost, name).
@@ -293,6 +344,7 @@ impl Rates {
             point(&src.node, ready, unacked),
             WIDE_WINDOW_MS,
         ));
+        rows.push((Key::Churn, 0, churn_point(&src.churn), WIDE_WINDOW_MS));
         for (id, stats) in &src.channels {
             rows.push((Key::Channel(*id), 0, point(stats, 0, 0), OBJECT_WINDOW_MS));
         }
@@ -358,10 +410,22 @@ impl Rates {
         names: &[&str],
         range: Option<Range>,
     ) {
+        self.decorate_with(obj, samples, names, range, field);
+    }
+
+    /// [`Rates::decorate`] with `lookup` telling which slot of a sample a name is.
+    fn decorate_with(
+        &self,
+        obj: &mut Map<String, Value>,
+        samples: &[(u64, Point)],
+        names: &[&str],
+        range: Option<Range>,
+        lookup: Lookup,
+    ) {
         let now = now_ms();
         let interval = self.interval.as_millis() as u64;
         for name in names {
-            let Some(f) = field(name) else { continue };
+            let Some(f) = lookup(name) else { continue };
             if !obj.contains_key(*name) {
                 continue;
             }
@@ -381,6 +445,20 @@ impl Rates {
         let names: Vec<String> = m.keys().cloned().collect();
         let names: Vec<&str> = names.iter().map(String::as_str).collect();
         self.decorate(m, &samples, &names, ranges.msg_rates);
+    }
+
+    /// The overview's `churn_rates` for `churn` (the counts now): each count with its
+    /// `<name>_details` from the node's churn samples (with the lengths' range, as
+    /// RabbitMQ picks it for churn).
+    pub fn churn_rates(&self, churn: &crate::backend::Churn, ranges: &Ranges) -> Value {
+        let p = churn_point(churn);
+        let mut m = Map::new();
+        for (i, name) in CHURN_FIELDS.iter().enumerate() {
+            m.insert((*name).to_string(), Value::from(p[i]));
+        }
+        let samples = self.samples(&[(Key::Churn, 0)]);
+        self.decorate_with(&mut m, &samples, &CHURN_FIELDS, ranges.lengths, churn_field);
+        Value::Object(m)
     }
 
     /// Adds `messages_details`, `messages_ready_details` and
@@ -482,6 +560,11 @@ mod tests {
                     publish_out: 2 * publish,
                 },
             )],
+            churn: crate::backend::Churn {
+                connection_created: publish,
+                queue_deleted: 2 * publish,
+                ..Default::default()
+            },
         }
     }
 
@@ -512,6 +595,25 @@ mod tests {
             rate_of(&rates, Key::Channel(7), 0)["publish_details"]["rate"],
             500.0
         );
+    }
+
+    #[test]
+    fn churn_rates_are_the_counts_with_their_rates() {
+        let rates = Rates::new(Duration::from_millis(1000));
+        let now = now_ms();
+        rates.record(now - 1000, sources(100, 0, 1));
+        rates.record(now, sources(600, 0, 1));
+        let churn = crate::backend::Churn {
+            connection_created: 600,
+            queue_deleted: 1200,
+            ..Default::default()
+        };
+        let v = rates.churn_rates(&churn, &Ranges::default());
+        assert_eq!(v["connection_created"], 600);
+        assert_eq!(v["connection_created_details"]["rate"], 500.0);
+        assert_eq!(v["queue_deleted_details"]["rate"], 1000.0);
+        assert_eq!(v["channel_closed"], 0);
+        assert_eq!(v["channel_closed_details"]["rate"], 0.0);
     }
 
     #[test]

@@ -37,16 +37,72 @@ impl warren_mgmt::Node for Node {
     fn max_table_depth(&self) -> usize {
         self.state.config.amqp.max_table_depth
     }
+    fn connection_limit(&self) -> Option<usize> {
+        Some(self.state.config.amqp.max_connections)
+    }
+    fn tls_certificates(&self) -> Vec<warren_mgmt::backend::ListenerCertificates> {
+        let tls = &self.state.config.tls;
+        let Some(cert) = &tls.cert_file else {
+            return Vec::new();
+        };
+        self.listeners
+            .iter()
+            .filter(|(p, _)| p == "amqp/ssl")
+            .map(
+                |(protocol, addr)| warren_mgmt::backend::ListenerCertificates {
+                    protocol: protocol.clone(),
+                    addr: *addr,
+                    cert_file: cert.display().to_string(),
+                    ca_file: tls.ca_file.as_ref().map(|f| f.display().to_string()),
+                    cert_expiries: certificate_ends(cert),
+                    ca_expiries: tls
+                        .ca_file
+                        .as_deref()
+                        .map_or(Ok(Vec::new()), certificate_ends),
+                },
+            )
+            .collect()
+    }
+}
+
+/// When each certificate of the PEM file `path` stops being valid (seconds since the Unix
+/// epoch), read now (a certificate replaced since the start and reloaded by SIGHUP is
+/// the one looked at).
+///
+/// Errors: the file cannot be read, holds no certificate, or a certificate in it cannot be
+/// parsed.
+fn certificate_ends(path: &std::path::Path) -> Result<Vec<i64>, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut ends = Vec::new();
+    for pem in x509_parser::pem::Pem::iter_from_buffer(&bytes) {
+        let pem = pem.map_err(|e| format!("{}: {e}", path.display()))?;
+        if pem.label != "CERTIFICATE" {
+            continue;
+        }
+        let cert = pem
+            .parse_x509()
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        ends.push(cert.validity().not_after.timestamp());
+    }
+    if ends.is_empty() {
+        return Err(format!(
+            "{}: The certificate file provided does not contain any PEM entry.",
+            path.display()
+        ));
+    }
+    Ok(ends)
 }
 
 /// Binds `listen` (setting `management.listen`) and serves the API there until `shutdown`
-/// turns true. Returns the bound addresses and the serving tasks.
+/// turns true; `amqp` and `amqps` are the AMQP listeners the API lists. Returns the bound
+/// addresses and the serving tasks.
 ///
 /// Errors: the address cannot be bound ([`crate::listen::ListenError`]).
 pub(crate) async fn start(
     listen: &ListenAddr,
     state: Arc<ServerState>,
     amqp: &[SocketAddr],
+    amqps: Option<SocketAddr>,
     shutdown: watch::Receiver<bool>,
 ) -> std::io::Result<(Vec<SocketAddr>, Vec<tokio::task::JoinHandle<()>>)> {
     let listeners = listen
@@ -59,6 +115,7 @@ pub(crate) async fn start(
         .collect();
     let mut known: Vec<(String, SocketAddr)> =
         amqp.iter().map(|a| ("amqp".to_string(), *a)).collect();
+    known.extend(amqps.map(|a| ("amqp/ssl".to_string(), a)));
     known.extend(addrs.iter().map(|a| ("http".to_string(), *a)));
     let limits = state.config.management.limits();
     let interval =

@@ -114,7 +114,9 @@ impl BrokerBuilder {
         let (tx, rx) = watch::channel(false);
         let (management_addrs, management_tasks) = if self.management {
             let listen = state.config.management.listen.clone();
-            match crate::management::start(&listen, state.clone(), &addrs, rx.clone()).await {
+            let amqps = tls.as_ref().and_then(|(l, _)| l.local_addr().ok());
+            match crate::management::start(&listen, state.clone(), &addrs, amqps, rx.clone()).await
+            {
                 Ok(m) => m,
                 Err(e) => {
                     state.broker.close();

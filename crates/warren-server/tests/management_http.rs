@@ -234,7 +234,10 @@ async fn basic_auth_and_tag_rules() {
         assert_eq!(s, StatusCode::OK, "{who} {path}: {v}");
     }
     let (_, _, v) = h.call(Method::GET, "/api/whoami", Some("mon"), None).await;
-    assert_eq!(v, json!({"name": "mon", "tags": ["monitoring"]}));
+    assert_eq!(
+        v,
+        json!({"name": "mon", "tags": ["monitoring"], "is_internal_user": true})
+    );
     h.stop().await;
 }
 
@@ -1402,10 +1405,11 @@ async fn connection_lists_show_what_the_user_may_see() {
         )
         .await;
     assert_eq!(s, StatusCode::UNAUTHORIZED);
+    // Consumers of a vhost: any management user may ask, and sees its own (none there).
     let (s, _, v) = h
         .call(Method::GET, "/api/consumers/private", Some("mgmt"), None)
         .await;
-    assert_eq!(s, StatusCode::UNAUTHORIZED, "{v}");
+    assert_eq!((s, v), (StatusCode::OK, json!([])));
     h.stop().await;
 }
 
@@ -1453,13 +1457,20 @@ async fn vhosts_users_and_permissions_change_at_run_time() {
     )
     .await;
     assert_eq!(s, StatusCode::CREATED);
-    let (s, _, _) = put(
+    // RabbitMQ's answer for a user that does not exist.
+    let (s, _, v) = put(
         "/api/permissions/v1/ghost",
         "admin",
         json!({"configure": ".*", "write": ".*", "read": ".*"}),
     )
     .await;
-    assert_eq!(s, StatusCode::NOT_FOUND);
+    assert_eq!(
+        (s, v),
+        (
+            StatusCode::BAD_REQUEST,
+            json!({"error": "bad_request", "reason": "vhost_or_user_not_found"})
+        )
+    );
     let (s, _, v) = put(
         "/api/topic-permissions/v1/app",
         "admin",
@@ -1677,7 +1688,7 @@ async fn runtime_users_and_vhosts_survive_a_restart() {
         (s, v),
         (
             StatusCode::OK,
-            json!({"name": "ops", "tags": ["administrator"]})
+            json!({"name": "ops", "tags": ["administrator"], "is_internal_user": true})
         )
     );
     assert_eq!(h.get("/api/vhosts/kept").await["name"], "kept");
@@ -2766,4 +2777,875 @@ async fn store_and_paging_metrics() {
     drop(conn);
     h.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `method path` as admin, expecting success; the reply.
+async fn admin_ok(h: &Http, method: Method, path: &str, body: Option<Value>) -> Value {
+    let (s, _, v) = h.call(method.clone(), path, Some("admin"), body).await;
+    assert!(s.is_success(), "{method} {path}: {s} {v}");
+    v
+}
+
+/// `GET path` as `who`, expecting 200; the reply.
+async fn get_as(h: &Http, who: &str, path: &str) -> Value {
+    let (s, _, v) = h.call(Method::GET, path, Some(who), None).await;
+    assert_eq!(s, StatusCode::OK, "GET {path} as {who}: {v}");
+    v
+}
+
+/// The `field` of each item of a list reply.
+fn names(v: &Value, field: &str) -> Vec<String> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not a list: {v}"))
+        .iter()
+        .map(|i| i[field].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+/// Who sees what in lists, as rabbit_mgmt_util: queues, exchanges, bindings, policies and
+/// parameters of the vhosts the user may use (all for administrators only: a monitoring
+/// user learns that other vhosts exist, not what is in them); consumers of the user's own
+/// channels (all for monitors); the overview of a user that is not a monitor covers its
+/// vhosts and its own connections, without the node's details.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lists_show_what_rabbitmq_shows_each_user() {
+    use lapin::options::BasicConsumeOptions;
+    let h = Http::start().await;
+    // A vhost only the administrator may use, with a queue, an exchange, a binding, a
+    // policy and limits; and the same in `/`.
+    admin_ok(&h, Method::PUT, "/api/vhosts/private", None).await;
+    admin_ok(
+        &h,
+        Method::PUT,
+        "/api/permissions/private/admin",
+        Some(json!({"configure": ".*", "write": ".*", "read": ".*"})),
+    )
+    .await;
+    for (v, n) in [("private", "private"), ("%2F", "root")] {
+        let path = |p: &str| p.replace("{v}", v).replace("{n}", n);
+        admin_ok(
+            &h,
+            Method::PUT,
+            &path("/api/queues/{v}/q-{n}"),
+            Some(json!({})),
+        )
+        .await;
+        admin_ok(
+            &h,
+            Method::PUT,
+            &path("/api/exchanges/{v}/x-{n}"),
+            Some(json!({})),
+        )
+        .await;
+        admin_ok(
+            &h,
+            Method::POST,
+            &path("/api/bindings/{v}/e/x-{n}/q/q-{n}"),
+            Some(json!({"routing_key": "k"})),
+        )
+        .await;
+        admin_ok(
+            &h,
+            Method::PUT,
+            &path("/api/policies/{v}/p-{n}"),
+            Some(json!({"pattern": "^none$", "definition": {"max-length": 1}})),
+        )
+        .await;
+        admin_ok(
+            &h,
+            Method::PUT,
+            &path("/api/parameters/vhost-limits/{v}/limits"),
+            Some(json!({"value": {"max-queues": 100}})),
+        )
+        .await;
+    }
+    // Consumers: one of the administrator's, one of mgmt's.
+    let theirs = h.amqp().await;
+    let mine = h.amqp_as("mgmt", "%2f").await;
+    let (mut channels, mut consumers) = (Vec::new(), Vec::new());
+    for (conn, tag) in [(&theirs, "admin-consumer"), (&mine, "mgmt-consumer")] {
+        let ch = within("channel", conn.create_channel()).await.unwrap();
+        channels.push(ch.clone());
+        let consumer = within(
+            "consume",
+            ch.basic_consume(
+                "q-root".into(),
+                tag.into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            ),
+        )
+        .await
+        .unwrap();
+        consumers.push(consumer);
+    }
+    h.wait_for("/api/consumers", |v| {
+        v.as_array().is_some_and(|a| a.len() == 2)
+    })
+    .await;
+
+    let lists = [
+        ("/api/queues", "name"),
+        ("/api/exchanges", "name"),
+        ("/api/bindings", "source"),
+        ("/api/policies", "name"),
+    ];
+    for who in ["mgmt", "mon"] {
+        for (path, field) in lists {
+            let v = get_as(&h, who, path).await;
+            assert!(
+                !v.as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|i| i["vhost"] == "private"),
+                "{who} sees private in {path}: {v}"
+            );
+            assert!(
+                names(&v, field).iter().any(|n| !n.is_empty()),
+                "{who} sees nothing in {path}: {v}"
+            );
+        }
+        let (s, _, v) = h
+            .call(Method::GET, "/api/queues/private", Some(who), None)
+            .await;
+        assert_eq!(
+            (s, v),
+            (
+                StatusCode::UNAUTHORIZED,
+                json!({"error": "not_authorised",
+                       "reason": "User not authorised to access virtual host"})
+            ),
+            "{who}"
+        );
+    }
+    // (Parameters need policymaker: administrators see every vhost's.)
+    for path in lists.iter().map(|l| l.0).chain(["/api/parameters"]) {
+        let v = get_as(&h, "admin", path).await;
+        assert!(
+            v.as_array()
+                .unwrap()
+                .iter()
+                .any(|i| i["vhost"] == "private"),
+            "admin misses private in {path}: {v}"
+        );
+    }
+    // Vhosts: a monitor learns of every vhost, a management user of its own.
+    assert_eq!(
+        names(&get_as(&h, "mgmt", "/api/vhosts").await, "name"),
+        ["/"]
+    );
+    assert_eq!(
+        names(&get_as(&h, "mon", "/api/vhosts").await, "name"),
+        ["/", "private"]
+    );
+    // Consumers: mgmt sees its own, the monitor both.
+    assert_eq!(
+        names(&get_as(&h, "mgmt", "/api/consumers").await, "consumer_tag"),
+        ["mgmt-consumer"]
+    );
+    assert_eq!(
+        names(
+            &get_as(&h, "mgmt", "/api/consumers/%2F").await,
+            "consumer_tag"
+        ),
+        ["mgmt-consumer"]
+    );
+    assert_eq!(
+        get_as(&h, "mon", "/api/consumers")
+            .await
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    // The overview: the monitor's has the node; mgmt's its own connection, its vhost's
+    // queues and exchanges, no consumer count and no node details.
+    let o = get_as(&h, "mon", "/api/overview").await;
+    assert!(o["node"].as_str().unwrap().starts_with("warren@"), "{o}");
+    assert!(o["listeners"].is_array());
+    assert_eq!(o["object_totals"]["queues"], 2);
+    assert_eq!(o["object_totals"]["consumers"], 2);
+    assert_eq!(o["object_totals"]["connections"], 2);
+    let o = get_as(&h, "mgmt", "/api/overview").await;
+    for absent in ["node", "listeners", "contexts"] {
+        assert!(o.get(absent).is_none(), "{absent} in {o}");
+    }
+    assert_eq!(
+        o["object_totals"],
+        json!({"connections": 1, "channels": 1, "queues": 1, "exchanges": 7})
+    );
+    h.stop().await;
+}
+
+#[path = "tls_support/certs.rs"]
+mod certs;
+
+/// Every health check of RabbitMQ 4 under `/api/health/checks/`, with its bodies; the
+/// AMQPS listener is listed (`amqp/ssl`) and its certificate checked for expiry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_checks_as_rabbitmq_4() {
+    let ca = certs::Ca::new("health CA");
+    let server = ca.server();
+    let dir = certs::TempDir::new("warren-health");
+    let cert_file = dir.write("server.pem", &server.cert_pem);
+    let key_file = dir.write("server.key", &server.key_pem);
+    let h = Http::start_with(|c| {
+        c.tls.cert_file = Some(cert_file.clone());
+        c.tls.key_file = Some(key_file.clone());
+        c.tls.listen = "127.0.0.1:0".parse().unwrap();
+    })
+    .await;
+    let ok = json!({"status": "ok"});
+    for path in [
+        "alarms",
+        "local-alarms",
+        "virtual-hosts",
+        "metadata-store/initialized",
+        "metadata-store/initialized/with-data",
+        "is-in-service",
+        "below-node-connection-limit",
+        "ready-to-serve-clients",
+        "reached-target-cluster-size",
+        "quorum-queues-without-elected-leaders/all-vhosts/",
+        "quorum-queues-without-elected-leaders/vhost/%2F/",
+        "quorum-queues-without-elected-leaders/vhost/%2F/pattern/.*",
+        // rcgen's certificates are valid until 4096.
+        "certificate-expiration/1/weeks",
+        "certificate-expiration/10/Years",
+    ] {
+        let v = get_as(&h, "mgmt", &format!("/api/health/checks/{path}")).await;
+        assert_eq!(v, ok, "{path}");
+    }
+    assert_eq!(
+        get_as(&h, "mgmt", "/api/health/checks/node-is-quorum-critical").await,
+        json!({"status": "ok", "reason": "single node cluster"})
+    );
+    for (alias, protocol) in [
+        ("amqp091", "amqp"),
+        ("amqps", "amqp/ssl"),
+        ("management", "http"),
+    ] {
+        assert_eq!(
+            get_as(
+                &h,
+                "mgmt",
+                &format!("/api/health/checks/protocol-listener/{alias}")
+            )
+            .await,
+            json!({"status": "ok", "protocol": protocol})
+        );
+    }
+    let tls_port = h.broker.as_ref().unwrap().amqps_addr().unwrap().port();
+    assert_eq!(
+        get_as(
+            &h,
+            "mgmt",
+            &format!("/api/health/checks/port-listener/{tls_port}")
+        )
+        .await,
+        json!({"status": "ok", "port": tls_port})
+    );
+    let o = get_as(&h, "admin", "/api/overview").await;
+    assert!(
+        o["listeners"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|l| l["protocol"] == "amqp/ssl" && l["port"] == tls_port),
+        "{o}"
+    );
+    // Failures: 503 with RabbitMQ's body; bad arguments 400.
+    let (s, _, v) = h
+        .call(
+            Method::GET,
+            "/api/health/checks/certificate-expiration/3000/years",
+            Some("mgmt"),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{v}");
+    assert_eq!(v["reason"], "Certificates expiring");
+    let expired = &v["expired"][0];
+    assert_eq!(expired["protocol"], "amqp/ssl");
+    assert_eq!(expired["port"], tls_port);
+    assert_eq!(expired["certfile"], cert_file.display().to_string());
+    assert_eq!(
+        expired["certfile_expires_on"],
+        json!(["4096-01-01 0:00:00"])
+    );
+    assert_eq!(expired["cacertfile_expires_on"], json!([]));
+    for (path, reason) in [
+        (
+            "certificate-expiration/soon/weeks",
+            "Invalid expiration value.",
+        ),
+        (
+            "certificate-expiration/1/fortnights",
+            "Time unit not recognised. Supported units: days, weeks, months, years.",
+        ),
+        ("port-listener/http", "Invalid port"),
+    ] {
+        let (s, _, v) = h
+            .call(
+                Method::GET,
+                &format!("/api/health/checks/{path}"),
+                Some("mgmt"),
+                None,
+            )
+            .await;
+        assert_eq!(
+            (s, v),
+            (
+                StatusCode::BAD_REQUEST,
+                json!({"error": "bad_request", "reason": reason})
+            ),
+            "{path}"
+        );
+    }
+    h.stop().await;
+}
+
+/// The node's connection limit: `below-node-connection-limit` and `ready-to-serve-clients`
+/// fail once `amqp.max_connections` connections are open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_limit_health_checks() {
+    let h = Http::start_with(|c| c.amqp.max_connections = 1).await;
+    let _conn = h.amqp().await;
+    let (s, _, v) = h
+        .call(
+            Method::GET,
+            "/api/health/checks/below-node-connection-limit",
+            Some("mgmt"),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (s, v),
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({"status": "failed", "reason": "node connection limit is reached"})
+        )
+    );
+    let (s, _, v) = h
+        .call(
+            Method::GET,
+            "/api/health/checks/ready-to-serve-clients",
+            Some("mgmt"),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(v["connections"], 1, "{v}");
+    h.stop().await;
+}
+
+/// Permissions by vhost and by user, topic permissions per exchange, users without
+/// permissions and their bulk deletion, vhost and user limits one by one, the cluster
+/// name, a user's connections, and the empty feature-flag lists: RabbitMQ's paths, bodies
+/// and status codes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permissions_limits_and_other_admin_paths() {
+    let h = Http::start().await;
+    let call = |method: Method, path: &'static str, who: &'static str, body: Option<Value>| {
+        let h = &h;
+        async move { h.call(method, path, Some(who), body).await }
+    };
+    admin_ok(&h, Method::PUT, "/api/vhosts/v2", None).await;
+    admin_ok(
+        &h,
+        Method::PUT,
+        "/api/users/loner",
+        Some(json!({"password": "x", "tags": ""})),
+    )
+    .await;
+    admin_ok(
+        &h,
+        Method::PUT,
+        "/api/permissions/v2/mgmt",
+        Some(json!({"configure": "", "write": "^w", "read": "^r"})),
+    )
+    .await;
+    for x in ["amq.topic", "t2"] {
+        admin_ok(
+            &h,
+            Method::PUT,
+            "/api/topic-permissions/v2/mgmt",
+            Some(json!({"exchange": x, "write": "^a", "read": "^b"})),
+        )
+        .await;
+    }
+    // Permissions of one vhost, of one user; by vhost, then user.
+    let v = get_as(&h, "admin", "/api/vhosts/v2/permissions").await;
+    assert_eq!(
+        v,
+        json!([{"user": "mgmt", "vhost": "v2", "configure": "", "write": "^w", "read": "^r"}])
+    );
+    let v = get_as(&h, "admin", "/api/users/mgmt/permissions").await;
+    assert_eq!(names(&v, "vhost"), ["/", "v2"]);
+    let v = get_as(&h, "admin", "/api/users/mgmt/topic-permissions").await;
+    assert_eq!(names(&v, "exchange"), ["amq.topic", "t2"]);
+    let v = get_as(
+        &h,
+        "admin",
+        "/api/vhosts/v2/topic-permissions?columns=exchange",
+    )
+    .await;
+    assert_eq!(v, json!([{"exchange": "amq.topic"}, {"exchange": "t2"}]));
+    let v = get_as(
+        &h,
+        "admin",
+        "/api/topic-permissions?sort=exchange&sort_reverse=true",
+    )
+    .await;
+    assert_eq!(names(&v, "exchange"), ["t2", "amq.topic"]);
+    for path in [
+        "/api/vhosts/nope/permissions",
+        "/api/users/nope/topic-permissions",
+    ] {
+        let (s, _, _) = h.call(Method::GET, path, Some("admin"), None).await;
+        assert_eq!(s, StatusCode::NOT_FOUND, "{path}");
+    }
+    let (s, _, _) = call(Method::GET, "/api/vhosts/v2/permissions", "mon", None).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    // One exchange's topic permissions go; the others stay.
+    let (s, _, _) = call(
+        Method::DELETE,
+        "/api/topic-permissions/v2/mgmt/t2",
+        "admin",
+        None,
+    )
+    .await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    let v = get_as(&h, "admin", "/api/topic-permissions/v2/mgmt").await;
+    assert_eq!(names(&v, "exchange"), ["amq.topic"]);
+    // PUT for a user or vhost that does not exist, or a body without its keys.
+    let bad = |reason: &str| json!({"error": "bad_request", "reason": reason});
+    for (path, body, reason) in [
+        (
+            "/api/permissions/v2/nobody",
+            json!({"configure": "", "write": "", "read": ""}),
+            "vhost_or_user_not_found",
+        ),
+        (
+            "/api/permissions/nowhere/mgmt",
+            json!({}),
+            "vhost_or_user_not_found",
+        ),
+        (
+            "/api/permissions/v2/mgmt",
+            json!({"write": ""}),
+            "[{key_missing,configure},{key_missing,read}]",
+        ),
+        (
+            "/api/topic-permissions/v2/nobody",
+            json!({"exchange": "x", "write": "", "read": ""}),
+            "vhost_or_user_not_found",
+        ),
+        (
+            "/api/topic-permissions/v2/mgmt",
+            json!({"write": "", "read": ""}),
+            "[{key_missing,exchange}]",
+        ),
+    ] {
+        let (s, _, v) = call(Method::PUT, path, "admin", Some(body)).await;
+        assert_eq!((s, v), (StatusCode::BAD_REQUEST, bad(reason)), "{path}");
+    }
+    // Users without permissions, and a bulk delete (unknown names passed over).
+    let v = get_as(&h, "admin", "/api/users/without-permissions").await;
+    assert_eq!(names(&v, "name"), ["loner"]);
+    let (s, _, _) = call(
+        Method::POST,
+        "/api/users/bulk-delete",
+        "admin",
+        Some(json!({"users": ["loner", "ghost"]})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    let (s, _, _) = call(Method::GET, "/api/users/loner", "admin", None).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+
+    // Vhost limits, one at a time; a management user lists those of its vhosts.
+    for (name, value) in [("max-queues", 10), ("max-connections", 5)] {
+        let (s, _, v) = h
+            .call(
+                Method::PUT,
+                &format!("/api/vhost-limits/v2/{name}"),
+                Some("admin"),
+                Some(json!({"value": value})),
+            )
+            .await;
+        assert_eq!(s, StatusCode::NO_CONTENT, "{v}");
+    }
+    let limits = json!([{"vhost": "v2", "value": {"max-queues": 10, "max-connections": 5}}]);
+    assert_eq!(get_as(&h, "admin", "/api/vhost-limits").await, limits);
+    assert_eq!(get_as(&h, "mgmt", "/api/vhost-limits/v2").await, limits);
+    assert_eq!(
+        get_as(&h, "admin", "/api/parameters/vhost-limits/v2/limits").await["value"],
+        limits[0]["value"]
+    );
+    let (s, _, v) = call(
+        Method::PUT,
+        "/api/vhost-limits/v2/max-queues",
+        "admin",
+        Some(json!({"value": "ten"})),
+    )
+    .await;
+    assert_eq!(
+        (s, v["reason"].clone()),
+        (
+            StatusCode::BAD_REQUEST,
+            json!("Validation failed\n\nmax-queues should be a number, actually was <<\"ten\">>\n")
+        )
+    );
+    let (s, _, v) = call(
+        Method::PUT,
+        "/api/vhost-limits/nowhere/max-queues",
+        "admin",
+        Some(json!({"value": 1})),
+    )
+    .await;
+    assert_eq!(
+        (s, v),
+        (
+            StatusCode::NOT_FOUND,
+            json!({"error": "not_found", "reason": "vhost_not_found"})
+        )
+    );
+    let (s, _, _) = call(
+        Method::PUT,
+        "/api/vhost-limits/v2/max-queues",
+        "mgmt",
+        Some(json!({"value": 1})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    let (s, _, _) = call(
+        Method::DELETE,
+        "/api/vhost-limits/v2/max-connections",
+        "admin",
+        None,
+    )
+    .await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    assert_eq!(
+        get_as(&h, "admin", "/api/vhost-limits/v2").await,
+        json!([{"vhost": "v2", "value": {"max-queues": 10}}])
+    );
+    // User limits, enforced at the next connection.
+    let (s, _, _) = call(
+        Method::PUT,
+        "/api/user-limits/mgmt/max-connections",
+        "admin",
+        Some(json!({"value": 1})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    assert_eq!(
+        get_as(&h, "mgmt", "/api/user-limits").await,
+        json!([{"user": "mgmt", "value": {"max-connections": 1}}])
+    );
+    assert_eq!(
+        get_as(&h, "admin", "/api/users/mgmt").await["limits"],
+        json!({"max-connections": 1})
+    );
+    let first = h.amqp_as("mgmt", "%2f").await;
+    let addr = h.broker.as_ref().unwrap().amqp_addr();
+    let second = Connection::connect(
+        &format!("amqp://mgmt:mgmt-pw@{addr}/%2f"),
+        ConnectionProperties::default(),
+    )
+    .await;
+    assert!(second.is_err(), "the second connection is over the limit");
+    let (s, _, v) = call(
+        Method::PUT,
+        "/api/user-limits/mgmt/max-channels",
+        "admin",
+        Some(json!({"value": "many"})),
+    )
+    .await;
+    assert_eq!(
+        (s, v["reason"].clone()),
+        (
+            StatusCode::BAD_REQUEST,
+            json!("max-channels should be a number, actually was <<\"many\">>")
+        )
+    );
+    let (s, _, _) = call(
+        Method::DELETE,
+        "/api/user-limits/mgmt/max-connections",
+        "admin",
+        None,
+    )
+    .await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    assert_eq!(
+        get_as(&h, "admin", "/api/user-limits/mgmt").await,
+        json!([])
+    );
+
+    // A user's connections: listed for itself and monitors, closed by itself or an admin.
+    h.wait_for("/api/connections", |v| {
+        v.as_array().is_some_and(|a| a.len() == 1)
+    })
+    .await;
+    let v = get_as(&h, "mgmt", "/api/connections/username/mgmt").await;
+    assert_eq!(v[0]["user"], "mgmt");
+    assert_eq!(v[0]["vhost"], "/");
+    assert!(v[0]["node"].as_str().unwrap().starts_with("warren@"));
+    let (s, _, _) = call(Method::GET, "/api/connections/username/admin", "mgmt", None).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    let mut events = first.events_listener();
+    let (s, _, _) = call(
+        Method::DELETE,
+        "/api/connections/username/mgmt",
+        "mgmt",
+        None,
+    )
+    .await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    assert_eq!(
+        forced_close(&mut events).await,
+        (
+            320,
+            "CONNECTION_FORCED - Closed via management plugin".to_string()
+        )
+    );
+
+    // The cluster name; memory breakdown; feature flags.
+    assert_eq!(
+        get_as(&h, "mgmt", "/api/cluster-name").await,
+        json!({"name": "warren"})
+    );
+    let (s, _, _) = call(
+        Method::PUT,
+        "/api/cluster-name",
+        "mgmt",
+        Some(json!({"name": "c1"})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    let (s, _, _) = call(
+        Method::PUT,
+        "/api/cluster-name",
+        "admin",
+        Some(json!({"name": "c1"})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    assert_eq!(
+        get_as(&h, "mgmt", "/api/overview").await["cluster_name"],
+        "c1"
+    );
+    let node = get_as(&h, "mon", "/api/nodes").await[0]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        get_as(&h, "mon", &format!("/api/nodes/{node}/memory")).await,
+        json!({"memory": "not_available"})
+    );
+    for path in [
+        "/api/feature-flags",
+        "/api/deprecated-features",
+        "/api/deprecated-features/used",
+    ] {
+        assert_eq!(get_as(&h, "mgmt", path).await, json!([]), "{path}");
+    }
+    h.stop().await;
+}
+
+/// RabbitMQ 4's fields: `whoami`'s `is_internal_user`; a vhost's default queue type
+/// always and `protected_from_deletion`; the overview's `churn_rates` counting
+/// connections, channels and queues; a channel's `messages_unconfirmed`; the definitions
+/// export's format fields and user limits; `vhost_not_found`; publish and get name every
+/// missing key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rabbitmq_4_fields_and_errors() {
+    use lapin::options::{ConfirmSelectOptions, QueueDeleteOptions};
+    let h = Http::start().await;
+    let v = get_as(&h, "mgmt", "/api/vhosts/%2F").await;
+    assert_eq!(v["default_queue_type"], "classic");
+    assert_eq!(v["metadata"]["default_queue_type"], "classic");
+    assert_eq!(v["protected_from_deletion"], false);
+
+    let conn = h.amqp().await;
+    let ch = within("channel", conn.create_channel()).await.unwrap();
+    within(
+        "confirm",
+        ch.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await
+    .unwrap();
+    for q in ["c1", "c2"] {
+        within(
+            "declare",
+            ch.queue_declare(
+                q.into(),
+                QueueDeclareOptions::default(),
+                FieldTable::default(),
+            ),
+        )
+        .await
+        .unwrap();
+    }
+    within(
+        "redeclare",
+        ch.queue_declare(
+            "c1".into(),
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .unwrap();
+    within(
+        "delete",
+        ch.queue_delete("c2".into(), QueueDeleteOptions::default()),
+    )
+    .await
+    .unwrap();
+    within(
+        "publish",
+        ch.basic_publish(
+            "".into(),
+            "c1".into(),
+            BasicPublishOptions::default(),
+            b"m",
+            BasicProperties::default(),
+        ),
+    )
+    .await
+    .unwrap()
+    .await
+    .unwrap();
+    let channels = get_as(&h, "admin", "/api/channels").await;
+    assert_eq!(channels[0]["messages_unconfirmed"], 0, "{channels}");
+    let churn = get_as(&h, "admin", "/api/overview").await["churn_rates"].clone();
+    for (field, n) in [
+        ("connection_created", 1),
+        ("connection_closed", 0),
+        ("channel_created", 1),
+        ("channel_closed", 0),
+        ("queue_declared", 3),
+        ("queue_created", 2),
+        ("queue_deleted", 1),
+    ] {
+        assert_eq!(churn[field], n, "{field}: {churn}");
+        assert!(
+            churn[format!("{field}_details")]["rate"].is_number(),
+            "{churn}"
+        );
+    }
+    conn.close(200, "bye".into()).await.unwrap();
+    let o = h
+        .wait_for("/api/overview", |o| {
+            o["churn_rates"]["connection_closed"] == 1
+        })
+        .await;
+    assert_eq!(o["churn_rates"]["channel_closed"], 1);
+
+    // Publish and get name what their bodies lack.
+    for (path, body, reason) in [
+        (
+            "/api/exchanges/%2F/amq.default/publish",
+            json!({"routing_key": "c1", "payload": "x"}),
+            "[{key_missing,properties},{key_missing,payload_encoding}]",
+        ),
+        (
+            "/api/queues/%2F/c1/get",
+            json!({"count": 1}),
+            "[{key_missing,ackmode},{key_missing,encoding}]",
+        ),
+    ] {
+        let (s, _, v) = h.call(Method::POST, path, Some("admin"), Some(body)).await;
+        assert_eq!(
+            (s, v),
+            (
+                StatusCode::BAD_REQUEST,
+                json!({"error": "bad_request", "reason": reason})
+            ),
+            "{path}"
+        );
+    }
+
+    // Definitions: RabbitMQ 4's metadata, user limits kept, `download`, missing vhosts.
+    admin_ok(
+        &h,
+        Method::PUT,
+        "/api/user-limits/mgmt/max-channels",
+        Some(json!({"value": 7})),
+    )
+    .await;
+    let r = within(
+        "export",
+        h.client
+            .get(format!("{}/api/definitions?download=defs.json", h.base))
+            .basic_auth("admin", Some("admin-pw"))
+            .send(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        r.headers()["content-disposition"],
+        "attachment; filename=defs.json"
+    );
+    let defs: Value = r.json().await.unwrap();
+    assert_eq!(defs["rabbitmq_definition_format"], "cluster");
+    assert_eq!(defs["original_cluster_name"], "warren");
+    assert_eq!(defs["explanation"], "Definitions of cluster 'warren'");
+    let mgmt = defs["users"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|u| u["name"] == "mgmt")
+        .unwrap();
+    assert_eq!(mgmt["limits"], json!({"max-channels": 7}));
+    let root = &defs["vhosts"][0];
+    assert_eq!(
+        (root["name"].clone(), root["default_queue_type"].clone()),
+        (json!("/"), json!("classic"))
+    );
+    let one = get_as(&h, "admin", "/api/definitions/%2F").await;
+    assert_eq!(one["rabbitmq_definition_format"], "single_virtual_host");
+    assert_eq!(one["original_vhost_name"], "/");
+    assert_eq!(one["default_queue_type"], "classic");
+    let (s, _, v) = h
+        .call(Method::GET, "/api/definitions/nowhere", Some("admin"), None)
+        .await;
+    assert_eq!(
+        (s, v),
+        (
+            StatusCode::BAD_REQUEST,
+            json!({"error": "bad_request", "reason": "vhost_not_found"})
+        )
+    );
+    let (s, _, v) = h
+        .call(
+            Method::POST,
+            "/api/definitions/nowhere",
+            Some("admin"),
+            Some(json!({"queues": []})),
+        )
+        .await;
+    assert_eq!(
+        (s, v),
+        (
+            StatusCode::NOT_FOUND,
+            json!({"error": "not_found", "reason": "vhost_not_found"})
+        )
+    );
+    // The user limits come back from the export.
+    admin_ok(
+        &h,
+        Method::DELETE,
+        "/api/user-limits/mgmt/max-channels",
+        None,
+    )
+    .await;
+    admin_ok(&h, Method::POST, "/api/definitions", Some(defs)).await;
+    assert_eq!(
+        get_as(&h, "admin", "/api/users/mgmt").await["limits"],
+        json!({"max-channels": 7})
+    );
+    h.stop().await;
 }

@@ -612,3 +612,76 @@ async fn definitions_export_and_import_carry_policies() {
     h.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// RabbitMQ 4's `apply-to` values: `classic_queues` applies to Warren's queues (all
+/// classic), `quorum_queues` and `streams` are accepted (a 4.x definitions file with them
+/// imports) and apply to none; and the lists of policies are open to any management user,
+/// as RabbitMQ's (`is_authorized_vhost`), showing the vhosts the user may use.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rabbitmq_4_apply_to_values_and_who_may_list() {
+    let h = Http::start(None, None).await;
+    let ch = h.channel().await;
+    declare(&ch, "typed", false, FieldTable::default()).await;
+    for (name, apply_to, priority) in [
+        ("quorum-only", "quorum_queues", 9),
+        ("streams-only", "streams", 8),
+        ("classic-only", "classic_queues", 1),
+    ] {
+        let created = h
+            .put_policy(
+                "policies",
+                name,
+                json!({"pattern": "^typed$", "definition": {"max-length": priority},
+                       "apply-to": apply_to, "priority": priority}),
+            )
+            .await;
+        assert_eq!(created, StatusCode::CREATED, "{name}");
+    }
+    // The higher priorities apply to no classic queue: the classic one applies.
+    let q = h.queue("typed").await;
+    assert_eq!(q["policy"], "classic-only");
+    assert_eq!(q["effective_policy_definition"], json!({"max-length": 1}));
+    let listed = h.get_json("/api/policies/%2F").await;
+    // By priority, as RabbitMQ lists them.
+    assert_eq!(
+        listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| (p["name"].as_str().unwrap(), p["apply-to"].as_str().unwrap()))
+            .collect::<Vec<_>>(),
+        [
+            ("classic-only", "classic_queues"),
+            ("streams-only", "streams"),
+            ("quorum-only", "quorum_queues")
+        ]
+    );
+    // A management user without policymaker lists them (and operator policies), but may
+    // not read one by name.
+    for path in [
+        "/api/policies",
+        "/api/policies/%2F",
+        "/api/operator-policies",
+    ] {
+        let (s, v) = h.call(Method::GET, path, "mgmt", None).await;
+        assert_eq!(s, StatusCode::OK, "{path}: {v}");
+    }
+    let (s, v) = h.call(Method::GET, "/api/policies", "mgmt", None).await;
+    assert_eq!((s, v.as_array().unwrap().len()), (StatusCode::OK, 3));
+    let (s, v) = h
+        .call(Method::GET, "/api/policies/%2F/classic-only", "mgmt", None)
+        .await;
+    assert_eq!(
+        (s, v["reason"].clone()),
+        (
+            StatusCode::UNAUTHORIZED,
+            json!("User not authorised to access object")
+        )
+    );
+    // The policymaker without permissions in `/` sees none of them.
+    let (s, v) = h
+        .call(Method::GET, "/api/policies", "pm-elsewhere", None)
+        .await;
+    assert_eq!((s, v), (StatusCode::OK, json!([])));
+    h.stop().await;
+}

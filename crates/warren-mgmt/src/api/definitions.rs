@@ -7,14 +7,15 @@
 //! otherwise), then applied through the broker's operations layer; success is 204 No Content,
 //! as in RabbitMQ. Importing the same file twice changes nothing.
 
-use super::{authorize, ok_json, Need, Peer, Reply, RABBITMQ_VERSION, S};
+use super::{authorize, ok_json, Need, Peer, Reply, Q, RABBITMQ_VERSION, S};
 use crate::error::ApiError;
 use axum::body::Bytes;
 use axum::extract::{ConnectInfo, Path, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
+use std::collections::HashMap;
 use std::sync::Arc;
 
 /// The routes, to merge into the API's router.
@@ -24,21 +25,37 @@ pub(super) fn routes() -> Router<Arc<super::App>> {
         .route("/api/definitions/{v}", get(export_vhost).post(import_vhost))
 }
 
-async fn export_all(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap) -> Reply {
-    authorize(&app, &headers, peer, Need::Admin, None)?;
-    ok_json(app.backend.definitions(RABBITMQ_VERSION))
+/// The export as the reply, with `Content-Disposition: attachment; filename=<download>`
+/// when the query has `download` (RabbitMQ's way to save it as a file).
+fn export_reply(defs: serde_json::Value, q: &HashMap<String, String>) -> Reply {
+    let mut r = ok_json(defs)?;
+    if let Some(name) = q.get("download").filter(|n| !n.is_empty()) {
+        if let Ok(v) = HeaderValue::from_str(&format!("attachment; filename={name}")) {
+            r.headers_mut().insert(header::CONTENT_DISPOSITION, v);
+        }
+    }
+    Ok(r)
 }
 
+async fn export_all(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap, q: Q) -> Reply {
+    authorize(&app, &headers, peer, Need::Admin, None)?;
+    let cluster = super::cluster_name(&app);
+    export_reply(app.backend.definitions(RABBITMQ_VERSION, &cluster), &q)
+}
+
+/// `GET /api/definitions/{vhost}`: 400 `vhost_not_found` for a vhost that does not exist,
+/// as RabbitMQ answers.
 async fn export_vhost(
     State(app): S,
     ConnectInfo(peer): Peer,
     headers: HeaderMap,
     Path(v): Path<String>,
+    q: Q,
 ) -> Reply {
     authorize(&app, &headers, peer, Need::Admin, None)?;
     match app.backend.vhost_definitions(&v, RABBITMQ_VERSION) {
-        Some(defs) => ok_json(defs),
-        None => Err(ApiError::not_found()),
+        Some(defs) => export_reply(defs, &q),
+        None => Err(ApiError::bad_request("vhost_not_found")),
     }
 }
 
@@ -64,7 +81,12 @@ async fn import_vhost(
 ) -> Reply {
     let user = authorize(&app, &headers, peer, Need::Admin, None)?;
     if !app.backend.vhost_exists(&v) {
-        return Err(ApiError::not_found());
+        // RabbitMQ's `not_found(vhost_not_found)`.
+        return Err(ApiError {
+            error: "not_found",
+            reason: "vhost_not_found".into(),
+            ..ApiError::not_found()
+        });
     }
     let file = definitions_file(&headers, body)?;
     let backend = app.backend.clone();

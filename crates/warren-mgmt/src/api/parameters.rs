@@ -24,7 +24,7 @@
 //! when it replaced one; DELETE 204, or 404 when there is none. Global parameters are any
 //! JSON under any name, durable; `cluster_name` also names the cluster in `/api/overview`.
 
-use super::{authorize, created_or_not, listed, ok_json, visible_vhosts, Need, Peer, Reply, Q, S};
+use super::{authorize, created_or_not, listed, member_vhosts, ok_json, Need, Peer, Reply, Q, S};
 use crate::admin::blocking;
 use crate::backend::UserInfo;
 use crate::error::ApiError;
@@ -78,11 +78,7 @@ fn check(
 
 /// The parameters of `component` (all but policies with `None`) in the vhosts `user` sees.
 fn visible(app: &super::App, user: &UserInfo, component: Option<&str>) -> Vec<Value> {
-    let vhosts = if super::has(&user.tags, &["administrator"]) {
-        app.backend.vhosts()
-    } else {
-        visible_vhosts(app, user)
-    };
+    let vhosts = member_vhosts(app, user);
     app.backend
         .runtime_parameters(component)
         .into_iter()
@@ -178,7 +174,7 @@ fn erlang_term(v: &Value) -> String {
 
 /// Validates a `vhost-limits` value as rabbit_vhost_limit (optional integer
 /// `max-connections` and `max-queues`; a negative one is no limit).
-fn vhost_limits(name: &str, value: &Value) -> Result<VhostLimits, ApiError> {
+pub(super) fn vhost_limits(name: &str, value: &Value) -> Result<VhostLimits, ApiError> {
     let Value::Object(m) = value else {
         return Err(validation_failed(&format!(
             "{name} not a list {}",

@@ -1,10 +1,12 @@
 //! `/api/policies` and `/api/operator-policies` (RabbitMQ's `rabbit_mgmt_wm_policies`,
 //! `rabbit_mgmt_wm_policy` and their operator-policy twins): list, show, put and delete the
-//! policies of a vhost ([`warren_broker::policy`]). Policies need the `policymaker` or
-//! `administrator` tag and access to the vhost, operator policies `administrator`; a change
-//! goes through the broker's operations layer, which decides access again.
+//! policies of a vhost ([`warren_broker::policy`]). The lists are open to any management
+//! user, showing the vhosts the user may use (all for administrators); showing, setting and
+//! deleting one policy need the `policymaker` or `administrator` tag and access to the
+//! vhost, one operator policy `administrator`; a change goes through the broker's
+//! operations layer, which decides access again.
 
-use super::{authorize, created_or_not, listed, ok_json, visible_vhosts, Need, Peer, Reply, Q, S};
+use super::{authorize, created_or_not, listed, member_vhosts, ok_json, Need, Peer, Reply, Q, S};
 use crate::backend::{broker_error, UserInfo};
 use crate::error::ApiError;
 use axum::body::Bytes;
@@ -84,13 +86,14 @@ fn list(app: &super::App, user: &UserInfo, vhost: Option<&str>, operator: bool, 
             super::require_vhost(app, v)?;
             vec![v.to_string()]
         }
-        None if super::has(&user.tags, &["administrator"]) => app.backend.vhosts(),
-        None => visible_vhosts(app, user),
+        None => member_vhosts(app, user),
     };
     let mut items = Vec::new();
     for v in vhosts {
         items.extend(vhost_policies(app, &v, operator));
     }
+    // RabbitMQ lists policies by priority (a stable sort: by vhost and name within one).
+    items.sort_by_key(|p| p.get("priority").and_then(Value::as_i64).unwrap_or(0));
     listed(items, &q.0)
 }
 
@@ -152,8 +155,10 @@ pub(super) fn delete(
 
 macro_rules! handlers {
     ($operator:expr, $all:ident, $vhost:ident, $show:ident, $put:ident, $delete:ident) => {
+        // Lists are open to any management user (rabbit_mgmt_wm_policies'
+        // `is_authorized_vhost`), showing the vhosts the user may use.
         async fn $all(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap, q: Q) -> Reply {
-            let user = check(&app, &headers, peer, $operator, None)?;
+            let user = authorize(&app, &headers, peer, Need::Management, None)?;
             list(&app, &user, None, $operator, &q)
         }
 
@@ -164,7 +169,7 @@ macro_rules! handlers {
             Path(v): Path<String>,
             q: Q,
         ) -> Reply {
-            let user = check(&app, &headers, peer, $operator, Some(&v))?;
+            let user = authorize(&app, &headers, peer, Need::Management, Some(&v))?;
             list(&app, &user, Some(&v), $operator, &q)
         }
 
