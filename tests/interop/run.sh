@@ -153,6 +153,7 @@ export AMQP_URL
 py_status=0
 node_status=0
 admin_status=0
+admin2_status=0
 
 section "interop: python (pika)"
 start=$SECONDS
@@ -173,12 +174,25 @@ else
   echo "skipped: no MGMT_PORT for the broker at AMQP_URL"
 fi
 
+# Optional: passes with a note when the Rust rabbitmqadmin v2 is not installed (it is never
+# installed from here).
+section "interop: rabbitmqadmin v2 (management HTTP API)"
+if [ -n "${MGMT_PORT:-}" ]; then
+  start=$SECONDS
+  bash tests/interop/rabbitmqadmin_v2.sh || admin2_status=$?
+  echo "rabbitmqadmin v2 suite: exit $admin2_status in $((SECONDS - start)) s"
+else
+  echo "skipped: no MGMT_PORT for the broker at AMQP_URL"
+fi
+
 section "interop: summary"
 echo "python (pika):   $([ "$py_status" -eq 0 ] && echo ok || echo "FAILED (exit $py_status)")"
 echo "node (amqplib):  $([ "$node_status" -eq 0 ] && echo ok || echo "FAILED (exit $node_status)")"
 echo "rabbitmqadmin:   $([ "$admin_status" -eq 0 ] && echo ok || echo "FAILED (exit $admin_status)")"
+echo "rabbitmqadmin v2: $([ "$admin2_status" -eq 0 ] && echo "ok (or not installed)" || echo "FAILED (exit $admin2_status)")"
 
-if [ "$py_status" -ne 0 ] || [ "$node_status" -ne 0 ] || [ "$admin_status" -ne 0 ]; then
+if [ "$py_status" -ne 0 ] || [ "$node_status" -ne 0 ] || [ "$admin_status" -ne 0 ] \
+  || [ "$admin2_status" -ne 0 ]; then
   if [ -n "$SERVER_PID" ] && ! kill -0 "$SERVER_PID" 2>/dev/null; then
     echo "warren is no longer running"
   fi
