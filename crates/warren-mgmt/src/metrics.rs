@@ -168,7 +168,7 @@ pub fn render(app: &App, per_object: bool) -> Result<String, String> {
         "RabbitMQ node & cluster identity info",
         &[
             ("rabbitmq_node", &app.node),
-            ("rabbitmq_cluster", "warren"),
+            ("rabbitmq_cluster", &crate::api::cluster_name(app)),
             ("rabbitmq_cluster_permanent_id", "warren"),
         ],
     )?;
@@ -184,6 +184,47 @@ pub fn render(app: &App, per_object: bool) -> Result<String, String> {
         "Channels currently open",
         b.channel_count() as f64,
     )?;
+    // rabbitmq_prometheus's churn counters (its connection_churn_metrics group).
+    let c = b.churn();
+    for (name, help, value) in [
+        (
+            "rabbitmq_connections_opened_total",
+            "Total number of connections opened",
+            c.connection_created,
+        ),
+        (
+            "rabbitmq_connections_closed_total",
+            "Total number of connections closed or terminated",
+            c.connection_closed,
+        ),
+        (
+            "rabbitmq_channels_opened_total",
+            "Total number of channels opened",
+            c.channel_created,
+        ),
+        (
+            "rabbitmq_channels_closed_total",
+            "Total number of channels closed",
+            c.channel_closed,
+        ),
+        (
+            "rabbitmq_queues_declared_total",
+            "Total number of queues declared",
+            c.queue_declared,
+        ),
+        (
+            "rabbitmq_queues_created_total",
+            "Total number of queues created",
+            c.queue_created,
+        ),
+        (
+            "rabbitmq_queues_deleted_total",
+            "Total number of queues deleted",
+            c.queue_deleted,
+        ),
+    ] {
+        counter(&r, name, help, value)?;
+    }
     // rabbitmq_prometheus's global counters (protocol label as it sets it for AMQP 0-9-1).
     let g = b.global_stats();
     let globals: [(&str, &str, u64); 7] = [

@@ -1284,6 +1284,11 @@ async fn connections_channels_and_consumers_are_listed_and_closed() {
     assert_eq!(value("rabbitmq_global_messages_confirmed_total"), 3.0);
     assert_eq!(value("rabbitmq_global_messages_delivered_total"), 3.0);
     assert_eq!(value("rabbitmq_global_messages_acknowledged_total"), 1.0);
+    // rabbitmq_prometheus's churn counters: two connections and two channels opened.
+    assert_eq!(value("rabbitmq_connections_opened_total"), 2.0);
+    assert_eq!(value("rabbitmq_connections_closed_total"), 0.0);
+    assert_eq!(value("rabbitmq_channels_opened_total"), 2.0);
+    assert!(value("rabbitmq_queues_declared_total") >= value("rabbitmq_queues_created_total"));
 
     // Closed over HTTP: the client gets 320 with the X-Reason text.
     let resp = within(
