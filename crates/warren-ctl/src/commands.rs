@@ -467,6 +467,17 @@ pub enum HealthCheck {
     ProtocolListener { protocol: String },
     /// Every vhost is running.
     VirtualHosts,
+    /// The node serves clients (RabbitMQ 4's `is-in-service`).
+    IsInService,
+    /// An AMQP listener is up and the node is below its connection limit.
+    ReadyToServeClients,
+    /// The node is below its connection limit.
+    BelowNodeConnectionLimit,
+    /// No queue would lose its quorum if this node stopped.
+    NodeIsQuorumCritical,
+    /// No certificate of a TLS listener expires within WITHIN UNITs (days, weeks, months,
+    /// years).
+    CertificateExpiration { within: u32, unit: String },
     /// Declares a queue `aliveness-test` in the vhost, publishes a message to it and gets it.
     Aliveness,
 }
@@ -650,6 +661,20 @@ impl Ctx<'_> {
                         format!("/api/health/checks/protocol-listener/{}", seg(protocol))
                     }
                     HealthCheck::VirtualHosts => "/api/health/checks/virtual-hosts".to_string(),
+                    HealthCheck::IsInService => "/api/health/checks/is-in-service".to_string(),
+                    HealthCheck::ReadyToServeClients => {
+                        "/api/health/checks/ready-to-serve-clients".to_string()
+                    }
+                    HealthCheck::BelowNodeConnectionLimit => {
+                        "/api/health/checks/below-node-connection-limit".to_string()
+                    }
+                    HealthCheck::NodeIsQuorumCritical => {
+                        "/api/health/checks/node-is-quorum-critical".to_string()
+                    }
+                    HealthCheck::CertificateExpiration { within, unit } => format!(
+                        "/api/health/checks/certificate-expiration/{within}/{}",
+                        seg(unit)
+                    ),
                     HealthCheck::Aliveness => format!("/api/aliveness-test/{}", self.v()),
                 };
                 let reply = self.client.get(&path)?;

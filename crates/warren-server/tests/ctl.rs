@@ -738,6 +738,12 @@ async fn overview_health_checks_and_read_only_lists() {
         &["health-check", "virtual-hosts"],
         &["health-check", "protocol-listener", "amqp"],
         &["health-check", "aliveness"],
+        &["health-check", "is-in-service"],
+        &["health-check", "ready-to-serve-clients"],
+        &["health-check", "below-node-connection-limit"],
+        &["health-check", "node-is-quorum-critical"],
+        // No TLS listener: no certificate to expire.
+        &["health-check", "certificate-expiration", "4", "weeks"],
     ] {
         assert_eq!(env.ctl(check).await.ok().trim(), "ok", "{check:?}");
     }
@@ -757,6 +763,11 @@ async fn overview_health_checks_and_read_only_lists() {
         err.contains("No active listener") && err.contains("HTTP 503"),
         "{err}"
     );
+    let err = env
+        .ctl(&["health-check", "certificate-expiration", "4", "fortnights"])
+        .await
+        .failed();
+    assert!(err.contains("Time unit not recognised"), "{err}");
 
     let users = env.ctl(&["list", "users", "--json"]).await.json();
     assert!(named(&users, "admin").is_some(), "{users}");
