@@ -81,7 +81,11 @@ pub(crate) async fn vhost_put(
     let m = body_json(&body)?;
     let description = text_field(&m, "description")?;
     let tags = tags_field(&m)?;
-    let queue_type = text_field(&m, "default_queue_type")?;
+    // `defaultqueuetype` is the name RabbitMQ 3.11 took at first, still read as a fallback.
+    let queue_type = match text_field(&m, "default_queue_type")? {
+        Some(t) => Some(t),
+        None => text_field(&m, "defaultqueuetype")?,
+    };
     let backend = app.backend.clone();
     let created =
         blocking(move || backend.put_vhost(&user, &v, description, tags, queue_type)).await?;

@@ -3471,6 +3471,16 @@ async fn rabbitmq_4_fields_and_errors() {
     let v = get_as(&h, "mgmt", "/api/vhosts/%2F").await;
     assert_eq!(v["default_queue_type"], "classic");
     assert_eq!(v["metadata"]["default_queue_type"], "classic");
+    // RabbitMQ 3.11's first name of the field is read too.
+    admin_ok(
+        &h,
+        Method::PUT,
+        "/api/vhosts/typed",
+        Some(json!({"defaultqueuetype": "quorum"})),
+    )
+    .await;
+    let v = get_as(&h, "admin", "/api/vhosts/typed").await;
+    assert_eq!(v["default_queue_type"], "quorum");
     assert_eq!(v["protected_from_deletion"], false);
 
     let conn = h.amqp().await;
