@@ -2087,7 +2087,9 @@ async fn rabbitmq_export_imports_over_http_as_json() {
     assert_eq!(b[0]["routing_key"], "orders.#", "{b}");
     let once = topology(&h.get("/api/definitions").await);
 
-    // The same file again changes nothing; a multipart upload is refused.
+    // The same file again changes nothing, as a JSON body or as the `file` part of a
+    // form upload (RabbitMQ's web UI, `curl -F file=@defs.json`); with a `redirect` part
+    // the reply is 303 to it.
     let (s, v) = h
         .post_raw(
             "/api/definitions",
@@ -2098,15 +2100,65 @@ async fn rabbitmq_export_imports_over_http_as_json() {
         .await;
     assert_eq!(s, StatusCode::NO_CONTENT, "{v}");
     assert_eq!(topology(&h.get("/api/definitions").await), once);
+    let form = |parts: &[(&str, &[u8])]| {
+        let mut body = Vec::new();
+        for (name, value) in parts {
+            body.extend_from_slice(
+                format!(
+                    "--b0undary\r\nContent-Disposition: form-data; name=\"{name}\"; \
+                     filename=\"{name}.json\"\r\n\r\n"
+                )
+                .as_bytes(),
+            );
+            body.extend_from_slice(value);
+            body.extend_from_slice(b"\r\n");
+        }
+        body.extend_from_slice(b"--b0undary--\r\n");
+        body
+    };
+    let multipart = "multipart/form-data; boundary=b0undary";
     let (s, v) = h
         .post_raw(
             "/api/definitions",
             "admin",
-            "multipart/form-data; boundary=b0undary",
-            file.clone(),
+            multipart,
+            form(&[("file", &file)]),
         )
         .await;
-    assert_eq!(s, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{v}");
+    assert_eq!(s, StatusCode::NO_CONTENT, "{v}");
+    assert_eq!(topology(&h.get("/api/definitions").await), once);
+    let r = within(
+        "form upload with redirect",
+        reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap()
+            .post(format!("{}/api/definitions", h.base))
+            .basic_auth("admin", Some("admin-pw"))
+            .header(reqwest::header::CONTENT_TYPE, multipart)
+            .body(form(&[("file", &file), ("redirect", b"../#/")]))
+            .send(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    assert_eq!(r.headers()["location"], "../#/");
+    let (s, v) = h
+        .post_raw(
+            "/api/definitions",
+            "admin",
+            multipart,
+            form(&[("other", b"{}")]),
+        )
+        .await;
+    assert_eq!(
+        (s, v),
+        (
+            StatusCode::BAD_REQUEST,
+            json!({"error": "bad_request",
+                   "reason": "no part named file in the multipart/form-data upload"})
+        )
+    );
 
     // One vhost's definitions, into another vhost.
     let staging = h.get("/api/definitions/staging").await;

@@ -2,7 +2,7 @@
 //! export (`GET`) and import (`POST`) of definitions files, administrator only.
 //!
 //! An import takes the file as the body (`application/json`, as `rabbitmqadmin import` and
-//! curl send it); a `multipart/form-data` upload is refused with 415 (not supported yet).
+//! curl send it) or as the `file` part of a `multipart/form-data` upload (a browser form).
 //! The file is parsed and checked whole before anything is applied (400 with the reason
 //! otherwise), then applied through the broker's operations layer; success is 204 No Content,
 //! as in RabbitMQ. Importing the same file twice changes nothing.
@@ -66,10 +66,11 @@ async fn import_all(
     body: Bytes,
 ) -> Reply {
     let user = authorize(&app, &headers, peer, Need::Admin, None)?;
-    let file = definitions_file(&headers, body)?;
+    let upload = definitions_file(&headers, body).await?;
     let backend = app.backend.clone();
+    let file = upload.file;
     blocking(move || backend.import_definitions(&user, &file, None)).await?;
-    Ok(StatusCode::NO_CONTENT.into_response())
+    Ok(imported(upload.redirect))
 }
 
 async fn import_vhost(
@@ -88,10 +89,24 @@ async fn import_vhost(
             ..ApiError::not_found()
         });
     }
-    let file = definitions_file(&headers, body)?;
+    let upload = definitions_file(&headers, body).await?;
     let backend = app.backend.clone();
+    let file = upload.file;
     blocking(move || backend.import_definitions(&user, &file, Some(&v))).await?;
-    Ok(StatusCode::NO_CONTENT.into_response())
+    Ok(imported(upload.redirect))
+}
+
+/// The reply to an import: 204, or with a form's `redirect` field 303 See Other to it (as
+/// RabbitMQ's cowboy_rest answers a POST that names where to go).
+fn imported(redirect: Option<String>) -> axum::response::Response {
+    match redirect.and_then(|r| HeaderValue::from_str(&r).ok()) {
+        Some(location) => {
+            let mut r = StatusCode::SEE_OTHER.into_response();
+            r.headers_mut().insert(header::LOCATION, location);
+            r
+        }
+        None => StatusCode::NO_CONTENT.into_response(),
+    }
 }
 
 /// Runs a blocking import (it stores the access-control database and waits for the
@@ -104,27 +119,59 @@ async fn blocking<R: Send + 'static>(
         .map_err(|e| ApiError::internal(e.to_string()))?
 }
 
-/// The definitions file of an import request: the body itself.
+/// An import request's definitions file, and where a form upload asks to be sent after.
+struct Upload {
+    file: Bytes,
+    redirect: Option<String>,
+}
+
+/// The definitions file of an import request: the body itself (`application/json`, as
+/// `rabbitmqadmin import` and curl send it), or, in a `multipart/form-data` upload (a
+/// browser form, `curl -F file=@defs.json`), the part named `file`, with the optional
+/// `redirect` part, as rabbit_mgmt_wm_definitions' `accept_multipart`.
 ///
-/// Errors: 415 for a `multipart/form-data` upload (not supported), 400 for an empty body.
-fn definitions_file(headers: &HeaderMap, body: Bytes) -> Result<Bytes, ApiError> {
+/// Errors: 400 for an empty file, a form without a `file` part, or a malformed form.
+async fn definitions_file(headers: &HeaderMap, body: Bytes) -> Result<Upload, ApiError> {
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
+    let mut upload = Upload {
+        file: body,
+        redirect: None,
+    };
     if content_type
         .to_ascii_lowercase()
         .starts_with("multipart/form-data")
     {
-        return Err(ApiError {
-            status: StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            error: "unsupported_media_type",
-            reason: "send the definitions file as the request body (application/json)".into(),
-            challenge: false,
-        });
+        upload = form_upload(headers, upload.file).await?;
     }
-    if body.iter().all(u8::is_ascii_whitespace) {
+    if upload.file.iter().all(u8::is_ascii_whitespace) {
         return Err(ApiError::bad_request("no definitions in the request body"));
     }
-    Ok(body)
+    Ok(upload)
+}
+
+async fn form_upload(headers: &HeaderMap, body: Bytes) -> Result<Upload, ApiError> {
+    use axum::extract::{FromRequest, Multipart};
+    let malformed = |e: &dyn std::fmt::Display| {
+        ApiError::bad_request(format!("malformed multipart/form-data upload: {e}"))
+    };
+    let mut request = axum::http::Request::new(axum::body::Body::from(body));
+    *request.headers_mut() = headers.clone();
+    let mut form = Multipart::from_request(request, &())
+        .await
+        .map_err(|e| malformed(&e.body_text()))?;
+    let (mut file, mut redirect) = (None, None);
+    while let Some(field) = form.next_field().await.map_err(|e| malformed(&e))? {
+        match field.name() {
+            Some("file") => file = Some(field.bytes().await.map_err(|e| malformed(&e))?),
+            Some("redirect") => redirect = Some(field.text().await.map_err(|e| malformed(&e))?),
+            _ => {}
+        }
+    }
+    let file = file.ok_or_else(|| {
+        ApiError::bad_request("no part named file in the multipart/form-data upload")
+    })?;
+    Ok(Upload { file, redirect })
 }
