@@ -596,6 +596,8 @@ async fn vhosts(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap, q: Q
     listed(items, &q)
 }
 
+/// `GET /api/vhosts/{v}`: administrators only, as rabbit_mgmt_wm_vhost (other users find
+/// their vhosts in `/api/vhosts`).
 async fn vhost(
     State(app): S,
     ConnectInfo(peer): Peer,
@@ -603,7 +605,7 @@ async fn vhost(
     Path(v): Path<String>,
     q: Q,
 ) -> Reply {
-    authorize(&app, &headers, peer, Need::Management, Some(&v))?;
+    authorize(&app, &headers, peer, Need::Admin, None)?;
     require_vhost(&app, &v)?;
     ok_json(vhost_json(&app, &v, &Ranges::from_query(&q)?))
 }

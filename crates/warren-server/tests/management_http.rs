@@ -211,6 +211,8 @@ async fn basic_auth_and_tag_rules() {
         ("mgmt", "/api/users", "Not administrator user"),
         ("mon", "/api/definitions", "Not administrator user"),
         ("mgmt", "/api/nodes", "Not monitor user"),
+        // One vhost's record is for administrators (rabbit_mgmt_wm_vhost), the list for all.
+        ("mon", "/api/vhosts/%2F", "Not administrator user"),
     ];
     for (who, path, reason) in cases {
         let (s, headers, v) = h.call(Method::GET, path, Some(who), None).await;
@@ -3520,7 +3522,7 @@ async fn permissions_limits_and_other_admin_paths() {
 async fn rabbitmq_4_fields_and_errors() {
     use lapin::options::{ConfirmSelectOptions, QueueDeleteOptions};
     let h = Http::start().await;
-    let v = get_as(&h, "mgmt", "/api/vhosts/%2F").await;
+    let v = get_as(&h, "admin", "/api/vhosts/%2F").await;
     assert_eq!(v["default_queue_type"], "classic");
     assert_eq!(v["metadata"]["default_queue_type"], "classic");
     // RabbitMQ 3.11's first name of the field is read too.
