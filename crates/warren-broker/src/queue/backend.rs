@@ -29,6 +29,7 @@ use crate::message::{Message, QueuedMessage};
 use crate::policy::Applied;
 use crate::registry::QueueStats;
 use bytes::Bytes;
+use smallvec::SmallVec;
 use std::sync::{Arc, Weak};
 use warren_amqp::table::FieldTable;
 use warren_store::spill::SpillEntry;
@@ -355,10 +356,20 @@ pub fn queue_type(arguments: &FieldTable) -> Option<&str> {
 
 /// Takes the [`QueueBackend::enqueue_order`] locks of `queues` in address order (the same
 /// order for every publisher, so that publishers routing to overlapping sets of queues cannot
-/// deadlock); a queue listed twice is locked once.
-pub fn lock_enqueue_order(queues: &[Arc<Queue>]) -> Vec<parking_lot::MutexGuard<'_, ()>> {
-    let mut sorted: Vec<&Arc<Queue>> = queues.iter().collect();
-    sorted.sort_by_key(|q| Arc::as_ptr(q) as *const () as usize);
-    sorted.dedup_by_key(|q| Arc::as_ptr(q) as *const () as usize);
+/// deadlock); a queue listed twice is locked once. Up to [`ENQUEUE_ORDER_INLINE`] queues
+/// (every publish but wide fanouts) it allocates nothing.
+pub fn lock_enqueue_order(queues: &[Arc<Queue>]) -> EnqueueOrder<'_> {
+    let addr = |q: &&Arc<Queue>| Arc::as_ptr(q) as *const () as usize;
+    let mut sorted: SmallVec<[&Arc<Queue>; ENQUEUE_ORDER_INLINE]> = queues.iter().collect();
+    if sorted.len() > 1 {
+        sorted.sort_unstable_by_key(addr);
+        sorted.dedup_by_key(|q| addr(q));
+    }
     sorted.into_iter().map(|q| q.enqueue_order()).collect()
 }
+
+/// How many queues' enqueue-order locks [`lock_enqueue_order`] holds without allocating.
+pub const ENQUEUE_ORDER_INLINE: usize = 8;
+
+/// The enqueue-order locks a publisher holds (see [`lock_enqueue_order`]); released on drop.
+pub type EnqueueOrder<'a> = SmallVec<[parking_lot::MutexGuard<'a, ()>; ENQUEUE_ORDER_INLINE]>;

@@ -64,8 +64,8 @@ impl VHost {
                 rejected: false,
             });
         }
-        let exchange = msg.exchange.clone();
-        self.dispatch(&exchange, msg, waiter, true)
+        let published = msg.clone();
+        self.dispatch(&published.exchange, msg, waiter, true)
     }
 
     /// Routes `msg` from exchange `start` (its publish exchange, or the delayed exchange that
