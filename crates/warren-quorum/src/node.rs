@@ -25,11 +25,14 @@ pub struct QuorumConfig {
     pub election_timeout: (Duration, Duration),
     /// A group snapshots its state after this many log entries, then purges them.
     pub snapshot_every: u64,
+    /// Entries kept in the log behind a snapshot, for followers that lag a little (they
+    /// get the snapshot otherwise).
+    pub kept_after_snapshot: u64,
 }
 
 impl QuorumConfig {
     /// Defaults for `dir`: node 1, 200 ms heartbeats, elections after 1-2 s of silence,
-    /// snapshots every 4096 entries.
+    /// snapshots every 4096 entries, 256 entries kept behind a snapshot.
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         QuorumConfig {
             dir: dir.into(),
@@ -37,6 +40,7 @@ impl QuorumConfig {
             heartbeat: Duration::from_millis(200),
             election_timeout: (Duration::from_millis(1000), Duration::from_millis(2000)),
             snapshot_every: 4096,
+            kept_after_snapshot: 256,
         }
     }
 }
@@ -153,7 +157,7 @@ impl QuorumNode {
             election_timeout_min: self.cfg.election_timeout.0.as_millis() as u64,
             election_timeout_max: self.cfg.election_timeout.1.as_millis() as u64,
             snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(self.cfg.snapshot_every),
-            max_in_snapshot_log_to_keep: 256,
+            max_in_snapshot_log_to_keep: self.cfg.kept_after_snapshot,
             ..Default::default()
         };
         Arc::new(cfg.validate().expect("valid raft settings"))
