@@ -79,6 +79,12 @@ impl VHost {
         }
     }
 
+    /// True when a kind of queue is registered under `x-queue-type` `name` (see
+    /// [`VHost::set_queue_kind`]).
+    pub fn has_queue_kind(&self, name: &str) -> bool {
+        self.queue_kinds.read().contains_key(name)
+    }
+
     /// True when the queue exists.
     pub fn queue_exists(&self, name: &str) -> bool {
         self.topology.read().queues.contains_key(name)
