@@ -96,14 +96,14 @@ impl BrokerBuilder {
             Ok(l) => l,
             Err(e) => {
                 // Release the data directory for whoever starts next.
-                state.broker.close();
+                state.close();
                 return Err(std::io::Error::other(e));
             }
         };
         let tls = match bind_tls(&state.config.tls).await {
             Ok(t) => t,
             Err(e) => {
-                state.broker.close();
+                state.close();
                 return Err(e);
             }
         };
@@ -117,7 +117,7 @@ impl BrokerBuilder {
             match crate::management::start(&listen, state.clone(), &addrs, rx.clone()).await {
                 Ok(m) => m,
                 Err(e) => {
-                    state.broker.close();
+                    state.close();
                     return Err(e);
                 }
             }
@@ -135,7 +135,7 @@ impl BrokerBuilder {
                 Ok(m) => m,
                 Err(e) => {
                     let _ = tx.send(true);
-                    state.broker.close();
+                    state.close();
                     return Err(e);
                 }
             }
@@ -415,6 +415,6 @@ async fn accept_loop(
     })
     .await;
     tasks.abort_all();
-    state.broker.close();
+    state.close();
     info!("broker stopped");
 }

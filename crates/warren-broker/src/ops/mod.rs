@@ -370,6 +370,7 @@ impl<'a> Ops<'a> {
                 queue: Some(q),
             });
         }
+        self.vhost.check_server_named(d)?;
         let name = decide_queue_name(&d.name)?;
         self.authorize(&Operation::QueueDeclare {
             queue: &name,
