@@ -6,6 +6,7 @@ use crate::delayed;
 
 use crate::limits::Limits;
 use crate::persist::{get_str, Persistence, StorageOptions};
+use crate::queue::QueueKind;
 use crate::vhost::{finish_queue_delete, VHost};
 use parking_lot::RwLock;
 use std::collections::HashMap;
@@ -29,7 +30,13 @@ pub struct Broker {
     /// The access-control database was loaded from the data directory (changed at run time
     /// before), not built from scratch.
     access_restored: bool,
+    /// Kinds of queue besides classic, registered on every vhost (see
+    /// [`Broker::set_queue_kind`]).
+    queue_kinds: RwLock<Vec<(String, Arc<dyn QueueKind>)>>,
 }
+
+/// Kinds of queue to register on every vhost before recovery (see [`Broker::open_with`]).
+pub type QueueKinds = Vec<(String, Arc<dyn QueueKind>)>;
 
 impl Default for Broker {
     fn default() -> Self {
@@ -78,6 +85,7 @@ impl Broker {
             limits: Arc::default(),
             registry: crate::registry::Registry::new(),
             access_restored: false,
+            queue_kinds: RwLock::new(Vec::new()),
         };
         b.add_vhost("/");
         b
@@ -92,6 +100,15 @@ impl Broker {
     /// store cannot be opened, or a definitions file cannot be read.
     pub fn open(
         options: StorageOptions,
+    ) -> std::result::Result<(Broker, RecoveryReport), OpenError> {
+        Self::open_with(options, Vec::new())
+    }
+
+    /// [`Broker::open`] with kinds of queue besides classic (see [`Broker::set_queue_kind`])
+    /// registered on every vhost before the durable queues are recovered.
+    pub fn open_with(
+        options: StorageOptions,
+        kinds: QueueKinds,
     ) -> std::result::Result<(Broker, RecoveryReport), OpenError> {
         let dir = crate::data_dir::DataDir::open(&options.data_dir)?;
         let (store, recovered) =
@@ -140,6 +157,7 @@ impl Broker {
             limits: Arc::default(),
             registry: crate::registry::Registry::new(),
             access_restored,
+            queue_kinds: RwLock::new(kinds),
         };
         for (defs, size) in definitions {
             let vh = b.add_vhost(get_str(&defs, "name"));
@@ -283,7 +301,7 @@ impl Broker {
             .write()
             .entry(name.to_string())
             .or_insert_with(|| {
-                Arc::new_cyclic(|me| {
+                let v = Arc::new_cyclic(|me| {
                     VHost::new(name)
                         .attached(
                             self.persist.clone(),
@@ -293,9 +311,26 @@ impl Broker {
                             me.clone(),
                         )
                         .counting_churn_in(self.registry.churn().clone())
-                })
+                });
+                for (kind, k) in self.queue_kinds.read().iter() {
+                    v.set_queue_kind(kind, k.clone());
+                }
+                v
             })
             .clone()
+    }
+
+    /// Registers a kind of queue under `x-queue-type` `name` on every vhost, present and
+    /// future (see [`VHost::set_queue_kind`]). Durable queues of that kind recovered before
+    /// the call were recovered as classic queues: a durable broker registers its kinds with
+    /// [`Broker::open_with`].
+    pub fn set_queue_kind(&self, name: &str, kind: Arc<dyn QueueKind>) {
+        self.queue_kinds
+            .write()
+            .push((name.to_string(), kind.clone()));
+        for v in self.vhosts.read().values() {
+            v.set_queue_kind(name, kind.clone());
+        }
     }
 
     /// Deletes vhost `name` with everything in it (RabbitMQ's `rabbit_vhost:delete`): its

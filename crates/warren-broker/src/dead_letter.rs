@@ -23,6 +23,8 @@ pub enum DeathReason {
     /// Dropped from the head of a queue over its length limit, or refused by a
     /// `reject-publish-dlx` queue.
     Maxlen,
+    /// Returned to a quorum queue more often than its `x-delivery-limit` allows.
+    DeliveryLimit,
 }
 
 impl DeathReason {
@@ -32,6 +34,7 @@ impl DeathReason {
             DeathReason::Rejected => "rejected",
             DeathReason::Expired => "expired",
             DeathReason::Maxlen => "maxlen",
+            DeathReason::DeliveryLimit => "delivery_limit",
         }
     }
 }

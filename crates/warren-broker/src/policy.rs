@@ -54,12 +54,24 @@ pub enum ApplyTo {
     Queues,
     /// Exchanges only.
     Exchanges,
-    /// Classic queues only (RabbitMQ 4): every Warren queue is a classic queue.
+    /// Classic queues only (RabbitMQ 4).
     ClassicQueues,
-    /// Quorum queues only (RabbitMQ 4): accepted, applies to no Warren queue.
+    /// Quorum queues only (RabbitMQ 4).
     QuorumQueues,
-    /// Streams only (RabbitMQ 4): accepted, applies to no Warren queue.
+    /// Streams only (RabbitMQ 4): accepted, applies to no Warren queue (Warren has no
+    /// streams).
     Streams,
+}
+
+/// What a policy is matched against: an exchange, or a queue of a type (its
+/// [`crate::queue::QueueBackend::kind`]: `classic`, `quorum`, ...), for the `apply-to`
+/// values that name queue types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target<'a> {
+    /// An exchange.
+    Exchange,
+    /// A queue of this type.
+    Queue(&'a str),
 }
 
 impl ApplyTo {
@@ -350,12 +362,15 @@ impl Policy {
         })
     }
 
-    fn matches(&self, name: &str, queue: bool) -> bool {
-        let kind = match self.apply_to {
-            ApplyTo::All => true,
-            ApplyTo::Queues | ApplyTo::ClassicQueues => queue,
-            ApplyTo::Exchanges => !queue,
-            ApplyTo::QuorumQueues | ApplyTo::Streams => false,
+    fn matches(&self, name: &str, target: Target<'_>) -> bool {
+        let kind = match (self.apply_to, target) {
+            (ApplyTo::All, _) => true,
+            (ApplyTo::Exchanges, t) => t == Target::Exchange,
+            (_, Target::Exchange) => false,
+            (ApplyTo::Queues, Target::Queue(_)) => true,
+            (ApplyTo::ClassicQueues, Target::Queue(t)) => t == "classic",
+            (ApplyTo::QuorumQueues, Target::Queue(t)) => t == "quorum",
+            (ApplyTo::Streams, Target::Queue(t)) => t == "stream",
         };
         kind && self.regex.is_match(name)
     }
@@ -411,11 +426,11 @@ impl Applied {
 fn choose<'p>(
     policies: &'p BTreeMap<String, Policy>,
     name: &str,
-    queue: bool,
+    target: Target<'_>,
 ) -> Option<&'p Policy> {
     let mut best: Option<&Policy> = None;
     for p in policies.values() {
-        if p.matches(name, queue) && best.is_none_or(|b| p.priority > b.priority) {
+        if p.matches(name, target) && best.is_none_or(|b| p.priority > b.priority) {
             best = Some(p);
         }
     }
@@ -423,10 +438,10 @@ fn choose<'p>(
 }
 
 impl Policies {
-    /// What applies to the queue (`queue`) or exchange named `name`.
-    pub fn applied(&self, name: &str, queue: bool) -> Applied {
-        let user = choose(&self.user, name, queue);
-        let operator = choose(&self.operator, name, queue);
+    /// What applies to the queue or exchange (`target`) named `name`.
+    pub fn applied(&self, name: &str, target: Target<'_>) -> Applied {
+        let user = choose(&self.user, name, target);
+        let operator = choose(&self.operator, name, target);
         let mut definition = user.map(|p| p.definition.clone()).unwrap_or_default();
         if let Some(op) = operator {
             for (k, v) in &op.definition {
@@ -545,12 +560,23 @@ mod tests {
             ],
             vec![],
         );
-        let q = ps.applied("q1", true);
+        let q = ps.applied("q1", Target::Queue("classic"));
         assert_eq!(q.policy.as_deref(), Some("a"));
         assert_eq!(q.int("max-length"), Some(2));
-        assert_eq!(ps.applied("other", true).policy.as_deref(), Some("low"));
-        assert_eq!(ps.applied("q1", false).policy.as_deref(), Some("high-x"));
-        assert_eq!(Policies::default().applied("q", true), Applied::default());
+        assert_eq!(
+            ps.applied("other", Target::Queue("classic"))
+                .policy
+                .as_deref(),
+            Some("low")
+        );
+        assert_eq!(
+            ps.applied("q1", Target::Exchange).policy.as_deref(),
+            Some("high-x")
+        );
+        assert_eq!(
+            Policies::default().applied("q", Target::Queue("classic")),
+            Applied::default()
+        );
     }
 
     #[test]
@@ -573,7 +599,7 @@ mod tests {
             )],
             vec![op],
         );
-        let a = ps.applied("q", true);
+        let a = ps.applied("q", Target::Queue("classic"));
         assert_eq!(a.operator_policy.as_deref(), Some("op"));
         assert_eq!(a.int("max-length"), Some(5));
         assert_eq!(a.int("message-ttl"), Some(1000));

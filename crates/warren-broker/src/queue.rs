@@ -46,7 +46,10 @@ mod paging;
 mod positions;
 mod view;
 
-pub use backend::{lock_enqueue_order, queue_type, Queue, QueueBackend, QueueKind, QueueSpec};
+pub use backend::{
+    lock_enqueue_order, queue_type, EnqueueOrder, Queue, QueueBackend, QueueKind, QueueSpec,
+    ENQUEUE_ORDER_INLINE,
+};
 use paging::{entry_key, Spilled};
 pub use positions::Positions;
 
@@ -206,6 +209,9 @@ pub struct ClassicQueue {
     /// The settings the queue acts on: `declared` merged with the policies that apply
     /// (see [`crate::policy::effective_queue_args`]).
     effective: parking_lot::RwLock<Arc<QueueArgs>>,
+    /// `effective` has a length limit (`x-max-length` or `x-max-length-bytes`): read on every
+    /// publish without taking the lock.
+    limited: std::sync::atomic::AtomicBool,
     /// The policy and operator policy that apply, and their merged definition.
     applied: parking_lot::RwLock<Arc<crate::policy::Applied>>,
     clock: Arc<dyn Clock>,
@@ -260,7 +266,12 @@ impl Spilled {
 
 impl State {
     fn spilled(&self) -> usize {
-        self.spills.iter().flatten().map(Spilled::len).sum()
+        // Read on every publish and delivery; a queue without priorities has one level.
+        match self.spills.as_slice() {
+            [] => 0,
+            [one] => one.as_ref().map_or(0, Spilled::len),
+            levels => levels.iter().flatten().map(Spilled::len).sum(),
+        }
     }
     fn spilled_at(&self, level: usize) -> usize {
         self.spills
@@ -358,6 +369,7 @@ impl ClassicQueue {
                 ..State::default()
             }),
             overflow_declared: arguments.contains_key("x-overflow"),
+            limited: std::sync::atomic::AtomicBool::new(has_length_limit(&args)),
             effective: parking_lot::RwLock::new(Arc::new(args.clone())),
             applied: parking_lot::RwLock::new(Arc::default()),
             declared: args,
@@ -423,6 +435,13 @@ impl ClassicQueue {
         self.effective.read().clone()
     }
 
+    /// [`ClassicQueue::args`] without taking a reference: for a few fields read on every
+    /// publish and delivery. Hold the guard briefly and never while taking the queue's
+    /// state lock (a policy change writes it).
+    pub(super) fn settings(&self) -> parking_lot::RwLockReadGuard<'_, Arc<QueueArgs>> {
+        self.effective.read()
+    }
+
     /// The policy and operator policy applied to the queue, and their merged definition.
     pub fn applied_policy(&self) -> Arc<crate::policy::Applied> {
         self.applied.read().clone()
@@ -437,6 +456,10 @@ impl ClassicQueue {
         let args =
             crate::policy::effective_queue_args(&self.declared, self.overflow_declared, &applied);
         let changed = *self.effective.read().as_ref() != args;
+        self.limited.store(
+            has_length_limit(&args),
+            std::sync::atomic::Ordering::Relaxed,
+        );
         *self.effective.write() = Arc::new(args);
         *self.applied.write() = Arc::new(applied);
         changed
@@ -599,6 +622,11 @@ impl ClassicQueue {
     pub fn deliveries(&self) -> u64 {
         self.deliveries.load(std::sync::atomic::Ordering::Relaxed)
     }
+}
+
+/// True when `args` limit the queue's length (`x-max-length` or `x-max-length-bytes`).
+fn has_length_limit(args: &QueueArgs) -> bool {
+    args.max_length.is_some() || args.max_length_bytes.is_some()
 }
 
 /// The key a queue's messages carry in the store: `vhost` U+001F `name`.

@@ -261,7 +261,7 @@ fn queue_json(app: &App, q: &QueueInfo, ranges: &Ranges) -> Value {
         "exclusive": q.exclusive,
         "arguments": q.arguments,
         "node": app.node,
-        "type": "classic",
+        "type": q.kind,
         "state": "running",
         "messages": q.ready + q.unacked,
         "messages_ready": q.ready,

@@ -176,6 +176,8 @@ pub struct QueueInfo {
     pub auto_delete: bool,
     /// Owned by one connection.
     pub exclusive: bool,
+    /// The queue type (`classic`, `quorum`), as the API's `type` shows it.
+    pub kind: &'static str,
     /// Declared arguments as JSON.
     pub arguments: Map<String, Value>,
     /// Ready messages.
@@ -1205,22 +1207,20 @@ impl Backend {
                 let r = self
                     .vhost_record(&v)
                     .unwrap_or_else(|| VhostRecord::new(v.as_str()));
-                // RabbitMQ 4's vhost entry (rabbit_mgmt_wm_vhosts' `basic`), the default
-                // queue type always given; and the limits, as `rabbitmqctl
-                // export_definitions` writes them.
+                // RabbitMQ 4's vhost entry (the fields rabbit_mgmt_wm_definitions keeps),
+                // the default queue type always given. The limits are exported as the
+                // `vhost-limits` parameters, where RabbitMQ's import reads them.
                 let queue_type = r.default_queue_type.as_deref().unwrap_or("classic");
                 serde_json::json!({
                     "name": v,
                     "description": r.description,
                     "tags": r.tags,
                     "default_queue_type": queue_type,
-                    "protected_from_deletion": false,
                     "metadata": {
                         "description": r.description,
                         "tags": r.tags,
                         "default_queue_type": queue_type,
                     },
-                    "limits": vhost_limits_json(&r.limits),
                 })
             })
             .collect();
@@ -1335,7 +1335,10 @@ impl Backend {
             "metadata": entry["metadata"],
             "description": entry["description"],
             "default_queue_type": entry["default_queue_type"],
-            "limits": entry["limits"],
+            "limits": self
+                .vhost_record(vhost)
+                .map(|r| vhost_limits_json(&r.limits))
+                .unwrap_or_default(),
             "parameters": of_vhost("parameters"),
             "policies": of_vhost("policies"),
             "queues": of_vhost("queues"),
@@ -1450,6 +1453,7 @@ fn queue_info(q: &Arc<warren_broker::Queue>) -> QueueInfo {
         durable: q.durable(),
         auto_delete: q.auto_delete(),
         exclusive: q.exclusive_owner().is_some(),
+        kind: q.kind(),
         arguments: table_to_json(q.arguments()),
         ready: c.ready.into(),
         unacked: c.unacked.into(),

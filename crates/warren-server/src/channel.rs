@@ -99,6 +99,10 @@ pub struct Channel {
     reply_to: Option<String>,
     /// The last publish permission granted on this channel.
     publish_grant: PublishGrant,
+    /// basic.ack, basic.nack and basic.reject (in that order): the access-control generation
+    /// under which each was last authorized, so that a settlement, sent for every delivery,
+    /// asks the operations layer only when the access-control database changed.
+    settle_granted: [Option<u64>; 3],
 }
 
 /// The connection context a channel works in.
@@ -186,6 +190,7 @@ impl Channel {
             pressure: None,
             reply_to: None,
             publish_grant: PublishGrant::default(),
+            settle_granted: [None; 3],
         }
     }
 
@@ -215,6 +220,18 @@ impl Channel {
             };
             return Err(BrokerError::new(constants::UNEXPECTED_FRAME, text));
         }
+        // Consumer cancel notifications caused by a method (queue.delete of a queue this
+        // channel consumes from) follow its reply. The methods of the message path delete
+        // no queue, so they skip that bookkeeping and its two channel-lock round trips.
+        if matches!(
+            method,
+            Method::BasicPublish(_)
+                | Method::BasicAck(_)
+                | Method::BasicNack(_)
+                | Method::BasicReject(_)
+        ) {
+            return self.dispatch_method(ctx, method);
+        }
         self.shared.st.lock().replying = true;
         let outcome = self.dispatch_method(ctx, method);
         let deferred = {
@@ -235,6 +252,23 @@ impl Channel {
             });
         }
         outcome
+    }
+
+    /// Authorizes settlement `op` (basic.ack, basic.nack or basic.reject, at `slot` of
+    /// `settle_granted`) through the operations layer once per generation of the
+    /// access-control database.
+    fn authorize_settlement(
+        &mut self,
+        ctx: &Context,
+        op: Operation<'static>,
+        slot: usize,
+    ) -> Result<(), BrokerError> {
+        let generation = ctx.broker.access_generation();
+        if self.settle_granted[slot] != Some(generation) {
+            ctx.ops().authorize(&op)?;
+            self.settle_granted[slot] = Some(generation);
+        }
+        Ok(())
     }
 
     fn dispatch_method(&mut self, ctx: &Context, method: Method) -> Result<Outcome, BrokerError> {
@@ -369,7 +403,7 @@ impl Channel {
             }
             Method::BasicGet(m) => self.basic_get(ctx, m).map(|_| Outcome::Done),
             Method::BasicAck(m) => {
-                ctx.ops().authorize(&Operation::BasicAck)?;
+                self.authorize_settlement(ctx, Operation::BasicAck, 0)?;
                 let op = AckOp::Ack {
                     tag: m.delivery_tag,
                     multiple: m.multiple,
@@ -377,7 +411,7 @@ impl Channel {
                 self.ack_op(ctx, op).map(|_| Outcome::Done)
             }
             Method::BasicReject(m) => {
-                ctx.ops().authorize(&Operation::BasicReject)?;
+                self.authorize_settlement(ctx, Operation::BasicReject, 2)?;
                 let op = AckOp::Reject {
                     tag: m.delivery_tag,
                     multiple: false,
@@ -386,7 +420,7 @@ impl Channel {
                 self.ack_op(ctx, op).map(|_| Outcome::Done)
             }
             Method::BasicNack(m) => {
-                ctx.ops().authorize(&Operation::BasicNack)?;
+                self.authorize_settlement(ctx, Operation::BasicNack, 1)?;
                 let op = AckOp::Reject {
                     tag: m.delivery_tag,
                     multiple: m.multiple,

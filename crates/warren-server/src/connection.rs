@@ -147,7 +147,11 @@ pub async fn serve_with<S>(
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
     let id = state.next_connection_id();
-    let span = tracing::info_span!("conn", id, %peer);
+    // A debug span: at the default level it is disabled, so polling the connection's task
+    // does not enter and exit it (with the layered subscriber that is two lock reads and a
+    // span-slab lookup per poll, about 4% of the broker's instructions per fanout
+    // delivery). Log lines at info and above name the connection themselves.
+    let span = tracing::debug_span!("conn", id, %peer);
     let (rd, wr) = tokio::io::split(stream);
     let fut = async move {
         match run(state.clone(), id, rd, wr, peer, local, security, shutdown).await {

@@ -96,14 +96,14 @@ impl BrokerBuilder {
             Ok(l) => l,
             Err(e) => {
                 // Release the data directory for whoever starts next.
-                state.broker.close();
+                state.close();
                 return Err(std::io::Error::other(e));
             }
         };
         let tls = match bind_tls(&state.config.tls).await {
             Ok(t) => t,
             Err(e) => {
-                state.broker.close();
+                state.close();
                 return Err(e);
             }
         };
@@ -119,7 +119,7 @@ impl BrokerBuilder {
             {
                 Ok(m) => m,
                 Err(e) => {
-                    state.broker.close();
+                    state.close();
                     return Err(e);
                 }
             }
@@ -137,7 +137,7 @@ impl BrokerBuilder {
                 Ok(m) => m,
                 Err(e) => {
                     let _ = tx.send(true);
-                    state.broker.close();
+                    state.close();
                     return Err(e);
                 }
             }
@@ -417,6 +417,6 @@ async fn accept_loop(
     })
     .await;
     tasks.abort_all();
-    state.broker.close();
+    state.close();
     info!("broker stopped");
 }

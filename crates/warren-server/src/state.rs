@@ -33,6 +33,20 @@ pub struct ServerState {
     disk_alarm: AtomicBool,
     /// The disk alarm's limit (changeable at run time).
     disk_limit: parking_lot::Mutex<DiskLimit>,
+    /// The node's quorum queues: their shared Raft log and settings.
+    pub quorum: Arc<warren_quorum::QuorumNode>,
+    /// The quorum log's directory when the broker has no data directory (removed at close).
+    quorum_scratch: Option<std::path::PathBuf>,
+}
+
+/// A scratch directory for the quorum queues of a broker without a data directory.
+fn scratch_dir() -> std::path::PathBuf {
+    static N: AtomicU64 = AtomicU64::new(0);
+    std::env::temp_dir().join(format!(
+        "warren-quorum-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ))
 }
 
 /// The disk alarm's setting: the configured limit, or RabbitMQ's memory-relative one.
@@ -101,11 +115,28 @@ impl ServerState {
     /// Errors: the message store could not be opened; a user, vhost or permission entry or the
     /// definitions file could not be applied.
     pub fn new(config: Config) -> std::io::Result<Self> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(std::io::Error::other)?;
+        let quorum_scratch = config.storage.data_dir.is_none().then(scratch_dir);
+        let quorum_dir = match (&config.storage.data_dir, &quorum_scratch) {
+            (Some(d), _) => d.join("quorum"),
+            (None, Some(s)) => s.clone(),
+            (None, None) => unreachable!("a scratch directory without a data directory"),
+        };
+        let quorum =
+            warren_quorum::QuorumNode::new(warren_quorum::QuorumConfig::new(quorum_dir), runtime);
+        let kind: Arc<dyn warren_broker::queue::QueueKind> =
+            warren_quorum::QuorumKind::new(quorum.clone());
         let broker = match config.storage.options() {
-            None => warren_broker::Broker::new(),
+            None => {
+                let b = warren_broker::Broker::new();
+                b.set_queue_kind("quorum", kind);
+                b
+            }
             Some(opts) => {
-                let (broker, report) = warren_broker::Broker::open(opts)
-                    .map_err(|e| std::io::Error::other(e.to_string()))?;
+                let (broker, report) =
+                    warren_broker::Broker::open_with(opts, vec![("quorum".into(), kind)])
+                        .map_err(|e| std::io::Error::other(e.to_string()))?;
+                quorum.finish_recovery();
                 info!(
                     messages = report.messages,
                     segments = report.segments,
@@ -123,6 +154,7 @@ impl ServerState {
         broker.set_limits(config.limits.limits());
         if let Err(e) = crate::provision::provision(&broker, &config) {
             broker.close();
+            quorum.close();
             return Err(std::io::Error::other(e.to_string()));
         }
         let mut loopback_users = config.auth.loopback_users.clone();
@@ -151,7 +183,19 @@ impl ServerState {
             memory_limit,
             disk_alarm: AtomicBool::new(false),
             disk_limit: parking_lot::Mutex::new(disk_limit),
+            quorum,
+            quorum_scratch,
         })
+    }
+
+    /// Stops the broker's storage: the message store and definitions writer, then the
+    /// quorum queues' log; releases the data directory.
+    pub fn close(&self) {
+        self.broker.close();
+        self.quorum.close();
+        if let Some(d) = &self.quorum_scratch {
+            let _ = std::fs::remove_dir_all(d);
+        }
     }
 
     /// Changes the disk alarm's limit while the broker runs (as RabbitMQ's

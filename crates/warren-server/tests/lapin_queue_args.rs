@@ -168,11 +168,6 @@ async fn invalid_arguments_are_refused_with_rabbitmq_texts() {
         ),
         (
             "x-queue-type",
-            s("quorum"),
-            "\"unsupported queue type 'quorum'\"",
-        ),
-        (
-            "x-queue-type",
             s("stream"),
             "\"unsupported queue type 'stream'\"",
         ),

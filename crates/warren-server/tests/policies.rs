@@ -613,15 +613,23 @@ async fn definitions_export_and_import_carry_policies() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// RabbitMQ 4's `apply-to` values: `classic_queues` applies to Warren's queues (all
-/// classic), `quorum_queues` and `streams` are accepted (a 4.x definitions file with them
-/// imports) and apply to none; and the lists of policies are open to any management user,
-/// as RabbitMQ's (`is_authorized_vhost`), showing the vhosts the user may use.
+/// RabbitMQ 4's `apply-to` values: `classic_queues` and `quorum_queues` apply to queues of
+/// that type only, `streams` is accepted (a 4.x definitions file with it imports) and
+/// applies to none (Warren has no streams); and the lists of policies are open to any
+/// management user, as RabbitMQ's (`is_authorized_vhost`), showing the vhosts the user may
+/// use.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rabbitmq_4_apply_to_values_and_who_may_list() {
     let h = Http::start(None, None).await;
     let ch = h.channel().await;
     declare(&ch, "typed", false, FieldTable::default()).await;
+    declare(
+        &ch,
+        "typed-quorum",
+        true,
+        args(&[("x-queue-type", AMQPValue::LongString("quorum".into()))]),
+    )
+    .await;
     for (name, apply_to, priority) in [
         ("quorum-only", "quorum_queues", 9),
         ("streams-only", "streams", 8),
@@ -631,16 +639,25 @@ async fn rabbitmq_4_apply_to_values_and_who_may_list() {
             .put_policy(
                 "policies",
                 name,
-                json!({"pattern": "^typed$", "definition": {"max-length": priority},
+                json!({"pattern": "^typed", "definition": {"max-length": priority},
                        "apply-to": apply_to, "priority": priority}),
             )
             .await;
         assert_eq!(created, StatusCode::CREATED, "{name}");
     }
-    // The higher priorities apply to no classic queue: the classic one applies.
+    // Each queue gets the policy of its type, whatever the priorities.
     let q = h.queue("typed").await;
-    assert_eq!(q["policy"], "classic-only");
+    assert_eq!(
+        (q["type"].clone(), q["policy"].clone()),
+        (json!("classic"), json!("classic-only"))
+    );
     assert_eq!(q["effective_policy_definition"], json!({"max-length": 1}));
+    let q = h.queue("typed-quorum").await;
+    assert_eq!(
+        (q["type"].clone(), q["policy"].clone()),
+        (json!("quorum"), json!("quorum-only"))
+    );
+    assert_eq!(q["effective_policy_definition"], json!({"max-length": 9}));
     let listed = h.get_json("/api/policies/%2F").await;
     // By priority, as RabbitMQ lists them.
     assert_eq!(

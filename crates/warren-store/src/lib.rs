@@ -46,6 +46,7 @@
 
 mod compact;
 mod deleted;
+pub mod raftlog;
 pub mod record;
 mod recovery;
 pub mod spill;

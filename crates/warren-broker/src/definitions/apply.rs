@@ -141,17 +141,28 @@ impl Broker {
             }
             Change::DeclareQueue(q) => {
                 let what = || format!("queue '{}' in vhost '{}'", q.name, q.vhost);
-                if let Some(t) = q.queue_type.as_deref().filter(|t| *t != "classic") {
-                    warn!(
-                        queue = %q.name,
-                        vhost = %q.vhost,
-                        "definitions: queue type '{t}' is not supported; queue not imported"
-                    );
-                    done.skipped
-                        .push(format!("{}: unsupported queue type '{t}'", what()));
-                    return Ok(());
-                }
                 let vh = vhost(&q.vhost, &what)?;
+                let mut arguments = q.arguments.clone();
+                if let Some(t) = q.queue_type.as_deref().filter(|t| *t != "classic") {
+                    if !vh.has_queue_kind(t) {
+                        warn!(
+                            queue = %q.name,
+                            vhost = %q.vhost,
+                            "definitions: queue type '{t}' is not supported; queue not imported"
+                        );
+                        done.skipped
+                            .push(format!("{}: unsupported queue type '{t}'", what()));
+                        return Ok(());
+                    }
+                    if !arguments.contains_key("x-queue-type") {
+                        arguments.insert(
+                            "x-queue-type",
+                            warren_amqp::table::FieldValue::LongString(
+                                bytes::Bytes::copy_from_slice(t.as_bytes()),
+                            ),
+                        );
+                    }
+                }
                 if vh.queue(&q.name, IMPORT_CONNECTION_ID).is_err() {
                     vh.declare_queue(
                         &QueueDeclare {
@@ -160,7 +171,7 @@ impl Broker {
                             durable: q.durable,
                             exclusive: false,
                             auto_delete: q.auto_delete,
-                            arguments: q.arguments.clone(),
+                            arguments,
                         },
                         IMPORT_CONNECTION_ID,
                     )

@@ -162,6 +162,7 @@ impl<'a> Ops<'a> {
     ///
     /// Errors: 403 ACCESS_REFUSED `<perm> access to <kind> '<name>' in vhost '<v>' refused for
     /// user '<u>'`, and the other refusals of [`crate::access::AccessControl::check`].
+    #[inline]
     pub fn authorize(&self, op: &Operation<'_>) -> Result<()> {
         if required_access(op).is_none() {
             return Ok(());
@@ -369,6 +370,7 @@ impl<'a> Ops<'a> {
                 queue: Some(q),
             });
         }
+        self.vhost.check_server_named(d)?;
         let name = decide_queue_name(&d.name)?;
         self.authorize(&Operation::QueueDeclare {
             queue: &name,

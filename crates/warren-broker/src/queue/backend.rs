@@ -29,10 +29,11 @@ use crate::message::{Message, QueuedMessage};
 use crate::policy::Applied;
 use crate::registry::QueueStats;
 use bytes::Bytes;
+use smallvec::SmallVec;
 use std::sync::{Arc, Weak};
 use warren_amqp::table::FieldTable;
 use warren_store::spill::SpillEntry;
-use warren_store::{Location, Store};
+use warren_store::{Completion, Location, Store};
 
 /// A queue as routing, the operations layer and the front ends see it: `dyn QueueBackend`,
 /// held as `Arc<Queue>`.
@@ -140,6 +141,33 @@ pub trait QueueBackend: Send + Sync + std::fmt::Debug {
         seq: u64,
         stored: Option<Location>,
     ) -> (bool, Vec<DeadLetter>);
+
+    /// True for a queue that confirms publishes itself (a replicated queue confirms once a
+    /// majority of its members has the message on disk): routing gives it the publisher's
+    /// waiter through [`QueueBackend::enqueue_confirmed`] and does not write the message to
+    /// the message store for it.
+    fn confirms_publishes(&self) -> bool {
+        false
+    }
+
+    /// [`QueueBackend::enqueue`] for a queue that [`confirms_publishes`]: `waiter` is
+    /// completed once the queue has taken responsibility for the message (or with `false`
+    /// when it cannot).
+    ///
+    /// [`confirms_publishes`]: QueueBackend::confirms_publishes
+    fn enqueue_confirmed(
+        &self,
+        this: &Arc<Queue>,
+        message: Arc<Message>,
+        seq: u64,
+        waiter: Option<(Arc<dyn Completion>, u64)>,
+    ) -> (bool, Vec<DeadLetter>) {
+        let r = self.enqueue(this, message, seq, None);
+        if let Some((sink, token)) = waiter {
+            sink.complete(&[token], true);
+        }
+        r
+    }
 
     /// Re-publishes dead letters to the queue's dead-letter exchange (never with the queue's
     /// or an enqueue-order lock held: the exchange may route back to this queue).
@@ -345,6 +373,26 @@ pub trait QueueKind: Send + Sync {
 
     /// Builds a new, empty queue (declare) or an empty one to recover into (restart).
     fn build(&self, spec: QueueSpec) -> Arc<Queue>;
+
+    /// Fails when the kind cannot have a server-named queue (queue.declare with an empty
+    /// name): 406 PRECONDITION_FAILED with RabbitMQ's text. Checked before the name is
+    /// generated and before permissions, as RabbitMQ's channel does.
+    fn check_server_named(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Checks the flags of a queue.declare that creates a queue of this kind, after
+    /// [`QueueKind::validate`] (`durable` is false for an exclusive queue). Errors: 406
+    /// PRECONDITION_FAILED with RabbitMQ's `invalid property` texts.
+    fn check_flags(
+        &self,
+        _resource: &str,
+        _durable: bool,
+        _exclusive: bool,
+        _auto_delete: bool,
+    ) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// The `x-queue-type` of declared arguments: `None` when absent or not a string (the
@@ -355,10 +403,20 @@ pub fn queue_type(arguments: &FieldTable) -> Option<&str> {
 
 /// Takes the [`QueueBackend::enqueue_order`] locks of `queues` in address order (the same
 /// order for every publisher, so that publishers routing to overlapping sets of queues cannot
-/// deadlock); a queue listed twice is locked once.
-pub fn lock_enqueue_order(queues: &[Arc<Queue>]) -> Vec<parking_lot::MutexGuard<'_, ()>> {
-    let mut sorted: Vec<&Arc<Queue>> = queues.iter().collect();
-    sorted.sort_by_key(|q| Arc::as_ptr(q) as *const () as usize);
-    sorted.dedup_by_key(|q| Arc::as_ptr(q) as *const () as usize);
+/// deadlock); a queue listed twice is locked once. Up to [`ENQUEUE_ORDER_INLINE`] queues
+/// (every publish but wide fanouts) it allocates nothing.
+pub fn lock_enqueue_order(queues: &[Arc<Queue>]) -> EnqueueOrder<'_> {
+    let addr = |q: &&Arc<Queue>| Arc::as_ptr(q) as *const () as usize;
+    let mut sorted: SmallVec<[&Arc<Queue>; ENQUEUE_ORDER_INLINE]> = queues.iter().collect();
+    if sorted.len() > 1 {
+        sorted.sort_unstable_by_key(addr);
+        sorted.dedup_by_key(|q| addr(q));
+    }
     sorted.into_iter().map(|q| q.enqueue_order()).collect()
 }
+
+/// How many queues' enqueue-order locks [`lock_enqueue_order`] holds without allocating.
+pub const ENQUEUE_ORDER_INLINE: usize = 8;
+
+/// The enqueue-order locks a publisher holds (see [`lock_enqueue_order`]); released on drop.
+pub type EnqueueOrder<'a> = SmallVec<[parking_lot::MutexGuard<'a, ()>; ENQUEUE_ORDER_INLINE]>;

@@ -8,7 +8,7 @@ impl ClassicQueue {
     /// rejected): it is settled, and dead-lettered if the queue has a dead-letter exchange.
     pub(super) fn discard(&self, st: &mut State, qm: QueuedMessage, reason: DeathReason) {
         self.settled(&qm);
-        if self.args().dead_letter_exchange.is_some() {
+        if self.settings().dead_letter_exchange.is_some() {
             st.dead.push(DeadLetter {
                 message: qm.message,
                 reason,

@@ -121,7 +121,7 @@ impl ClassicQueue {
             if st.ready.is_empty() {
                 break;
             }
-            let single = self.args().single_active_consumer;
+            let single = self.settings().single_active_consumer;
             let n = if single { 1 } else { st.consumers.len() };
             let mut delivered = false;
             // Consumers are sorted by priority: try each priority group in turn, round-robin

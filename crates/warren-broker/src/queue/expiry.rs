@@ -14,7 +14,9 @@ impl ClassicQueue {
     /// When a message enqueued now expires: the smaller of the queue's `x-message-ttl` and
     /// the message's `expiration`.
     pub(super) fn deadline(&self, m: &Message) -> Option<u64> {
-        self.deadline_from(m, self.clock.now_ms())
+        // The TTL first: most messages have none, and then the clock is not read.
+        let ttl = self.ttl(m)?;
+        Some(self.clock.now_ms().saturating_add(ttl))
     }
 
     /// When a message enqueued at `enqueued_ms` expires.
@@ -29,7 +31,7 @@ impl ClassicQueue {
             .expiration
             .as_ref()
             .and_then(|e| crate::args::parse_expiration(e.as_str()?).ok());
-        match (self.args().message_ttl, own) {
+        match (self.settings().message_ttl, own) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }

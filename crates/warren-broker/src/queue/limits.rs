@@ -15,9 +15,14 @@ impl ClassicQueue {
     /// Drops (or dead-letters) messages from the head while the queue is over its
     /// `x-max-length` / `x-max-length-bytes` (overflow `drop-head`).
     pub(super) fn enforce_max_length(&self, st: &mut State) {
-        let (max_len, max_bytes) = (self.args().max_length, self.args().max_length_bytes);
-        if self.args().overflow != Overflow::DropHead || (max_len.is_none() && max_bytes.is_none())
-        {
+        if !self.limited.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        let (max_len, max_bytes, overflow) = {
+            let a = self.settings();
+            (a.max_length, a.max_length_bytes, a.overflow)
+        };
+        if overflow != Overflow::DropHead || (max_len.is_none() && max_bytes.is_none()) {
             return;
         }
         loop {
@@ -36,9 +41,14 @@ impl ClassicQueue {
     /// True when the queue refuses `msg` because it is full and its overflow is
     /// `reject-publish` or `reject-publish-dlx`.
     pub fn rejects_publish(&self, msg: &Message) -> bool {
-        let (max_len, max_bytes) = (self.args().max_length, self.args().max_length_bytes);
-        if self.args().overflow == Overflow::DropHead || (max_len.is_none() && max_bytes.is_none())
-        {
+        if !self.limited.load(std::sync::atomic::Ordering::Relaxed) {
+            return false;
+        }
+        let (max_len, max_bytes, overflow) = {
+            let a = self.settings();
+            (a.max_length, a.max_length_bytes, a.overflow)
+        };
+        if overflow == Overflow::DropHead || (max_len.is_none() && max_bytes.is_none()) {
             return false;
         }
         let st = self.state.lock();

@@ -180,7 +180,16 @@ impl ClassicQueue {
     /// Brings back what is paged out as it is needed: requeued messages that sort before
     /// the head, the spill of a priority above the head's, and spilled messages once the
     /// in-memory window is half empty.
+    #[inline]
     pub(super) fn refill(&self, st: &mut State) {
+        // Called for every delivery: nothing paged out is the common case, answered inline.
+        if st.paged.is_empty() && st.spilled() == 0 {
+            return;
+        }
+        self.refill_paged(st);
+    }
+
+    fn refill_paged(&self, st: &mut State) {
         let Some(b) = &self.backing else {
             return;
         };

@@ -89,7 +89,10 @@ impl VHost {
             d.internal,
             d.arguments.clone(),
         );
-        x.apply_policy(topo.policies.applied(&d.name, false));
+        x.apply_policy(
+            topo.policies
+                .applied(&d.name, crate::policy::Target::Exchange),
+        );
         topo.exchanges.insert(d.name.clone(), x);
         if d.durable {
             let put = TopologyCommand::PutExchange {

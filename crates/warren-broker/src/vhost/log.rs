@@ -23,7 +23,7 @@
 
 use super::topology::not_stored;
 use super::*;
-use crate::policy::{ApplyTo, Policy, PolicyValue};
+use crate::policy::{ApplyTo, Policy, PolicyValue, Target};
 use bytes::BufMut;
 use std::path::{Path, PathBuf};
 use warren_amqp::table::{decode_table, encode_table, Decoder};
@@ -682,7 +682,7 @@ impl VHost {
                         *internal,
                         arguments.clone(),
                     );
-                    x.apply_policy(topo.policies.applied(name, false));
+                    x.apply_policy(topo.policies.applied(name, Target::Exchange));
                     topo.exchanges.insert(name.clone(), x);
                 }
             }
@@ -694,7 +694,7 @@ impl VHost {
                 if !topo.queues.contains_key(name) {
                     let queue =
                         self.new_queue(name.clone(), true, None, *auto_delete, arguments.clone());
-                    queue.apply_policy(topo.policies.applied(name, true));
+                    queue.apply_policy(topo.policies.applied(name, Target::Queue(queue.kind())));
                     topo.queues.insert(name.clone(), queue);
                 }
             }

@@ -5,7 +5,7 @@
 //! from its head, as RabbitMQ does.
 
 use super::*;
-use crate::policy::{Applied, Policy};
+use crate::policy::{Applied, Policy, Target};
 
 impl Topology {
     /// Applies the policies to every queue and exchange again; returns the queues whose
@@ -13,12 +13,12 @@ impl Topology {
     pub(super) fn reapply_policies(&mut self) -> Vec<Arc<Queue>> {
         let mut changed = Vec::new();
         for q in self.queues.values() {
-            if q.apply_policy(self.policies.applied(q.name(), true)) {
+            if q.apply_policy(self.policies.applied(q.name(), Target::Queue(q.kind()))) {
                 changed.push(q.clone());
             }
         }
         for x in self.exchanges.values_mut() {
-            x.apply_policy(self.policies.applied(&x.name, false));
+            x.apply_policy(self.policies.applied(&x.name, Target::Exchange));
         }
         changed
     }

@@ -64,8 +64,8 @@ impl VHost {
                 rejected: false,
             });
         }
-        let exchange = msg.exchange.clone();
-        self.dispatch(&exchange, msg, waiter, true)
+        let published = msg.clone();
+        self.dispatch(&published.exchange, msg, waiter, true)
     }
 
     /// Routes `msg` from exchange `start` (its publish exchange, or the delayed exchange that
@@ -209,6 +209,24 @@ impl VHost {
         let order = crate::queue::lock_enqueue_order(&queues);
         let id = self.next_id();
         let mut location = None;
+        // Queues that confirm publishes themselves (quorum queues) each take a part of the
+        // publisher's confirm; the store's fsync is another part when it writes the message.
+        let replicated = queues.iter().filter(|q| q.confirms_publishes()).count();
+        let stores = self.persist.is_some()
+            && msg.is_persistent()
+            && queues.iter().any(|q| q.store().is_some());
+        let parts = replicated + usize::from(stores);
+        let (waiter, mut shares) = match waiter {
+            Some(w) if parts > 1 => {
+                let joint: Arc<dyn Completion> = Arc::new(JointConfirm::new(parts as u32, w));
+                let share = (joint, 0);
+                (Some(share.clone()), Some(share))
+            }
+            Some(w) if replicated == 1 => (None, Some(w)),
+            w => (w, None),
+        };
+        let early_confirm = early_confirm && replicated == 0;
+        let mut confirmed_later = false;
         if let (Some(p), true) = (&self.persist, msg.is_persistent()) {
             let durable: Vec<&str> = queues
                 .iter()
@@ -239,8 +257,17 @@ impl VHost {
         let mut pressured = None;
         let mut dead = Vec::new();
         for q in &queues {
-            let stored = if q.store().is_some() { location } else { None };
-            let (pressure, letters) = q.publish_held(msg.clone(), id, stored);
+            let (pressure, letters) = if q.confirms_publishes() {
+                confirmed_later |= shares.is_some();
+                let share = match (&shares, replicated > 1 || stores) {
+                    (Some(s), true) => Some(s.clone()),
+                    _ => shares.take(),
+                };
+                q.enqueue_confirmed(q, msg.clone(), id, share)
+            } else {
+                let stored = if q.store().is_some() { location } else { None };
+                q.publish_held(msg.clone(), id, stored)
+            };
             if pressure && pressured.is_none() {
                 pressured = Some(q.clone());
             }
@@ -255,7 +282,7 @@ impl VHost {
         Ok(Published {
             routed: true,
             queues: queues.len() as u32,
-            stored: location.is_some(),
+            stored: location.is_some() || confirmed_later,
             pressured,
             rejected,
         })
@@ -270,6 +297,41 @@ impl VHost {
                 true
             }
             None => false,
+        }
+    }
+}
+
+/// A publisher confirm shared by several parts (the store's fsync, each quorum queue's
+/// commit): completed once every part is, acked when all of them succeeded.
+struct JointConfirm {
+    remaining: std::sync::atomic::AtomicU32,
+    ok: std::sync::atomic::AtomicBool,
+    sink: Arc<dyn Completion>,
+    token: u64,
+}
+
+impl JointConfirm {
+    fn new(parts: u32, (sink, token): (Arc<dyn Completion>, u64)) -> Self {
+        JointConfirm {
+            remaining: std::sync::atomic::AtomicU32::new(parts),
+            ok: std::sync::atomic::AtomicBool::new(true),
+            sink,
+            token,
+        }
+    }
+}
+
+impl Completion for JointConfirm {
+    fn complete(&self, tokens: &[u64], ok: bool) {
+        use std::sync::atomic::Ordering;
+        // One completion per part (the store completes each sink once per batch).
+        debug_assert!(tokens.len() <= 1);
+        if !ok {
+            self.ok.store(false, Ordering::Release);
+        }
+        if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.sink
+                .complete(&[self.token], self.ok.load(Ordering::Acquire));
         }
     }
 }

@@ -9,6 +9,7 @@ use super::VHost;
 use crate::equivalence::{check_args, check_field, EQUIVALENT_QUEUE_ARGS};
 use crate::limits;
 use crate::names;
+use crate::policy::Target;
 use crate::queue::{queue_type, ClassicQueue, Consumer, Queue, QueueCounts, QueueKind, QueueSpec};
 use std::sync::Arc;
 use warren_amqp::table::FieldTable;
@@ -79,6 +80,12 @@ impl VHost {
         }
     }
 
+    /// True when a kind of queue is registered under `x-queue-type` `name` (see
+    /// [`VHost::set_queue_kind`]).
+    pub fn has_queue_kind(&self, name: &str) -> bool {
+        self.queue_kinds.read().contains_key(name)
+    }
+
     /// True when the queue exists.
     pub fn queue_exists(&self, name: &str) -> bool {
         self.topology.read().queues.contains_key(name)
@@ -109,8 +116,18 @@ impl VHost {
             let counts = q.counts();
             return Ok((q, counts));
         }
+        self.check_server_named(d)?;
         let name = decide_queue_name(&d.name)?;
         self.declare_queue_as(name, d, connection_id)
+    }
+
+    /// Fails when queue.declare `d` asks for a server-named queue of a kind that cannot have
+    /// one (RabbitMQ's "Cannot declare a server-named queue for type ...").
+    pub(crate) fn check_server_named(&self, d: &QueueDeclare) -> Result<()> {
+        match self.queue_kind(&d.arguments) {
+            Some(kind) if d.name.is_empty() => kind.check_server_named(),
+            _ => Ok(()),
+        }
     }
 
     /// A non-passive queue.declare under `name`, already decided by [`decide_queue_name`]
@@ -142,7 +159,12 @@ impl VHost {
             return Ok((q.clone(), counts));
         }
         match self.queue_kind(&d.arguments) {
-            Some(kind) => kind.validate(&self.queue_resource(&name), &d.arguments)?,
+            Some(kind) => {
+                let what = self.queue_resource(&name);
+                kind.validate(&what, &d.arguments)?;
+                let durable = d.durable && !d.exclusive;
+                kind.check_flags(&what, durable, d.exclusive, d.auto_delete)?;
+            }
             None => {
                 QueueArgs::parse(&self.queue_resource(&name), &d.arguments)?;
             }
@@ -155,7 +177,7 @@ impl VHost {
             d.auto_delete,
             d.arguments.clone(),
         );
-        q.apply_policy(topo.policies.applied(&name, true));
+        q.apply_policy(topo.policies.applied(&name, Target::Queue(q.kind())));
         topo.queues.insert(name.clone(), q.clone());
         if topo.queue_is_durable(&name) {
             let put = TopologyCommand::PutQueue {

@@ -4,6 +4,7 @@
 use crate::error::BrokerError;
 
 use crate::exchange::{Binding, Destination, Exchange};
+use crate::policy::Target;
 use crate::queue::Queue;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -109,7 +110,7 @@ impl Topology {
                 }
                 Removed::Exchange(mut x) => {
                     // Policies may have changed since it was removed.
-                    x.apply_policy(self.policies.applied(&x.name, false));
+                    x.apply_policy(self.policies.applied(&x.name, Target::Exchange));
                     self.bindings += x.bindings().len();
                     self.exchanges.insert(x.name.clone(), x);
                 }
@@ -119,7 +120,7 @@ impl Topology {
                     }
                 }
                 Removed::Queue(q) => {
-                    q.apply_policy(self.policies.applied(q.name(), true));
+                    q.apply_policy(self.policies.applied(q.name(), Target::Queue(q.kind())));
                     self.queues.insert(q.name().to_string(), q);
                 }
                 Removed::Policy {

@@ -1,8 +1,11 @@
 //! The health checks under `/api/health/checks/` (rabbit_mgmt_wm_health_check_* in
 //! rabbitmq-server): 200 `{"status":"ok",...}` when the check passes, 503
 //! `{"status":"failed","reason":...}` with what failed otherwise; any management user may
-//! ask. A Warren node is a cluster of one, with no quorum queues to lose and every vhost
-//! running in its process, so the cluster checks always pass.
+//! ask. A Warren node is a cluster of one, with every vhost running in its process, so the
+//! cluster checks pass: its quorum queues have no other member to lose (RabbitMQ answers
+//! `node-is-quorum-critical` for a single node the same way), and each elects this node
+//! its leader as it starts (`quorum-queues-without-elected-leaders` does not look at the
+//! moment of that election).
 
 use super::{authorize, ok_json, App, Need, Peer, Reply, S};
 use crate::backend::ListenerCertificates;
@@ -96,8 +99,8 @@ fn failed(reason: &str, extra: Value) -> Reply {
 /// Checks that hold on every Warren node: `metadata-store/initialized` (the definitions
 /// are loaded before the listeners open), `virtual-hosts` (every vhost runs in this
 /// process), `is-in-service`, `reached-target-cluster-size` (a cluster of one),
-/// `node-is-mirror-sync-critical` and `quorum-queues-without-elected-leaders` (no
-/// replicated queues).
+/// `node-is-mirror-sync-critical` (no mirrored queues) and
+/// `quorum-queues-without-elected-leaders` (see the module docs).
 async fn always_ok(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap) -> Reply {
     authorize(&app, &headers, peer, Need::Management, None)?;
     ok(json!({}))

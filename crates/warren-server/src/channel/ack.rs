@@ -129,6 +129,11 @@ impl Channel {
         requeue: bool,
         rejected: bool,
     ) {
+        // Nothing paged out in the first chunk means nothing paged out up to `upto` either
+        // (`take_upto` returns short chunks only at the end).
+        if first.is_empty() {
+            return;
+        }
         let mut chunk = first;
         loop {
             let more = chunk.len() == unacked::CHUNK;
@@ -156,7 +161,19 @@ pub(super) fn unknown_tag(tag: u64) -> BrokerError {
 
 /// Settles `taken` deliveries with their queues, grouped per queue, requeueing when asked;
 /// `rejected` for basic.reject / basic.nack (dead-lettered without `requeue`).
-pub(super) fn settle(channel_key: u64, taken: Vec<Unacked>, requeue: bool, rejected: bool) {
+pub(super) fn settle(channel_key: u64, mut taken: Vec<Unacked>, requeue: bool, rejected: bool) {
+    if taken.len() == 1 {
+        // One delivery (basic.ack of one tag, the common case): no grouping.
+        let u = taken.pop().expect("one element");
+        let s = Settlement {
+            consumer_tag: u.consumer_tag,
+            message: u.message,
+            requeue,
+            rejected,
+        };
+        u.queue.settle(channel_key, vec![s]);
+        return;
+    }
     let mut by_queue: Vec<(Arc<Queue>, Vec<Settlement>)> = Vec::new();
     for u in taken {
         let s = Settlement {

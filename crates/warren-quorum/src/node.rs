@@ -1,0 +1,172 @@
+//! The quorum side of one node: the shared Raft log every queue's group writes to, the
+//! groups recovered from it, the Raft settings and the network the groups talk over.
+
+use crate::network::Network;
+use parking_lot::Mutex;
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+use tokio::sync::watch;
+use tracing::{info, warn};
+use warren_store::raftlog::{GroupLog, RaftLog, RaftLogConfig};
+
+/// Settings of a node's quorum queues.
+#[derive(Debug, Clone)]
+pub struct QuorumConfig {
+    /// Where the shared log (`log/`) and the snapshots (`snapshots/`) live.
+    pub dir: PathBuf,
+    /// This node's id (1 on a broker without a cluster).
+    pub node_id: u64,
+    /// Raft heartbeat interval of the queue groups.
+    pub heartbeat: Duration,
+    /// Election timeout range: a follower that hears nothing from its leader for a random
+    /// time in this range starts an election.
+    pub election_timeout: (Duration, Duration),
+    /// A group snapshots its state after this many log entries, then purges them.
+    pub snapshot_every: u64,
+    /// Entries kept in the log behind a snapshot, for followers that lag a little (they
+    /// get the snapshot otherwise).
+    pub kept_after_snapshot: u64,
+}
+
+impl QuorumConfig {
+    /// Defaults for `dir`: node 1, 200 ms heartbeats, elections after 1-2 s of silence,
+    /// snapshots every 4096 entries, 256 entries kept behind a snapshot.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        QuorumConfig {
+            dir: dir.into(),
+            node_id: 1,
+            heartbeat: Duration::from_millis(200),
+            election_timeout: (Duration::from_millis(1000), Duration::from_millis(2000)),
+            snapshot_every: 4096,
+            kept_after_snapshot: 256,
+        }
+    }
+}
+
+/// A node's quorum service: opened lazily, when the first quorum queue is built (which happens
+/// with the data directory locked, during the broker's recovery or a declare).
+pub struct QuorumNode {
+    pub(crate) cfg: QuorumConfig,
+    pub(crate) runtime: tokio::runtime::Handle,
+    log: OnceLock<Result<RaftLog, String>>,
+    recovered: Mutex<HashMap<String, GroupLog>>,
+    /// Groups being shut down and dropped: a queue of the same name waits for it.
+    dropping: Mutex<HashMap<String, watch::Receiver<bool>>>,
+    pub(crate) network: Network,
+    /// Members of a new queue's group (node id -> address); this node alone without a
+    /// cluster.
+    pub(crate) members: Mutex<BTreeMap<u64, String>>,
+}
+
+impl std::fmt::Debug for QuorumNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QuorumNode")
+            .field("node_id", &self.cfg.node_id)
+            .finish()
+    }
+}
+
+impl QuorumNode {
+    /// A node's quorum service on `runtime` (where the Raft groups run).
+    pub fn new(cfg: QuorumConfig, runtime: tokio::runtime::Handle) -> Arc<QuorumNode> {
+        let mut members = BTreeMap::new();
+        members.insert(cfg.node_id, String::new());
+        Arc::new(QuorumNode {
+            cfg,
+            runtime,
+            log: OnceLock::new(),
+            recovered: Mutex::new(HashMap::new()),
+            dropping: Mutex::new(HashMap::new()),
+            network: Network::default(),
+            members: Mutex::new(members),
+        })
+    }
+
+    /// The shared log, opened (and recovered) on first use.
+    pub(crate) fn log(&self) -> Result<RaftLog, String> {
+        self.log
+            .get_or_init(|| {
+                let dir = self.cfg.dir.join("log");
+                match RaftLog::open(RaftLogConfig::new(&dir)) {
+                    Ok((log, groups)) => {
+                        if !groups.is_empty() {
+                            info!(groups = groups.len(), dir = %dir.display(), "quorum queue log recovered");
+                        }
+                        *self.recovered.lock() = groups;
+                        Ok(log)
+                    }
+                    Err(e) => Err(format!("cannot open the quorum queue log in {}: {e}", dir.display())),
+                }
+            })
+            .clone()
+    }
+
+    /// What recovery found of group `key` (empty for a new group).
+    pub(crate) fn take_recovered(&self, key: &str) -> GroupLog {
+        // Opening the log fills `recovered` (an error shows when the group starts).
+        let _ = self.log();
+        self.recovered.lock().remove(key).unwrap_or_default()
+    }
+
+    /// Drops the groups recovered from the log that no queue claimed (their queue was
+    /// deleted before the deletion reached the log). Call once the broker has recovered.
+    pub fn finish_recovery(&self) {
+        let Ok(log) = self.log() else { return };
+        let orphans: Vec<String> = self.recovered.lock().drain().map(|(k, _)| k).collect();
+        for key in orphans {
+            warn!(group = %key.replace('\u{1f}', "/"), "quorum queue log of a queue that no longer exists dropped");
+            log.drop_group(&key, None);
+            let _ = std::fs::remove_file(self.snapshot_path(&key));
+        }
+    }
+
+    /// Where group `key` keeps its snapshot.
+    pub(crate) fn snapshot_path(&self, key: &str) -> PathBuf {
+        let hex: String = key.bytes().map(|b| format!("{b:02x}")).collect();
+        self.cfg.dir.join("snapshots").join(format!("{hex}.snap"))
+    }
+
+    /// Marks group `key` as being dropped; returns the sender to signal when it is done.
+    pub(crate) fn begin_drop(&self, key: &str) -> watch::Sender<bool> {
+        let (tx, rx) = watch::channel(false);
+        self.dropping.lock().insert(key.to_string(), rx);
+        tx
+    }
+
+    /// Waits until a drop of group `key` in progress is done.
+    pub(crate) async fn wait_dropped(&self, key: &str) {
+        let rx = self.dropping.lock().get(key).cloned();
+        if let Some(mut rx) = rx {
+            let _ = rx.wait_for(|done| *done).await;
+        }
+    }
+
+    /// A drop of group `key` finished.
+    pub(crate) fn end_drop(&self, key: &str, tx: watch::Sender<bool>) {
+        self.dropping.lock().remove(key);
+        let _ = tx.send(true);
+    }
+
+    /// The Raft settings of a queue group.
+    pub(crate) fn raft_config(&self) -> Arc<openraft::Config> {
+        let cfg = openraft::Config {
+            cluster_name: "warren-quorum".into(),
+            heartbeat_interval: self.cfg.heartbeat.as_millis() as u64,
+            election_timeout_min: self.cfg.election_timeout.0.as_millis() as u64,
+            election_timeout_max: self.cfg.election_timeout.1.as_millis() as u64,
+            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(self.cfg.snapshot_every),
+            max_in_snapshot_log_to_keep: self.cfg.kept_after_snapshot,
+            ..Default::default()
+        };
+        Arc::new(cfg.validate().expect("valid raft settings"))
+    }
+
+    /// Writes what is pending and stops the shared log's writer.
+    pub fn close(&self) {
+        if let Some(Ok(log)) = self.log.get() {
+            log.close();
+        }
+    }
+}

@@ -1,0 +1,611 @@
+//! The quorum queue as the broker sees it: [`QuorumQueue`] implements `QueueBackend` on top
+//! of its Raft group.
+//!
+//! Every change goes through the log: a publish, an ack, a return, a delivery. The queue's
+//! proposer task takes what the connections submitted meanwhile (publishes with their
+//! publisher-confirm waiters, settlements, checkouts) and proposes it as one entry, so one
+//! commit (one fsync of the shared log on each member) covers many operations; a waiter is
+//! completed once its entry is committed and applied. Applying an entry changes the
+//! replicated [`QueueState`] on every member; the leader then delivers to its consumers what
+//! became ready and publishes what died to the dead-letter exchange (at most once).
+//!
+//! Leader-only state (not replicated): the consumers, which messages this leader handed out
+//! and has not seen settled yet (`out`), and its epoch. A member that becomes leader draws an
+//! epoch at random and proposes it ([`Command::Lead`]); it delivers only once that entry is
+//! applied (everything committed before it is then applied too) and while it still leads.
+
+use crate::command::{Batch, Command, SettleReason};
+use crate::kind::DEFAULT_DELIVERY_LIMIT;
+use crate::machine::{decode_snapshot, StateMachine};
+use crate::network::GroupNetwork;
+use crate::node::QuorumNode;
+use crate::state::{Effects, QMsg, QueueState};
+use crate::storage::LogStore;
+use crate::TypeConfig;
+use bytes::Bytes;
+use openraft::{BasicNode, Entry, EntryPayload, LogId, Raft, StoredMembership};
+use parking_lot::{Mutex, RwLock};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+use tokio::sync::mpsc;
+use tracing::{debug, warn};
+use warren_amqp::table::{FieldTable, FieldValue};
+use warren_broker::args::{Overflow, QueueArgs};
+use warren_broker::clock::Clock;
+use warren_broker::dead_letter::{DeadLetter, DeadLetterSink, DeathReason};
+use warren_broker::policy::Applied;
+use warren_broker::queue::{
+    PagedSettlement, Positions, QueueBackend, QueueCounts, QueueSpec, Settlement,
+};
+use warren_broker::registry::QueueStats;
+use warren_broker::{BrokerError, Consumer, Message, Queue, QueuedMessage, Result};
+use warren_store::raftlog::GroupLog;
+use warren_store::spill::SpillEntry;
+use warren_store::{Completion, Location, Store};
+
+mod backend;
+mod dispatch;
+
+type NodeId = u64;
+type Waiter = (Arc<dyn Completion>, u64);
+
+/// How far ahead of the first undelivered message the leader moves the horizon.
+const HORIZON_STEP: u64 = 4096;
+/// Largest entry the proposer builds, bytes of message bodies.
+const MAX_ENTRY_BYTES: usize = 4 * 1024 * 1024;
+/// Entries a queue has proposed and not yet seen committed.
+const MAX_IN_FLIGHT: usize = 8;
+
+/// What connections hand the proposer.
+enum Submit {
+    Publish(Arc<Message>, u64, Option<Waiter>),
+    Cmd(Command),
+}
+
+/// A consumer and the deliveries it has not settled.
+struct QConsumer {
+    c: Consumer,
+    priority: i64,
+    in_flight: u32,
+}
+
+impl QConsumer {
+    fn has_credit(&self) -> bool {
+        self.c.no_ack || self.c.prefetch == 0 || self.in_flight < u32::from(self.c.prefetch)
+    }
+}
+
+/// Who a message handed out by this leader went to.
+#[derive(Debug, Clone, Copy)]
+enum Out {
+    /// Delivered to consumer tag hash on a channel (or taken by basic.get).
+    Delivered,
+    /// Proposed to be dropped (expired, over the length limit, purged).
+    Dropping,
+}
+
+struct Inner {
+    qs: QueueState,
+    last_applied: Option<LogId<NodeId>>,
+    membership: StoredMembership<NodeId, BasicNode>,
+    consumers: Vec<QConsumer>,
+    next_consumer: usize,
+    out: HashMap<u64, Out>,
+    /// The term this member leads in, per its Raft metrics.
+    leader_term: Option<u64>,
+    /// The epoch this member proposed when it became leader.
+    my_epoch: Option<u64>,
+    horizon_asked: u64,
+    deleted: bool,
+}
+
+impl Inner {
+    fn leading(&self) -> bool {
+        self.my_epoch.is_some_and(|e| e == self.qs.epoch())
+    }
+
+    /// Ready messages not handed out, counted.
+    fn ready_count(&self) -> usize {
+        let taken = self
+            .out
+            .keys()
+            .filter(|k| self.qs.ready().contains(k))
+            .count();
+        self.qs.ready().len() - taken
+    }
+}
+
+/// Commands to propose, gathered under the lock and sent after.
+#[derive(Default)]
+struct Proposals {
+    checkout: Vec<u64>,
+    acked: Vec<u64>,
+    rejected: Vec<u64>,
+    returned: Vec<u64>,
+    expired: Vec<u64>,
+    maxlen: Vec<u64>,
+    purged: Vec<u64>,
+    horizon: Option<u64>,
+}
+
+/// A quorum queue (`x-queue-type: quorum`).
+pub struct QuorumQueue {
+    name: String,
+    vhost: String,
+    key: String,
+    arguments: FieldTable,
+    declared: QueueArgs,
+    overflow_declared: bool,
+    args: RwLock<Arc<QueueArgs>>,
+    applied: RwLock<Arc<Applied>>,
+    stats: QueueStats,
+    order: Mutex<()>,
+    clock: Arc<dyn Clock>,
+    dead_letters: Weak<dyn DeadLetterSink>,
+    node: Arc<QuorumNode>,
+    inner: Mutex<Inner>,
+    submit: mpsc::UnboundedSender<Submit>,
+    raft: OnceLock<Raft<TypeConfig>>,
+    last_used: AtomicU64,
+    deliveries: AtomicU64,
+    deleted: AtomicBool,
+}
+
+impl std::fmt::Debug for QuorumQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QuorumQueue")
+            .field("name", &self.name)
+            .field("vhost", &self.vhost)
+            .finish()
+    }
+}
+
+/// The delivery limit of declared arguments: `x-delivery-limit`, RabbitMQ 4.x's 20 when
+/// absent, none when negative.
+fn delivery_limit(args: &FieldTable) -> Option<u32> {
+    match args.get("x-delivery-limit").and_then(|v| v.as_i64()) {
+        None => Some(DEFAULT_DELIVERY_LIMIT),
+        Some(n) if n < 0 => None,
+        Some(n) => Some(n.min(i64::from(u32::MAX - 1)) as u32),
+    }
+}
+
+/// The settings of a quorum queue from its declared arguments (validated at declare).
+fn parse_args(arguments: &FieldTable) -> QueueArgs {
+    let int = |k: &str| arguments.get(k).and_then(|v| v.as_i64()).map(|n| n as u64);
+    let overflow = match arguments.get("x-overflow").and_then(|v| v.as_str()) {
+        Some("reject-publish") => Overflow::RejectPublish,
+        // RabbitMQ's quorum queues take reject-publish-dlx for drop-head.
+        _ => Overflow::DropHead,
+    };
+    QueueArgs {
+        message_ttl: int("x-message-ttl"),
+        expires: int("x-expires"),
+        max_length: int("x-max-length"),
+        max_length_bytes: int("x-max-length-bytes"),
+        overflow,
+        dead_letter_exchange: arguments
+            .get("x-dead-letter-exchange")
+            .and_then(|v| v.as_str())
+            .map(str::to_string),
+        dead_letter_routing_key: arguments
+            .get("x-dead-letter-routing-key")
+            .and_then(|v| v.as_str())
+            .map(str::to_string),
+        max_priority: None,
+        single_active_consumer: arguments
+            .get("x-single-active-consumer")
+            .and_then(|v| v.as_bool())
+            .unwrap_or(false),
+    }
+}
+
+/// The message with RabbitMQ's `x-delivery-count` header when it was returned before.
+fn with_delivery_count(m: &QMsg) -> Arc<Message> {
+    if m.delivery_count == 0 {
+        return m.message.clone();
+    }
+    let src = &m.message;
+    let mut props = src.properties.clone();
+    let mut headers = props.headers.take().unwrap_or_default();
+    headers.insert(
+        "x-delivery-count",
+        FieldValue::I64(i64::from(m.delivery_count)),
+    );
+    props.headers = Some(headers);
+    let mut copy = Message::new(
+        src.exchange.clone(),
+        src.routing_key.clone(),
+        props,
+        src.body.clone(),
+    );
+    copy.sender_keys = src.sender_keys.clone();
+    Arc::new(copy)
+}
+
+impl QuorumQueue {
+    /// Builds the queue and starts its Raft group on the node's runtime: a new group
+    /// (declare) is initialized with the node's members, a recovered one replays its
+    /// snapshot and log.
+    pub(crate) fn start(node: Arc<QuorumNode>, spec: QueueSpec) -> Arc<Queue> {
+        let key = format!("{}\u{1f}{}", spec.vhost, spec.name);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let declared = parse_args(&spec.arguments);
+        let limit = delivery_limit(&spec.arguments);
+        let now = spec.clock.now_ms();
+        let q = Arc::new(QuorumQueue {
+            name: spec.name,
+            vhost: spec.vhost,
+            key,
+            overflow_declared: spec.arguments.contains_key("x-overflow"),
+            arguments: spec.arguments,
+            args: RwLock::new(Arc::new(declared.clone())),
+            declared,
+            applied: RwLock::new(Arc::default()),
+            stats: QueueStats::default(),
+            order: Mutex::new(()),
+            clock: spec.clock,
+            dead_letters: spec.dead_letters,
+            node: node.clone(),
+            inner: Mutex::new(Inner {
+                qs: QueueState::new(limit),
+                last_applied: None,
+                membership: StoredMembership::default(),
+                consumers: Vec::new(),
+                next_consumer: 0,
+                out: HashMap::new(),
+                leader_term: None,
+                my_epoch: None,
+                horizon_asked: 0,
+                deleted: false,
+            }),
+            submit: tx,
+            raft: OnceLock::new(),
+            last_used: AtomicU64::new(now),
+            deliveries: AtomicU64::new(0),
+            deleted: AtomicBool::new(false),
+        });
+        // Claimed now, so that the node's end of recovery does not take it for an orphan.
+        let recovered = node.take_recovered(&q.key);
+        let runner = q.clone();
+        node.runtime.spawn(async move {
+            let (name, vhost) = (runner.name.clone(), runner.vhost.clone());
+            if let Err(e) = runner.run(rx, recovered).await {
+                warn!(queue = %name, vhost = %vhost, error = %e, "quorum queue stopped");
+            }
+        });
+        q
+    }
+
+    /// Opens the group's storage, starts Raft, then proposes what connections submit.
+    async fn run(
+        self: Arc<Self>,
+        rx: mpsc::UnboundedReceiver<Submit>,
+        recovered: GroupLog,
+    ) -> std::result::Result<(), String> {
+        let node = self.node.clone();
+        node.wait_dropped(&self.key).await;
+        let log = node.log()?;
+        let fresh = recovered.entries.is_empty() && recovered.vote.is_none();
+        let store = LogStore::new(&self.key, log, recovered)?;
+        let path = node.snapshot_path(&self.key);
+        if fresh {
+            // A queue of this name deleted before may have left a snapshot.
+            let _ = std::fs::remove_file(&path);
+        } else if let Ok(raw) = std::fs::read(&path) {
+            let raw = Bytes::from(raw);
+            let (meta, state) = decode_snapshot(&raw)?;
+            let state = QueueState::decode(&state).map_err(|e| e.to_string())?;
+            self.install_state(state, meta.last_log_id, meta.last_membership);
+        }
+        let sm = StateMachine {
+            queue: Arc::downgrade(&self),
+            path,
+        };
+        let network = GroupNetwork {
+            group: self.key.as_str().into(),
+            network: node.network.clone(),
+        };
+        let raft = Raft::new(
+            node.cfg.node_id,
+            node.raft_config(),
+            network,
+            store.clone(),
+            sm,
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        if fresh && !raft.is_initialized().await.map_err(|e| e.to_string())? {
+            let members: BTreeMap<NodeId, BasicNode> = node
+                .members
+                .lock()
+                .iter()
+                .map(|(id, addr)| (*id, BasicNode::new(addr)))
+                .collect();
+            if let Err(e) = raft.initialize(members).await {
+                debug!(queue = %self.name, error = %e, "quorum queue group already initialized");
+            }
+        }
+        // A group of this node alone need not wait an election timeout after a restart.
+        let alone = {
+            let m = raft.metrics().borrow().membership_config.clone();
+            let voters: Vec<NodeId> = m.membership().voter_ids().collect();
+            voters == [node.cfg.node_id]
+        };
+        if !fresh && alone {
+            let _ = raft.trigger().elect().await;
+        }
+        let _ = self.raft.set(raft.clone());
+        let watcher = self.clone();
+        let metrics_raft = raft.clone();
+        tokio::spawn(async move { watcher.watch_leadership(metrics_raft).await });
+        self.propose_loop(raft, rx).await;
+        Ok(())
+    }
+
+    /// Follows the group's Raft metrics: this member leads in a term, or not.
+    async fn watch_leadership(self: Arc<Self>, raft: Raft<TypeConfig>) {
+        let me = self.node.cfg.node_id;
+        let mut metrics = raft.metrics();
+        loop {
+            let term = {
+                let m = metrics.borrow();
+                (m.current_leader == Some(me) && m.state.is_leader()).then_some(m.current_term)
+            };
+            self.set_leadership(term);
+            if metrics.changed().await.is_err() || self.deleted.load(Ordering::Acquire) {
+                return;
+            }
+        }
+    }
+
+    fn set_leadership(self: &Arc<Self>, term: Option<u64>) {
+        let mut st = self.inner.lock();
+        if st.leader_term == term {
+            return;
+        }
+        {
+            st.leader_term = term;
+            st.horizon_asked = st.qs.horizon();
+            st.out.clear();
+            for c in &mut st.consumers {
+                c.in_flight = 0;
+            }
+            st.my_epoch = term.map(|_| random_epoch());
+            if let Some(epoch) = st.my_epoch {
+                self.send(Command::Lead(epoch));
+            }
+        }
+    }
+
+    /// Takes what was submitted, a batch at a time, and proposes it.
+    async fn propose_loop(&self, raft: Raft<TypeConfig>, mut rx: mpsc::UnboundedReceiver<Submit>) {
+        let slots = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
+        while let Some(first) = rx.recv().await {
+            let Ok(permit) = slots.clone().acquire_owned().await else {
+                return;
+            };
+            let mut cmds: Vec<Command> = Vec::new();
+            let mut waiters: Vec<Waiter> = Vec::new();
+            let mut bytes = 0usize;
+            let mut add = |s: Submit, bytes: &mut usize| match s {
+                Submit::Publish(m, at, w) => {
+                    *bytes += m.body.len();
+                    waiters.extend(w);
+                    match cmds.last_mut() {
+                        Some(Command::Enqueue(v)) => v.push((m, at)),
+                        _ => cmds.push(Command::Enqueue(vec![(m, at)])),
+                    }
+                }
+                Submit::Cmd(c) => cmds.push(c),
+            };
+            add(first, &mut bytes);
+            while bytes < MAX_ENTRY_BYTES {
+                match rx.try_recv() {
+                    Ok(s) => add(s, &mut bytes),
+                    Err(_) => break,
+                }
+            }
+            if self.deleted.load(Ordering::Acquire) {
+                complete(waiters, false);
+                continue;
+            }
+            match raft.client_write_ff(Batch(cmds)).await {
+                Ok(done) => {
+                    tokio::spawn(async move {
+                        let ok = matches!(done.await, Ok(Ok(_)));
+                        complete(waiters, ok);
+                        drop(permit);
+                    });
+                }
+                Err(e) => {
+                    debug!(error = %e, "quorum queue proposal refused");
+                    complete(waiters, false);
+                }
+            }
+        }
+    }
+
+    fn send(&self, cmd: Command) {
+        let _ = self.submit.send(Submit::Cmd(cmd));
+    }
+
+    fn propose(&self, p: Proposals) {
+        if let Some(h) = p.horizon {
+            self.send(Command::Horizon(h));
+        }
+        if !p.checkout.is_empty() {
+            let epoch = self.inner.lock().qs.epoch();
+            self.send(Command::Checkout {
+                epoch,
+                keys: p.checkout,
+            });
+        }
+        for (reason, keys) in [
+            (SettleReason::Ack, p.acked),
+            (SettleReason::Rejected, p.rejected),
+            (SettleReason::Expired, p.expired),
+            (SettleReason::Maxlen, p.maxlen),
+            (SettleReason::Purged, p.purged),
+        ] {
+            if !keys.is_empty() {
+                self.send(Command::Settle { reason, keys });
+            }
+        }
+        if !p.returned.is_empty() {
+            self.send(Command::Return { keys: p.returned });
+        }
+    }
+
+    /// openraft's state machine: what was applied last and the membership.
+    pub(crate) fn applied_state(
+        &self,
+    ) -> (Option<LogId<NodeId>>, StoredMembership<NodeId, BasicNode>) {
+        let st = self.inner.lock();
+        (st.last_applied, st.membership.clone())
+    }
+
+    /// The state to snapshot, read under one lock.
+    pub(crate) fn snapshot_state(
+        &self,
+    ) -> (
+        Bytes,
+        Option<LogId<NodeId>>,
+        StoredMembership<NodeId, BasicNode>,
+    ) {
+        let st = self.inner.lock();
+        (st.qs.encode(), st.last_applied, st.membership.clone())
+    }
+
+    /// Replaces the state with a snapshot's.
+    pub(crate) fn install_state(
+        &self,
+        state: QueueState,
+        last: Option<LogId<NodeId>>,
+        membership: StoredMembership<NodeId, BasicNode>,
+    ) {
+        let mut st = self.inner.lock();
+        st.qs = state;
+        st.last_applied = last;
+        st.membership = membership;
+        st.out.clear();
+    }
+
+    /// Applies committed entries; the leader then delivers and dead-letters.
+    pub(crate) fn apply(self: &Arc<Self>, entries: Vec<Entry<TypeConfig>>) {
+        let mut dead = Vec::new();
+        let mut props = Proposals::default();
+        {
+            let mut st = self.inner.lock();
+            let mut enqueued = false;
+            for e in entries {
+                st.last_applied = Some(e.log_id);
+                let mut fx = Effects::default();
+                match e.payload {
+                    EntryPayload::Blank => {}
+                    EntryPayload::Normal(batch) => {
+                        for c in &batch.0 {
+                            st.qs.apply(c, &mut fx);
+                        }
+                    }
+                    EntryPayload::Membership(m) => {
+                        st.membership = StoredMembership::new(Some(e.log_id), m);
+                    }
+                }
+                if fx.new_term {
+                    st.horizon_asked = st.qs.horizon();
+                    st.out.clear();
+                    for c in &mut st.consumers {
+                        c.in_flight = 0;
+                    }
+                }
+                for k in fx.settled.iter().chain(&fx.returned) {
+                    st.out.remove(k);
+                }
+                enqueued |= fx.enqueued;
+                if st.leading() {
+                    dead.extend(fx.dead);
+                }
+            }
+            if st.deleted {
+                return;
+            }
+            if st.leading() {
+                if enqueued {
+                    self.enforce_limits_locked(&mut st, &mut props);
+                }
+                let this: Arc<Queue> = self.clone();
+                self.dispatch_locked(&mut st, &this, &mut props);
+            }
+        }
+        self.propose(props);
+        self.publish_dead(dead);
+    }
+
+    /// Publishes dead letters to the dead-letter exchange (outside every lock).
+    fn publish_dead(&self, dead: Vec<(Arc<Message>, DeathReason)>) {
+        if dead.is_empty() {
+            return;
+        }
+        let letters = dead
+            .into_iter()
+            .map(|(message, reason)| DeadLetter { message, reason })
+            .collect();
+        QueueBackend::dead_letter(self, letters);
+    }
+
+    /// This member's Raft instance, once started.
+    pub fn raft(&self) -> Option<&Raft<TypeConfig>> {
+        self.raft.get()
+    }
+}
+
+/// A fresh leadership epoch: unique in practice (64 random bits).
+fn random_epoch() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(N.fetch_add(1, Ordering::Relaxed));
+    if let Ok(t) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        h.write_u128(t.as_nanos());
+    }
+    h.finish() | 1
+}
+
+/// Completes publisher-confirm waiters, one call per sink for a run of the same sink.
+fn complete(waiters: Vec<Waiter>, ok: bool) {
+    let mut run: Vec<u64> = Vec::new();
+    let mut sink: Option<Arc<dyn Completion>> = None;
+    for (s, token) in waiters {
+        match &sink {
+            Some(cur) if Arc::ptr_eq(cur, &s) => run.push(token),
+            _ => {
+                if let Some(cur) = sink.take() {
+                    cur.complete(&run, ok);
+                }
+                run.clear();
+                run.push(token);
+                sink = Some(s);
+            }
+        }
+    }
+    if let Some(cur) = sink {
+        cur.complete(&run, ok);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delivery_limit_defaults_to_twenty() {
+        let mut t = FieldTable::new();
+        assert_eq!(delivery_limit(&t), Some(20));
+        t.insert("x-delivery-limit", FieldValue::I32(-1));
+        assert_eq!(delivery_limit(&t), None);
+        t.insert("x-delivery-limit", FieldValue::I32(3));
+        assert_eq!(delivery_limit(&t), Some(3));
+    }
+}

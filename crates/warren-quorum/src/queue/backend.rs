@@ -1,0 +1,432 @@
+//! `QueueBackend` for [`QuorumQueue`]: what routing, the channels, the management API and
+//! the vhost's housekeeping call; every change becomes a proposal to the queue's log.
+
+use super::*;
+
+impl QueueBackend for QuorumQueue {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn vhost(&self) -> &str {
+        &self.vhost
+    }
+    fn kind(&self) -> &'static str {
+        "quorum"
+    }
+    fn durable(&self) -> bool {
+        true
+    }
+    fn exclusive_owner(&self) -> Option<u64> {
+        None
+    }
+    fn auto_delete(&self) -> bool {
+        false
+    }
+    fn arguments(&self) -> &FieldTable {
+        &self.arguments
+    }
+    fn store_key(&self) -> &str {
+        &self.key
+    }
+    fn store(&self) -> Option<&Store> {
+        None
+    }
+
+    fn args(&self) -> Arc<QueueArgs> {
+        self.args.read().clone()
+    }
+    fn applied_policy(&self) -> Arc<Applied> {
+        self.applied.read().clone()
+    }
+    fn apply_policy(&self, applied: Applied) -> bool {
+        let args = warren_broker::policy::effective_queue_args(
+            &self.declared,
+            self.overflow_declared,
+            &applied,
+        );
+        *self.applied.write() = Arc::new(applied);
+        let mut args = args;
+        if args.overflow == Overflow::RejectPublishDlx {
+            args.overflow = Overflow::DropHead;
+        }
+        let changed = **self.args.read() != args;
+        *self.args.write() = Arc::new(args);
+        changed
+    }
+    fn enforce_limits(&self) {
+        let mut props = Proposals::default();
+        {
+            let mut st = self.inner.lock();
+            if st.leading() {
+                self.enforce_limits_locked(&mut st, &mut props);
+            }
+        }
+        self.propose(props);
+    }
+
+    fn enqueue_order(&self) -> parking_lot::MutexGuard<'_, ()> {
+        self.order.lock()
+    }
+
+    fn rejects_publish(&self, msg: &Message) -> bool {
+        let args = self.args();
+        if args.overflow != Overflow::RejectPublish {
+            return false;
+        }
+        let st = self.inner.lock();
+        let count = st.ready_count() as u64;
+        let bytes = st.qs.ready_bytes();
+        args.max_length.is_some_and(|m| count >= m)
+            || args
+                .max_length_bytes
+                .is_some_and(|m| bytes + msg.body.len() as u64 > m)
+    }
+
+    fn enqueue(
+        &self,
+        _this: &Arc<Queue>,
+        message: Arc<Message>,
+        _seq: u64,
+        _stored: Option<Location>,
+    ) -> (bool, Vec<DeadLetter>) {
+        self.enqueue_confirmed(_this, message, _seq, None)
+    }
+
+    fn confirms_publishes(&self) -> bool {
+        true
+    }
+
+    fn enqueue_confirmed(
+        &self,
+        _this: &Arc<Queue>,
+        message: Arc<Message>,
+        _seq: u64,
+        waiter: Option<Waiter>,
+    ) -> (bool, Vec<DeadLetter>) {
+        if self.deleted.load(Ordering::Acquire) {
+            if let Some((sink, token)) = waiter {
+                sink.complete(&[token], false);
+            }
+            return (false, Vec::new());
+        }
+        self.stats.publish.fetch_add(1, Ordering::Relaxed);
+        let at = self.clock.now_ms();
+        if let Err(mpsc::error::SendError(Submit::Publish(_, _, Some((sink, token))))) =
+            self.submit.send(Submit::Publish(message, at, waiter))
+        {
+            sink.complete(&[token], false);
+        }
+        (false, Vec::new())
+    }
+
+    fn dead_letter(&self, dead: Vec<DeadLetter>) {
+        if dead.is_empty() {
+            return;
+        }
+        let args = self.args();
+        let Some(source) = self.dead_letter_source(&args) else {
+            return;
+        };
+        if let Some(sink) = self.dead_letters.upgrade() {
+            sink.dead_letter(&source, dead);
+        }
+    }
+
+    fn is_pressured(&self) -> bool {
+        false
+    }
+    fn stalled_at(&self) -> Option<u64> {
+        None
+    }
+    fn mark_stalled(&self, _at: u64) {}
+
+    fn add_consumer(&self, consumer: Consumer) -> Result<()> {
+        let mut st = self.inner.lock();
+        if st.deleted {
+            return Err(BrokerError::not_found(format!(
+                "no {}",
+                self.resource_name()
+            )));
+        }
+        if st.consumers.iter().any(|c| c.c.exclusive)
+            || (consumer.exclusive && !st.consumers.is_empty())
+        {
+            return Err(BrokerError::access_refused(format!(
+                "{} in exclusive use",
+                self.resource_name()
+            )));
+        }
+        let priority = consumer
+            .arguments
+            .get("x-priority")
+            .and_then(|v| v.as_i64())
+            .unwrap_or(0);
+        st.consumers.push(QConsumer {
+            c: consumer,
+            priority,
+            in_flight: 0,
+        });
+        drop(st);
+        self.touch();
+        Ok(())
+    }
+
+    fn remove_consumer(&self, channel_key: u64, tag: &str) -> bool {
+        let mut st = self.inner.lock();
+        st.consumers
+            .retain(|c| !(c.c.target.channel_key() == channel_key && &*c.c.tag == tag));
+        drop(st);
+        self.touch();
+        false
+    }
+
+    fn dispatch_with(&self, this: &Arc<Queue>) {
+        let mut props = Proposals::default();
+        {
+            let mut st = self.inner.lock();
+            self.dispatch_locked(&mut st, this, &mut props);
+        }
+        self.propose(props);
+    }
+
+    fn touch(&self) {
+        self.last_used.store(self.clock.now_ms(), Ordering::Relaxed);
+    }
+
+    fn get(&self, no_ack: bool) -> Option<(QueuedMessage, u32)> {
+        self.touch();
+        let mut props = Proposals::default();
+        let got = {
+            let mut st = self.inner.lock();
+            if !st.leading() {
+                return None;
+            }
+            let now = self.clock.now_ms();
+            let mut from = 0;
+            let mut got = None;
+            while let Some(key) = Self::next_ready(&st, from) {
+                from = key + 1;
+                match self.may_hand_out(&mut st, key, now, &mut props) {
+                    None => break,
+                    Some(false) => continue,
+                    Some(true) => {}
+                }
+                let m = st.qs.get(key).expect("ready key is held");
+                let qm = QueuedMessage {
+                    seq: key,
+                    message: with_delivery_count(m),
+                    redelivered: m.redelivered,
+                    stored: None,
+                    expires_at: self.deadline(m),
+                };
+                if qm.redelivered {
+                    self.stats.redeliver.fetch_add(1, Ordering::Relaxed);
+                }
+                st.out.insert(key, Out::Delivered);
+                if no_ack {
+                    props.acked.push(key);
+                } else {
+                    props.checkout.push(key);
+                }
+                let left = st.ready_count() as u32;
+                got = Some((qm, left));
+                break;
+            }
+            Self::keep_horizon_ahead(&mut st, &mut props);
+            got
+        };
+        self.propose(props);
+        if got.is_some() {
+            self.stats.get.fetch_add(1, Ordering::Relaxed);
+            self.deliveries.fetch_add(1, Ordering::Relaxed);
+        }
+        got
+    }
+
+    fn settle_with(&self, this: &Arc<Queue>, channel_key: u64, settlements: Vec<Settlement>) {
+        let mut props = Proposals::default();
+        {
+            let mut st = self.inner.lock();
+            for s in settlements {
+                if let Some(tag) = &s.consumer_tag {
+                    if let Some(c) = st
+                        .consumers
+                        .iter_mut()
+                        .find(|c| c.c.target.channel_key() == channel_key && c.c.tag == *tag)
+                    {
+                        c.in_flight = c.in_flight.saturating_sub(1);
+                    }
+                }
+                let key = s.message.seq;
+                if s.requeue {
+                    props.returned.push(key);
+                } else if s.rejected {
+                    props.rejected.push(key);
+                } else {
+                    self.stats.ack.fetch_add(1, Ordering::Relaxed);
+                    props.acked.push(key);
+                }
+            }
+            self.dispatch_locked(&mut st, this, &mut props);
+        }
+        self.propose(props);
+    }
+
+    fn unacked_window(&self) -> Option<(usize, usize)> {
+        None
+    }
+    fn page_out(&self, _qm: &QueuedMessage) -> Option<SpillEntry> {
+        None
+    }
+    fn settle_paged_with(
+        &self,
+        this: &Arc<Queue>,
+        channel_key: u64,
+        settlements: Vec<PagedSettlement>,
+    ) {
+        // Never paged out (unacked_window is None); settle what arrives anyway.
+        let _ = (this, channel_key);
+        let mut props = Proposals::default();
+        for s in settlements {
+            if s.requeue {
+                props.returned.push(s.entry.seq);
+            } else {
+                props.acked.push(s.entry.seq);
+            }
+        }
+        self.propose(props);
+    }
+
+    fn purge(&self) -> u32 {
+        let mut props = Proposals::default();
+        let n = {
+            let mut st = self.inner.lock();
+            if !st.leading() {
+                return 0;
+            }
+            let keys: Vec<u64> = st
+                .qs
+                .ready()
+                .iter()
+                .filter(|k| !st.out.contains_key(k))
+                .copied()
+                .collect();
+            for k in &keys {
+                st.out.insert(*k, Out::Dropping);
+            }
+            let n = keys.len() as u32;
+            props.purged = keys;
+            n
+        };
+        self.propose(props);
+        n
+    }
+
+    fn mark_deleted(&self) -> (u32, Vec<Consumer>) {
+        self.deleted.store(true, Ordering::Release);
+        let (count, consumers) = {
+            let mut st = self.inner.lock();
+            st.deleted = true;
+            let count = st.qs.ready().len() as u32;
+            let consumers = st.consumers.drain(..).map(|c| c.c).collect();
+            (count, consumers)
+        };
+        // Stop the group, then forget its log and snapshot; a queue declared again under
+        // this name waits for that.
+        let node = self.node.clone();
+        let key = self.key.clone();
+        let raft = self.raft.get().cloned();
+        let done = node.begin_drop(&key);
+        let path = node.snapshot_path(&key);
+        node.runtime.clone().spawn(async move {
+            if let Some(r) = raft {
+                let _ = r.shutdown().await;
+            }
+            if let Ok(log) = node.log() {
+                log.drop_group(&key, None);
+            }
+            let _ = std::fs::remove_file(path);
+            node.end_drop(&key, done);
+        });
+        (count, consumers)
+    }
+
+    fn is_deleted(&self) -> bool {
+        self.deleted.load(Ordering::Acquire)
+    }
+
+    fn sweep(&self) -> bool {
+        let mut props = Proposals::default();
+        let unused = {
+            let mut st = self.inner.lock();
+            if st.deleted {
+                return false;
+            }
+            if st.leading() {
+                // Expired messages at the head go (RabbitMQ's quorum queues expire at the
+                // head too).
+                let now = self.clock.now_ms();
+                let mut from = 0;
+                while let Some(key) = Self::next_ready(&st, from) {
+                    from = key + 1;
+                    let Some(m) = st.qs.get(key) else { break };
+                    if self.deadline(m).is_none_or(|d| d > now) {
+                        break;
+                    }
+                    st.out.insert(key, Out::Dropping);
+                    props.expired.push(key);
+                }
+            }
+            st.consumers.is_empty() && st.leading()
+        };
+        self.propose(props);
+        let last = self.last_used.load(Ordering::Relaxed);
+        unused
+            && self
+                .args()
+                .expires
+                .is_some_and(|e| self.clock.now_ms() >= last.saturating_add(e))
+    }
+
+    fn recover(&self, _entries: &mut dyn Iterator<Item = SpillEntry>) {}
+
+    fn counts(&self) -> QueueCounts {
+        let st = self.inner.lock();
+        let ready = st.qs.ready().len();
+        QueueCounts {
+            ready: ready as u32,
+            unacked: (st.qs.len() - ready) as u32,
+            consumers: st.consumers.len() as u32,
+        }
+    }
+    fn ready_bytes(&self) -> u64 {
+        self.inner.lock().qs.ready_bytes()
+    }
+    fn ready_in_memory_and_paged_out(&self) -> (u32, u32) {
+        (self.inner.lock().qs.ready().len() as u32, 0)
+    }
+    fn memory(&self) -> u64 {
+        let st = self.inner.lock();
+        st.qs.ready_bytes() + (st.qs.len() * 96) as u64
+    }
+    fn deliveries(&self) -> u64 {
+        self.deliveries.load(Ordering::Relaxed)
+    }
+    fn stats(&self) -> &QueueStats {
+        &self.stats
+    }
+
+    fn positions(&self) -> Positions {
+        Positions::default()
+    }
+    fn set_put_position(&self, _put: u64) {}
+    fn reset_positions(&self) -> u32 {
+        0
+    }
+    fn get_positioned(&self) -> Option<(QueuedMessage, u64)> {
+        None
+    }
+    fn peek_position(&self, _pos: u64) -> Option<Bytes> {
+        None
+    }
+}
