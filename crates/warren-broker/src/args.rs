@@ -75,8 +75,10 @@ pub fn type_name(v: &FieldValue) -> &'static str {
 }
 
 /// An integer of one of the types RabbitMQ accepts for integer arguments (byte, short,
-/// signedint, long); unsigned AMQP types are refused, as by RabbitMQ.
-fn int(v: &FieldValue) -> std::result::Result<i64, String> {
+/// signedint, long); unsigned AMQP types are refused, as by RabbitMQ. The error is the
+/// reason part of RabbitMQ's `invalid arg` text (`"expected integer, got ..."`); every
+/// queue kind validates its integer arguments with it.
+pub fn int(v: &FieldValue) -> std::result::Result<i64, String> {
     match v {
         FieldValue::I8(i) => Ok(i64::from(*i)),
         FieldValue::I16(i) => Ok(i64::from(*i)),
@@ -86,7 +88,8 @@ fn int(v: &FieldValue) -> std::result::Result<i64, String> {
     }
 }
 
-fn non_neg(v: &FieldValue) -> std::result::Result<i64, String> {
+/// [`int`], refusing a negative value with RabbitMQ's `{value_negative,N}`.
+pub fn non_neg(v: &FieldValue) -> std::result::Result<i64, String> {
     let n = int(v)?;
     if n < 0 {
         return Err(format!("{{value_negative,{n}}}"));
@@ -94,7 +97,9 @@ fn non_neg(v: &FieldValue) -> std::result::Result<i64, String> {
     Ok(n)
 }
 
-fn expiry(n: i64) -> std::result::Result<i64, String> {
+/// A TTL or expiry in ms: `{value_negative,N}` below 0, `{value_too_large,N,MAX}` above
+/// [`MAX_EXPIRY`].
+pub fn expiry(n: i64) -> std::result::Result<i64, String> {
     if n < 0 {
         Err(format!("{{value_negative,{n}}}"))
     } else if n > MAX_EXPIRY {

@@ -13,7 +13,7 @@ use crate::node::QuorumNode;
 use crate::queue::QuorumQueue;
 use std::sync::Arc;
 use warren_amqp::table::{FieldTable, FieldValue};
-use warren_broker::args::{type_name, MAX_EXPIRY};
+use warren_broker::args::{expiry, int, non_neg, type_name};
 use warren_broker::queue::{QueueKind, QueueSpec};
 use warren_broker::{BrokerError, Queue, Result};
 
@@ -44,34 +44,6 @@ impl QuorumKind {
     /// The kind for the node's quorum service.
     pub fn new(node: Arc<QuorumNode>) -> Arc<QuorumKind> {
         Arc::new(QuorumKind { node })
-    }
-}
-
-fn int(v: &FieldValue) -> std::result::Result<i64, String> {
-    match v {
-        FieldValue::I8(i) => Ok(i64::from(*i)),
-        FieldValue::I16(i) => Ok(i64::from(*i)),
-        FieldValue::I32(i) => Ok(i64::from(*i)),
-        FieldValue::I64(i) => Ok(*i),
-        other => Err(format!("\"expected integer, got {}\"", type_name(other))),
-    }
-}
-
-fn non_neg(v: &FieldValue) -> std::result::Result<i64, String> {
-    let n = int(v)?;
-    if n < 0 {
-        return Err(format!("{{value_negative,{n}}}"));
-    }
-    Ok(n)
-}
-
-fn expiry(n: i64) -> std::result::Result<i64, String> {
-    if n < 0 {
-        Err(format!("{{value_negative,{n}}}"))
-    } else if n > MAX_EXPIRY {
-        Err(format!("{{value_too_large,{n},{MAX_EXPIRY}}}"))
-    } else {
-        Ok(n)
     }
 }
 
