@@ -49,6 +49,11 @@ pub struct QueueArgs {
     pub max_priority: Option<u8>,
     /// `x-single-active-consumer`.
     pub single_active_consumer: bool,
+    /// `x-consumer-timeout`, in ms (merged with the `consumer-timeout` policy key in the
+    /// queue's effective settings): how long a delivery of this queue may stay
+    /// unacknowledged before its channel is closed. `None`: the broker's
+    /// `amqp.consumer_timeout` applies.
+    pub consumer_timeout: Option<u64>,
 }
 
 /// RabbitMQ's name for a field value's type, as in its error texts.
@@ -251,6 +256,12 @@ impl QueueArgs {
                 }
             }
         }
+        // RabbitMQ 4.3.2 and later validate it as a non-negative integer (earlier versions
+        // ignored a value of another type, and with it the timeout).
+        if let Some(v) = args.get("x-consumer-timeout") {
+            let n = non_neg(v).map_err(|r| fail("x-consumer-timeout", r))?;
+            out.consumer_timeout = Some(n as u64);
+        }
         if let Some(v) = args.get("x-queue-type") {
             let t = string(v).map_err(|r| fail("x-queue-type", r))?;
             // Warren only has classic queues. RabbitMQ would create a quorum queue or a
@@ -334,6 +345,14 @@ mod tests {
             "invalid arg 'x-single-active-consumer' for queue 'q' in vhost '/': {unacceptable_type,longstr}"
         );
         assert_eq!(
+            reason(&[("x-consumer-timeout", FieldValue::I32(-1))]),
+            "invalid arg 'x-consumer-timeout' for queue 'q' in vhost '/': {value_negative,-1}"
+        );
+        assert_eq!(
+            reason(&[("x-consumer-timeout", s("60000"))]),
+            "invalid arg 'x-consumer-timeout' for queue 'q' in vhost '/': \"expected integer, got longstr\""
+        );
+        assert_eq!(
             reason(&[("x-queue-type", s("quorum"))]),
             "invalid arg 'x-queue-type' for queue 'q' in vhost '/': \"unsupported queue type 'quorum'\""
         );
@@ -364,6 +383,7 @@ mod tests {
             ("x-max-priority", FieldValue::I16(10)),
             ("x-single-active-consumer", FieldValue::Bool(true)),
             ("x-queue-type", s("classic")),
+            ("x-consumer-timeout", FieldValue::I64(60_000)),
             ("x-unknown", s("ignored")),
         ])
         .unwrap();
@@ -375,5 +395,6 @@ mod tests {
         assert_eq!(a.dead_letter_routing_key.as_deref(), Some("dead"));
         assert_eq!(a.max_priority, Some(10));
         assert!(a.single_active_consumer);
+        assert_eq!(a.consumer_timeout, Some(60_000));
     }
 }

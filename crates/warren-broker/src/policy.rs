@@ -10,9 +10,9 @@
 //!   value wins (`rabbit_policies:merge_policy_value`), for other keys the operator's.
 //! - A queue's own `x-` arguments are merged with that definition as RabbitMQ's classic
 //!   queues do (`rabbit_queue_type_util:args_policy_lookup`): the lower value of the numeric
-//!   limits above, the argument for `dead-letter-exchange`, `dead-letter-routing-key` and
-//!   `overflow` (see [`effective_queue_args`]); an exchange's `alternate-exchange` argument
-//!   wins over the policy's.
+//!   limits above and of `consumer-timeout`, the argument for `dead-letter-exchange`,
+//!   `dead-letter-routing-key` and `overflow` (see [`effective_queue_args`]); an exchange's
+//!   `alternate-exchange` argument wins over the policy's.
 //!
 //! Validation follows `rabbit_policies:validate_policy0` and `rabbit_policy`, with the
 //! reasons RabbitMQ's management API reports (`Validation failed\n\n<reason>\n`).
@@ -24,8 +24,9 @@ use regex::Regex;
 use serde_json::Value;
 
 /// The keys a policy may set.
-pub const POLICY_KEYS: [&str; 9] = [
+pub const POLICY_KEYS: [&str; 10] = [
     "alternate-exchange",
+    "consumer-timeout",
     "dead-letter-exchange",
     "dead-letter-routing-key",
     "expires",
@@ -205,6 +206,10 @@ fn validate_value(key: &str, v: &Value) -> Result<PolicyValue, String> {
         "max-length-bytes" => match int {
             Some(n) if n >= 0 => Ok(PolicyValue::Int(n)),
             _ => bad("maximum length in bytes"),
+        },
+        "consumer-timeout" => match int {
+            Some(n) if n >= 0 => Ok(PolicyValue::Int(n)),
+            _ => bad("consumer timeout"),
         },
         "dead-letter-exchange" => match text {
             Some(s) => Ok(PolicyValue::Text(s.into())),
@@ -492,7 +497,8 @@ fn lower(a: Option<u64>, b: Option<u64>) -> Option<u64> {
 /// The settings a queue acts on: its `declared` arguments (parsed from `arguments`) merged
 /// with what `applied` to it, as RabbitMQ's classic queues resolve them: the lower of the
 /// argument and the policy for `message-ttl`, `expires`, `max-length` and
-/// `max-length-bytes`; the argument, when given, for `dead-letter-exchange`,
+/// `max-length-bytes`, and for `consumer-timeout` (as RabbitMQ's channel resolves it, whatever
+/// the queue type); the argument, when given, for `dead-letter-exchange`,
 /// `dead-letter-routing-key` and `overflow`.
 pub fn effective_queue_args(
     declared: &QueueArgs,
@@ -504,6 +510,7 @@ pub fn effective_queue_args(
     out.expires = lower(declared.expires, applied.int("expires"));
     out.max_length = lower(declared.max_length, applied.int("max-length"));
     out.max_length_bytes = lower(declared.max_length_bytes, applied.int("max-length-bytes"));
+    out.consumer_timeout = lower(declared.consumer_timeout, applied.int("consumer-timeout"));
     if !overflow_declared {
         out.overflow = match applied.text("overflow") {
             Some("reject-publish") => Overflow::RejectPublish,
@@ -612,7 +619,7 @@ mod tests {
             definition: parse_definition(
                 &json!({"max-length": 10, "message-ttl": 500, "expires": 60000,
                         "overflow": "reject-publish", "dead-letter-exchange": "pdlx",
-                        "dead-letter-routing-key": "prk"}),
+                        "dead-letter-routing-key": "prk", "consumer-timeout": 30000}),
                 false,
             )
             .unwrap(),
@@ -623,9 +630,11 @@ mod tests {
             message_ttl: Some(100),
             dead_letter_exchange: Some("adlx".into()),
             overflow: Overflow::DropHead,
+            consumer_timeout: Some(60000),
             ..QueueArgs::default()
         };
         let e = effective_queue_args(&declared, true, &applied);
+        assert_eq!(e.consumer_timeout, Some(30000));
         assert_eq!(e.max_length, Some(10));
         assert_eq!(e.message_ttl, Some(100));
         assert_eq!(e.expires, Some(60000));
@@ -633,6 +642,15 @@ mod tests {
         assert_eq!(e.dead_letter_exchange.as_deref(), Some("adlx"));
         assert_eq!(e.dead_letter_routing_key.as_deref(), Some("prk"));
         let e = effective_queue_args(&QueueArgs::default(), false, &applied);
+        assert_eq!(e.consumer_timeout, Some(30000));
+        let short = QueueArgs {
+            consumer_timeout: Some(5000),
+            ..QueueArgs::default()
+        };
+        assert_eq!(
+            effective_queue_args(&short, false, &applied).consumer_timeout,
+            Some(5000)
+        );
         assert_eq!(e.overflow, Overflow::RejectPublish);
         assert_eq!(e.dead_letter_exchange.as_deref(), Some("pdlx"));
         assert_eq!(
@@ -688,6 +706,18 @@ mod tests {
         assert_eq!(
             err(json!({"max-length": "x"}), false),
             "Validation failed\n\n<<\"x\">> is not a valid maximum length\n"
+        );
+        assert_eq!(
+            err(json!({"consumer-timeout": -1}), false),
+            "Validation failed\n\n-1 is not a valid consumer timeout\n"
+        );
+        assert_eq!(
+            err(json!({"consumer-timeout": "60000"}), false),
+            "Validation failed\n\n<<\"60000\">> is not a valid consumer timeout\n"
+        );
+        assert_eq!(
+            err(json!({"consumer-timeout": 60000}), true),
+            "Validation failed\n\n[{<<\"consumer-timeout\">>,60000}] are not recognised policy settings\n"
         );
         assert_eq!(
             err(json!({"overflow": "drop-tail"}), false),

@@ -198,6 +198,7 @@ fn parse_args(arguments: &FieldTable) -> QueueArgs {
             .get("x-single-active-consumer")
             .and_then(|v| v.as_bool())
             .unwrap_or(false),
+        consumer_timeout: int("x-consumer-timeout"),
     }
 }
 
