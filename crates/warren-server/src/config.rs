@@ -332,7 +332,24 @@ pub struct AmqpConfig {
     /// Most publishes plus acknowledgements one transaction may hold before tx.commit; beyond
     /// it the channel is closed with 406 PRECONDITION_FAILED.
     pub tx_max_operations: usize,
+    /// Delivery acknowledgement timeout in milliseconds (RabbitMQ `consumer_timeout`, default
+    /// 1800000, 30 minutes; rabbitmq.com/docs/consumers#acknowledgement-timeout): a channel
+    /// whose oldest unacknowledged delivery (to a consumer or by basic.get) waited longer is
+    /// closed with 406 PRECONDITION_FAILED and its deliveries are requeued. A queue's
+    /// `x-consumer-timeout` argument or `consumer-timeout` policy overrides it. `0` turns it
+    /// off (RabbitMQ turns it off with a non-integer value in `advanced.config`).
+    pub consumer_timeout: u64,
 }
+
+impl AmqpConfig {
+    /// [`AmqpConfig::consumer_timeout`] in ms, `None` when it is off.
+    pub fn consumer_timeout(&self) -> Option<u64> {
+        (self.consumer_timeout > 0).then_some(self.consumer_timeout)
+    }
+}
+
+/// RabbitMQ's default `consumer_timeout`, 30 minutes in ms.
+pub const DEFAULT_CONSUMER_TIMEOUT: u64 = 30 * 60 * 1000;
 
 /// RabbitMQ's largest accepted `max_message_size`, 512 MiB.
 pub const MAX_MESSAGE_SIZE_LIMIT: u64 = 512 * 1024 * 1024;
@@ -680,6 +697,7 @@ impl Default for AmqpConfig {
             outbox_high_water_bytes: crate::outbox::HIGH_WATER,
             tx_max_bytes: 128 * 1024 * 1024,
             tx_max_operations: 100_000,
+            consumer_timeout: DEFAULT_CONSUMER_TIMEOUT,
         }
     }
 }
@@ -1316,6 +1334,11 @@ outbox_high_water_bytes = {outbox_high_water_bytes}
 # Most message bytes, and most publishes plus acks, one transaction may hold.
 tx_max_bytes = {tx_max_bytes}
 tx_max_operations = {tx_max_operations}
+# Delivery acknowledgement timeout, milliseconds (RabbitMQ's consumer_timeout): a channel
+# whose oldest unacknowledged delivery waited longer is closed with 406 PRECONDITION_FAILED
+# and its messages are requeued. A queue's x-consumer-timeout argument or consumer-timeout
+# policy overrides it. 0 turns it off.
+consumer_timeout = {consumer_timeout}
 
 [storage]
 # Data directory (durable definitions and messages; the log folder when [log] file is set).
@@ -1491,6 +1514,7 @@ login_failure_delay_ms = {login_failure_delay_ms}
             outbox_high_water_bytes = d.amqp.outbox_high_water_bytes,
             tx_max_bytes = d.amqp.tx_max_bytes,
             tx_max_operations = d.amqp.tx_max_operations,
+            consumer_timeout = d.amqp.consumer_timeout,
             segment_size = d.storage.segment_size,
             fsync_batch_bytes = d.storage.fsync_batch_bytes,
             fsync_delay_us = d.storage.fsync_delay_us,
@@ -1676,6 +1700,7 @@ mod tests {
                 ("WARREN_AMQP_FRAME_MAX", "8192"),
                 ("WARREN_LOG_LEVEL", "debug"),
                 ("WARREN_STORAGE_DISK_FREE_LIMIT", "1GB"),
+                ("WARREN_AMQP_CONSUMER_TIMEOUT", "60000"),
                 ("WARREN_BIN", "target/debug/warren"),
                 ("WARREN_CTL_PASSWORD", "secret"),
                 ("WARREN_CTL_URL", "http://localhost:15672"),
@@ -1685,6 +1710,10 @@ mod tests {
         .unwrap();
         assert_eq!(c.amqp.listen.port(), 5999);
         assert_eq!(c.amqp.frame_max, 8192);
+        assert_eq!(c.amqp.consumer_timeout(), Some(60_000));
+        assert_eq!(Config::default().amqp.consumer_timeout(), Some(1_800_000));
+        let off = Config::load(None, env(&[("WARREN_AMQP_CONSUMER_TIMEOUT", "0")])).unwrap();
+        assert_eq!(off.amqp.consumer_timeout(), None);
         assert_eq!(c.log.level, "debug");
         assert_eq!(
             c.storage.disk_free_limit,
@@ -1780,6 +1809,8 @@ mod tests {
             ("WARREN_AMQP_MAX_CONNECTIONS", "0"),
             ("WARREN_AMQP_MAX_TABLE_DEPTH", "0"),
             ("WARREN_AMQP_HANDSHAKE_TIMEOUT", "0"),
+            ("WARREN_AMQP_CONSUMER_TIMEOUT", "-1"),
+            ("WARREN_AMQP_CONSUMER_TIMEOUT", "30min"),
             ("WARREN_STORAGE_DATA_DIR", "\"\""),
             ("WARREN_STORAGE_SEGMENT_SIZE", "100"),
             ("WARREN_STORAGE_FSYNC_BATCH_BYTES", "0"),

@@ -61,6 +61,10 @@ struct Args {
     /// Log level or tracing filter (error, warn, info, debug, trace) [default: info].
     #[arg(long, value_name = "LEVEL")]
     log_level: Option<String>,
+    /// Delivery acknowledgement timeout in milliseconds (RabbitMQ's consumer_timeout; 0 turns
+    /// it off) [default: 1800000].
+    #[arg(long, value_name = "MS")]
+    consumer_timeout: Option<u64>,
     /// AMQPS (TLS) listener: --tls-listen, --tls-cert-file, --tls-key-file, --tls-ca-file.
     #[command(flatten)]
     tls: warren_server::tls::TlsArgs,
@@ -124,6 +128,14 @@ impl Args {
                 key: "level",
                 value: s(l),
                 flag: "--log-level",
+            });
+        }
+        if let Some(ms) = self.consumer_timeout {
+            out.push(Override {
+                section: "amqp",
+                key: "consumer_timeout",
+                value: toml::Value::Integer(i64::try_from(ms).unwrap_or(i64::MAX)),
+                flag: "--consumer-timeout",
             });
         }
         let path = |p: &Path| s(&p.to_string_lossy());
