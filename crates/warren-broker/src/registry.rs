@@ -231,6 +231,11 @@ pub struct ConsumerDetails {
     pub prefetch_count: u16,
     /// basic.consume's arguments.
     pub arguments: FieldTable,
+    /// The delivery acknowledgement timeout in ms that applies to the consumer's queue (its
+    /// `x-consumer-timeout` and `consumer-timeout` policy, else the broker's
+    /// `amqp.consumer_timeout`), as RabbitMQ's management API reports it; `None` when no
+    /// timeout applies. Filled in when an operator reads the channel.
+    pub consumer_timeout: Option<u64>,
 }
 
 /// What only the channel itself knows, read when an operator asks (it may lock the channel

@@ -49,6 +49,7 @@ use warren_broker::{
 };
 
 mod ack;
+mod ack_timeout;
 mod confirms;
 mod consume;
 mod delivery;
@@ -58,6 +59,8 @@ mod topology;
 mod tx;
 
 use ack::{settle, AckOp};
+use ack_timeout::AckClock;
+pub use ack_timeout::{AckCheck, TimedOut};
 use confirms::CommitOk;
 pub use confirms::Confirms;
 use delivery::{hold, ConsumerInfo, SharedState, Unacked};
@@ -103,6 +106,8 @@ pub struct Channel {
     /// under which each was last authorized, so that a settlement, sent for every delivery,
     /// asks the operations layer only when the access-control database changed.
     settle_granted: [Option<u64>; 3],
+    /// Dates the oldest unacknowledged delivery for the acknowledgement timeout.
+    ack_clock: AckClock,
 }
 
 /// The connection context a channel works in.
@@ -142,18 +147,24 @@ pub struct ChannelLimits {
     pub tx_max_bytes: u64,
     /// Most publishes plus acknowledgements one transaction may hold.
     pub tx_max_operations: usize,
+    /// The broker's delivery acknowledgement timeout, ms (`amqp.consumer_timeout`; `None`:
+    /// off).
+    pub consumer_timeout: Option<u64>,
 }
 
 type MethodResult = Result<(), BrokerError>;
 
 impl Channel {
-    /// A freshly opened channel.
+    /// A freshly opened channel. `consumer_timeout` is the broker's delivery acknowledgement
+    /// timeout in ms (`amqp.consumer_timeout`; `None`: off), for deliveries of queues that
+    /// set none.
     pub fn new(
         id: u16,
         outbox: Arc<Outbox>,
         frame_max: u32,
         cancel_notify: bool,
         registration: ChannelHandle,
+        consumer_timeout: Option<u64>,
     ) -> Self {
         let shared = Arc::new(ChannelShared {
             key: CHANNEL_KEYS.fetch_add(1, Ordering::Relaxed),
@@ -161,6 +172,7 @@ impl Channel {
             outbox,
             frame_max,
             cancel_notify,
+            consumer_timeout,
             st: Mutex::new(SharedState {
                 open: true,
                 flow: true,
@@ -191,6 +203,7 @@ impl Channel {
             reply_to: None,
             publish_grant: PublishGrant::default(),
             settle_granted: [None; 3],
+            ack_clock: AckClock::default(),
         }
     }
 

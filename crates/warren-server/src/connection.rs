@@ -162,6 +162,14 @@ pub async fn serve_with<S>(
     tracing::Instrument::instrument(fut, span).await;
 }
 
+/// Sleeps until `due`, forever without one.
+async fn sleep_until_due(due: Option<std::time::Instant>) {
+    match due {
+        Some(t) => tokio::time::sleep_until(tokio::time::Instant::from_std(t)).await,
+        None => std::future::pending().await,
+    }
+}
+
 async fn read_more<R: AsyncRead + Unpin>(rd: &mut R, buf: &mut BytesMut) -> std::io::Result<()> {
     read_more_sized(rd, buf, &mut 4096).await
 }
@@ -361,11 +369,13 @@ where
             max_incomplete_content_bytes: cfg.max_incomplete_content_bytes,
             tx_max_bytes: cfg.tx_max_bytes,
             tx_max_operations: cfg.tx_max_operations,
+            consumer_timeout: cfg.consumer_timeout(),
         },
         incomplete_content: Cell::new(0),
         slot: Some(session.slot),
         durable: durable.clone(),
         published: false,
+        ack_due: None,
     };
     // connection.blocked goes to connections that publish, as in RabbitMQ (a client such as
     // lapin stops sending anything once blocked, acks included): registered at the first
@@ -435,6 +445,7 @@ where
                 &forced,
                 true,
                 || outbox.is_backlogged(),
+                &mut conn,
             )
             .await
             {
@@ -459,6 +470,7 @@ where
                 &forced,
                 false,
                 || state.publishers_paused(),
+                &mut conn,
             )
             .await
             {
@@ -483,7 +495,9 @@ where
                 None => read_more_sized(&mut rd, &mut rbuf, &mut read_size).await,
             }
         };
+        let ack_due = conn.ack_due;
         tokio::select! {
+            () = sleep_until_due(ack_due) => conn.check_acks(),
             r = read => match r {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {

@@ -43,6 +43,10 @@ struct Route {
     refs: usize,
 }
 
+/// A delivery held, as the acknowledgement timeout looks at it: its tag, queue and consumer
+/// tag (`None` for basic.get).
+pub(crate) type HeldDelivery<'a> = (u64, &'a Arc<Queue>, Option<&'a Arc<str>>);
+
 /// A delivery taken out to be settled.
 pub(crate) struct Taken {
     pub queue: Arc<Queue>,
@@ -62,6 +66,17 @@ impl PagedUnacked {
     /// Deliveries held.
     pub fn len(&self) -> usize {
         self.live
+    }
+
+    /// The oldest delivery held (the lowest tag): its tag, queue and consumer tag (`None`
+    /// for basic.get). Settled entries are cleared from the front, so this looks at the
+    /// first live entry only.
+    pub fn oldest(&self) -> Option<HeldDelivery<'_>> {
+        let e = self.entries.iter().find(|e| e.flags & LIVE != 0)?;
+        let route = self.routes[e.route as usize]
+            .as_ref()
+            .expect("a live entry's route is set");
+        Some((e.tag, &route.queue, route.consumer_tag.as_ref()))
     }
 
     /// True when delivery `tag` is held here.
@@ -273,6 +288,10 @@ mod tests {
             p.entries.len()
         );
         assert!(p.contains(1));
+        assert_eq!(
+            p.oldest().map(|(t, _, c)| (t, c.cloned())),
+            Some((1, Some(tag.clone())))
+        );
         for t in 10_001..=10_010u64 {
             p.push(t, &q, None, entry(t));
         }

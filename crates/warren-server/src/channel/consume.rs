@@ -57,6 +57,7 @@ impl Channel {
             exclusive: m.exclusive,
             prefetch_count: self.consumer_prefetch,
             arguments: m.arguments.clone(),
+            consumer_timeout: None,
         };
         let consumer = Consumer::new(
             tag.clone(),

@@ -47,6 +47,8 @@ pub struct ChannelShared {
     pub(super) outbox: Arc<Outbox>,
     pub(super) frame_max: u32,
     pub(super) cancel_notify: bool,
+    /// The broker's delivery acknowledgement timeout, ms (`None`: off).
+    pub(super) consumer_timeout: Option<u64>,
     pub(super) st: Mutex<SharedState>,
     /// Counters and modes in the operators' read model.
     pub(super) stats: Arc<ChannelEntry>,
@@ -59,11 +61,22 @@ impl ChannelProbe for ChannelShared {
     }
 
     fn consumers(&self) -> Vec<ConsumerDetails> {
-        let st = self.st.lock();
-        let mut out: Vec<ConsumerDetails> = st
-            .consumers
-            .values()
-            .filter_map(|c| c.details.clone())
+        let listed: Vec<(ConsumerDetails, Arc<Queue>)> = {
+            let st = self.st.lock();
+            st.consumers
+                .values()
+                .filter_map(|c| c.details.clone().map(|d| (d, c.queue.clone())))
+                .collect()
+        };
+        // The queues' settings are read with the channel unlocked (queues lock before
+        // channels).
+        let mut out: Vec<ConsumerDetails> = listed
+            .into_iter()
+            .map(|(mut d, q)| {
+                d.consumer_timeout =
+                    super::ack_timeout::timeout_for(q.as_ref(), self.consumer_timeout);
+                d
+            })
             .collect();
         out.sort_by(|a, b| a.tag.cmp(&b.tag));
         out

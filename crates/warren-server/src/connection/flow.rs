@@ -14,7 +14,9 @@ pub(super) const PAUSED_READ_MAX: usize = 256 * 1024;
 /// watches it: the client closing its socket (up to [`PAUSED_READ_MAX`] bytes of input are
 /// read meanwhile, unprocessed), the writer failing (a heartbeat to a client that vanished),
 /// and broker shutdown each end the pause with the connection's end. `drain` wakes the check
-/// whenever the writer drains the outbox (else it is polled every 100 ms).
+/// whenever the writer drains the outbox (else it is polled every 100 ms). The delivery
+/// acknowledgement timeouts of `conn`'s channels are checked meanwhile, at those wake-ups.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn paused<R: AsyncRead + Unpin>(
     rd: &mut R,
     rbuf: &mut BytesMut,
@@ -23,11 +25,15 @@ pub(super) async fn paused<R: AsyncRead + Unpin>(
     forced: &ForcedClose,
     drain: bool,
     mut blocked: impl FnMut() -> bool,
+    conn: &mut Conn,
 ) -> Option<End> {
     let mut probe = tokio::time::Instant::now() + PAUSED_PROBE;
     loop {
         if outbox.is_closing() {
             return Some(End::Eof);
+        }
+        if conn.ack_due.is_some_and(|t| t <= std::time::Instant::now()) {
+            conn.check_acks();
         }
         if !blocked() {
             return None;

@@ -2,6 +2,7 @@
 //! connection class's methods, and turns channel and connection errors into closes.
 
 use super::*;
+use crate::channel::AckCheck;
 
 pub(super) struct Conn {
     pub(super) id: u64,
@@ -24,6 +25,10 @@ pub(super) struct Conn {
     pub(super) durable: Arc<dyn DurableSink>,
     /// The client published since the last check (the memory alarm pauses publishers).
     pub(super) published: bool,
+    /// When the channels' delivery acknowledgement timeouts are checked next; `None` while
+    /// no channel has an unacknowledged delivery or a consumer that acknowledges (a manual-ack
+    /// basic.consume or basic.get sets it).
+    pub(super) ack_due: Option<std::time::Instant>,
 }
 
 impl Conn {
@@ -46,8 +51,17 @@ impl Conn {
             Frame::Method { channel: 0, method } => self.connection_method(method),
             Frame::Method { channel, method } => {
                 let (class_id, method_id) = (method.class_id(), method.method_id());
-                if matches!(method, Method::BasicPublish(_)) {
-                    self.published = true;
+                match &method {
+                    Method::BasicPublish(_) => self.published = true,
+                    // A new consumer's queue may set a shorter timeout than those watched:
+                    // check at once. A basic.get starts the watch when there is none.
+                    Method::BasicConsume(m) if !m.no_ack => {
+                        self.ack_due = Some(std::time::Instant::now());
+                    }
+                    Method::BasicGet(m) if !m.no_ack && self.ack_due.is_none() => {
+                        self.ack_due = Some(std::time::Instant::now());
+                    }
+                    _ => {}
                 }
                 let Some(ch) = self.channels.get_mut(&channel) else {
                     return match method {
@@ -78,6 +92,7 @@ impl Conn {
                                 self.frame_max,
                                 self.cancel_notify,
                                 self.registration.open_channel(channel),
+                                self.limits.consumer_timeout,
                             );
                             self.outbox.send(
                                 channel,
@@ -207,6 +222,44 @@ impl Conn {
                     "unexpected method in connection state running",
                 )
             })),
+        }
+    }
+
+    /// Checks every channel's oldest unacknowledged delivery against its acknowledgement
+    /// timeout: a channel whose delivery waited too long is closed with RabbitMQ's 406
+    /// PRECONDITION_FAILED (its deliveries are requeued). Sets when to check next.
+    pub(super) fn check_acks(&mut self) {
+        let mut next: Option<std::time::Instant> = None;
+        let mut timed_out = Vec::new();
+        for (&id, ch) in &mut self.channels {
+            if ch.closing {
+                continue;
+            }
+            match ch.check_ack_timeout() {
+                AckCheck::Idle => {}
+                AckCheck::Watching { period, due } => {
+                    let mut t = std::time::Instant::now() + period;
+                    if let Some(d) = due {
+                        t = t.min(d);
+                    }
+                    next = Some(next.map_or(t, |n| n.min(t)));
+                }
+                AckCheck::TimedOut(t) => timed_out.push((id, t)),
+            }
+        }
+        self.ack_due = next;
+        for (id, t) in timed_out {
+            // RabbitMQ's warning (rabbit_channel:handle_consumer_timed_out).
+            warn!(
+                "Consumer '{}' on channel {id} and {} has timed out waiting for a consumer \
+                 acknowledgement of a delivery with delivery tag = {}. Timeout used: {} ms. \
+                 This timeout value can be configured, see consumers doc guide to learn more",
+                t.consumer_tag.as_deref().unwrap_or("none"),
+                t.queue,
+                t.delivery_tag,
+                t.timeout
+            );
+            let _ = self.channel_error(id, t.error(id), 0, 0);
         }
     }
 
