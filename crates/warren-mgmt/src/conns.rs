@@ -118,6 +118,11 @@ fn consumer_items(app: &App, channels: &[ChannelSnapshot]) -> Vec<Value> {
     for ch in channels {
         let d = &ch.connection;
         for c in &ch.consumers {
+            // The acknowledgement timeout that applies, ms; RabbitMQ shows its `undefined`
+            // when there is none.
+            let timeout = c
+                .consumer_timeout
+                .map_or_else(|| json!("undefined"), |t| json!(t));
             out.push(json!({
                 "consumer_tag": c.tag,
                 "queue": {"name": c.queue, "vhost": d.vhost},
@@ -134,6 +139,7 @@ fn consumer_items(app: &App, channels: &[ChannelSnapshot]) -> Vec<Value> {
                 "exclusive": c.exclusive,
                 "prefetch_count": c.prefetch_count,
                 "arguments": Value::Object(table_to_json(&c.arguments)),
+                "consumer_timeout": timeout,
                 "active": true,
                 "activity_status": "up",
             }));

@@ -1243,6 +1243,8 @@ async fn connections_channels_and_consumers_are_listed_and_closed() {
     assert_eq!(c["queue"], json!({"name": "work", "vhost": "/"}));
     assert_eq!(c["ack_required"], true);
     assert_eq!(c["prefetch_count"], 7);
+    // RabbitMQ's default delivery acknowledgement timeout (the queue sets none).
+    assert_eq!(c["consumer_timeout"], 1_800_000);
     assert_eq!(c["channel_details"]["connection_name"], conn_name.as_str());
     assert_eq!(h.get("/api/consumers/%2F").await, consumers);
 
