@@ -174,11 +174,28 @@ pub(crate) fn member_vhosts(app: &App, user: &UserInfo) -> Vec<String> {
     }
 }
 
-fn require_vhost(app: &App, v: &str) -> Result<(), ApiError> {
+/// 404 Not Found (RabbitMQ's `resource_exists` false) when vhost `v` does not exist.
+pub(crate) fn require_vhost(app: &App, v: &str) -> Result<(), ApiError> {
     if app.backend.vhost_exists(v) {
         Ok(())
     } else {
         Err(ApiError::not_found())
+    }
+}
+
+/// A vhost named in a path that `user` must be able to see (rabbit_mgmt_util's
+/// `is_authorized_vhost_visible`): 404 when it does not exist ([`require_vhost`]), then 401
+/// `User not authorised to access virtual host` when it is not one of the user's
+/// [`visible_vhosts`] (any vhost for administrators and monitors, else those the user may
+/// use).
+pub(crate) fn require_visible_vhost(app: &App, user: &UserInfo, v: &str) -> Result<(), ApiError> {
+    require_vhost(app, v)?;
+    if visible_vhosts(app, user).iter().any(|x| x == v) {
+        Ok(())
+    } else {
+        Err(ApiError::not_authorised(
+            "User not authorised to access virtual host",
+        ))
     }
 }
 

@@ -8,7 +8,7 @@
 //! access object". Consumers likewise: monitors and administrators see all, other users the
 //! consumers of their own channels.
 
-use crate::api::{authorize, has, listed, ok_json, App, Need, Peer, Reply, Q, S};
+use crate::api::{authorize, has, listed, ok_json, require_vhost, App, Need, Peer, Reply, Q, S};
 use crate::backend::{
     ChannelSnapshot, ConnectionDetails, ConnectionSnapshot, MessageStats, UserInfo,
 };
@@ -205,9 +205,7 @@ pub(crate) async fn vhost_connections(
     q: Q,
 ) -> Reply {
     let user = authorize(&app, &headers, peer, Need::Management, Some(&v))?;
-    if !app.backend.vhost_exists(&v) {
-        return Err(ApiError::not_found());
-    }
+    require_vhost(&app, &v)?;
     let items = visible_connections(&app, &user, Some(&v))
         .iter()
         .map(|c| connection_json(&app, c))
@@ -356,9 +354,7 @@ pub(crate) async fn vhost_channels(
 ) -> Reply {
     let user = authorize(&app, &headers, peer, Need::Management, Some(&v))?;
     let ranges = Ranges::from_query(&q)?;
-    if !app.backend.vhost_exists(&v) {
-        return Err(ApiError::not_found());
-    }
+    require_vhost(&app, &v)?;
     let items = visible_channels(&app, &user)
         .iter()
         .filter(|c| c.connection.vhost == v)
@@ -424,9 +420,7 @@ pub(crate) async fn vhost_consumers(
     q: Q,
 ) -> Reply {
     let user = authorize(&app, &headers, peer, Need::Management, None)?;
-    if !app.backend.vhost_exists(&v) {
-        return Err(ApiError::not_found());
-    }
+    require_vhost(&app, &v)?;
     let channels: Vec<ChannelSnapshot> = app
         .backend
         .channels(None)

@@ -100,14 +100,7 @@ async fn vhost_limits_one(
     q: Q,
 ) -> Reply {
     let user = authorize(&app, &headers, peer, Need::Management, None)?;
-    if !app.backend.vhost_exists(&v) {
-        return Err(ApiError::not_found());
-    }
-    if !visible_vhosts(&app, &user).contains(&v) {
-        return Err(ApiError::not_authorised(
-            "User not authorised to access virtual host",
-        ));
-    }
+    super::require_visible_vhost(&app, &user, &v)?;
     listed(vhost_entry(&app, &v).into_iter().collect(), &q)
 }
 
