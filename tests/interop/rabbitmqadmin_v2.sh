@@ -185,15 +185,18 @@ run "import brought the binding back" "^/ +$x +$q +queue +k\.\*" list bindings
 run "import brought the policy back" "^$p " list policies
 rm -f "$export_file"
 
-# Connections and channels: a pika client holds a connection open while they are listed,
-# then it is closed over HTTP and the client sees 320 CONNECTION_FORCED.
+# Connections, channels and consumers: a pika client holds a connection with a consumer
+# open while they are listed, then it is closed over HTTP and the client sees 320
+# CONNECTION_FORCED.
 if [ -n "${AMQP_URL:-}" ] && python3 -c 'import pika' 2>/dev/null; then
   holder_out=$(mktemp -t radmin2-holder.XXXXXX)
   python3 - "$AMQP_URL" <<'PY' >"$holder_out" 2>&1 &
 import sys, time
 import pika
 conn = pika.BlockingConnection(pika.URLParameters(sys.argv[1]))
-conn.channel()
+ch = conn.channel()
+ch.queue_declare("radmin2-consumed", auto_delete=True)
+ch.basic_consume("radmin2-consumed", lambda *a: None, consumer_tag="radmin2-consumer")
 print("open", flush=True)
 try:
     deadline = time.time() + 60
@@ -208,6 +211,9 @@ PY
   run "list connections" " -> .* AMQP 0-9-1 +$USER_ " list connections
   run "list channels" "\(1\) +/ +running" list channels
   run "list connections of the user" " -> " list user_connections --username "$USER_"
+  # The last column is the delivery acknowledgement timeout, RabbitMQ's default 30 minutes.
+  run "list consumers" "^/ +radmin2-consumed +radmin2-consumer +true .* 1800000 *$" \
+    list consumers
   conn_name=$(admin list connections | grep -Eo '^[^ ]+ -> [^ ]+' | head -n 1)
   run "close connection" "^" close connection --name "$conn_name"
   wait "$holder"
@@ -219,11 +225,8 @@ PY
   fi
   rm -f "$holder_out"
 else
-  echo "skip connections and channels: no AMQP_URL or no pika"
+  echo "skip connections, channels and consumers: no AMQP_URL or no pika"
 fi
-# Not run: `list consumers`. rabbitmqadmin v2 requires each consumer's `consumer_timeout`
-# (RabbitMQ's delivery acknowledgement timeout, 30 minutes by default); Warren has no such
-# timeout and does not report one.
 
 run "delete queue" "^" delete queue --name "$q"
 run "delete exchange" "^" delete exchange --name "$x"
