@@ -162,10 +162,25 @@ pub async fn serve_with<S>(
     tracing::Instrument::instrument(fut, span).await;
 }
 
-/// Sleeps until `due`, forever without one.
-async fn sleep_until_due(due: Option<std::time::Instant>) {
-    match due {
-        Some(t) => tokio::time::sleep_until(tokio::time::Instant::from_std(t)).await,
+/// The timer of a connection's acknowledgement-timeout checks: made at the first check
+/// (boxed, so that a connection that never needs one keeps a pointer's worth of state) and
+/// moved rather than made again for each later one.
+type AckTimer = Option<std::pin::Pin<Box<tokio::time::Sleep>>>;
+
+/// Sets `timer` to fire at `due`.
+fn arm(timer: &mut AckTimer, due: std::time::Instant) {
+    let at = tokio::time::Instant::from_std(due);
+    match timer {
+        Some(t) if t.deadline() == at => {}
+        Some(t) => t.as_mut().reset(at),
+        None => *timer = Some(Box::pin(tokio::time::sleep_until(at))),
+    }
+}
+
+/// Waits for `timer` to fire (forever without one).
+async fn fired(timer: &mut AckTimer) {
+    match timer {
+        Some(t) => t.as_mut().await,
         None => std::future::pending().await,
     }
 }
@@ -398,6 +413,7 @@ where
     // Why the peer went away, when it did without connection.close.
     let mut eof_reason = "client unexpectedly closed TCP connection".to_string();
     let forced_close = forced.requested();
+    let mut ack_timer: AckTimer = None;
     tokio::pin!(forced_close);
 
     let end = 'outer: loop {
@@ -495,9 +511,11 @@ where
                 None => read_more_sized(&mut rd, &mut rbuf, &mut read_size).await,
             }
         };
-        let ack_due = conn.ack_due;
+        if let Some(due) = conn.ack_due {
+            arm(&mut ack_timer, due);
+        }
         tokio::select! {
-            () = sleep_until_due(ack_due) => conn.check_acks(),
+            () = fired(&mut ack_timer), if conn.ack_due.is_some() => conn.check_acks(),
             r = read => match r {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
