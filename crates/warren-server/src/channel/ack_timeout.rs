@@ -47,8 +47,7 @@ pub enum AckCheck {
     /// Watching: check again within `period`, or at `due` (when the oldest delivery would
     /// time out) if that is sooner.
     Watching {
-        /// A tenth of the smallest timeout that applies, within [`MIN_PERIOD`] and
-        /// [`MAX_PERIOD`].
+        /// A tenth of the smallest timeout that applies, within 10 ms and 60 s.
         period: Duration,
         /// When the oldest delivery's timeout runs out, if one applies to it.
         due: Option<Instant>,
@@ -122,9 +121,9 @@ impl AckClock {
 }
 
 impl Channel {
-    /// Checks this channel's oldest unacknowledged delivery against its timeout at `now`
-    /// (ms timeouts; `None` for a queue without one when the broker's `amqp.consumer_timeout`
-    /// is off). Called by the connection, at most every [`MIN_PERIOD`].
+    /// Checks this channel's oldest unacknowledged delivery against its timeout (its queue's
+    /// argument or policy, else the broker's `amqp.consumer_timeout`; none when neither is
+    /// set) and says when to check again. Called by the connection, at most every 10 ms.
     pub fn check_ack_timeout(&mut self) -> AckCheck {
         let global = self.shared.consumer_timeout;
         // The queues are asked for their timeouts with the channel unlocked: queues lock
