@@ -230,3 +230,38 @@ async fn the_lower_of_argument_and_policy_applies() {
     expect_closed(&mut consumer, &timed_out_text(ch.id(), 300)).await;
     env.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quorum_queues_time_out_on_the_channel_too() {
+    let env = Env::start().await;
+    let ch = env.channel().await;
+    let mut args = FieldTable::default();
+    args.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".into()),
+    );
+    args.insert("x-consumer-timeout".into(), AMQPValue::LongInt(300));
+    within(
+        "queue.declare",
+        ch.queue_declare(
+            "qq".into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..QueueDeclareOptions::default()
+            },
+            args,
+        ),
+    )
+    .await
+    .expect("quorum queue.declare");
+    let mut consumer = consume_manual(&ch, "qq", "c").await;
+    publish(&ch, "", "qq", b"q1").await;
+    assert_eq!(text(&next(&mut consumer).await), "q1");
+    expect_closed(&mut consumer, &timed_out_text(ch.id(), 300)).await;
+    let ch2 = env.channel().await;
+    let mut other = consume(&ch2, "qq", "other", true).await;
+    let d = next(&mut other).await;
+    assert_eq!(text(&d), "q1");
+    assert!(d.redelivered);
+    env.stop().await;
+}
