@@ -16,7 +16,8 @@
 //! deterministic queue state), [`storage`] (openraft's log storage on the shared log),
 //! [`machine`] (openraft's state machine and snapshots), [`queue`] (the `QueueBackend` the
 //! broker uses: proposing, delivering, settling), [`kind`] (declare rules and refusals),
-//! [`node`] (the node's quorum service), [`network`] (how groups reach other nodes).
+//! [`node`] (the node's quorum service), [`network`] (how groups reach other nodes: openraft's
+//! network over [`transport`], the authenticated inter-node connections).
 
 pub mod command;
 pub mod kind;
@@ -26,10 +27,12 @@ pub mod node;
 pub mod queue;
 pub mod state;
 pub mod storage;
+pub mod transport;
 
 pub use kind::QuorumKind;
 pub use node::{QuorumConfig, QuorumNode};
 pub use queue::QuorumQueue;
+pub use transport::{Cluster, ClusterSettings, MemberHost};
 
 openraft::declare_raft_types!(
     /// The Raft types of a quorum queue's group.
