@@ -1,0 +1,188 @@
+//! A quorum queue replicated over a cluster of three `warren` processes on 127.0.0.1: the
+//! queue declared on node 1 gets members on nodes 2 and 3, publishes confirmed by node 1 are
+//! on a majority, and after node 1 is killed (SIGKILL) the other two elect a leader and a
+//! consumer gets every confirmed message.
+
+mod binary_support;
+
+use binary_support::{free_port, persistent, tempdir, within, Server};
+use futures_util::StreamExt;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
+    ConfirmSelectOptions, QueueDeclareOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, LongString};
+use std::collections::HashSet;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+const N: usize = 300;
+
+fn quorum_args() -> FieldTable {
+    let mut t = FieldTable::default();
+    t.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString(LongString::from("quorum")),
+    );
+    t
+}
+
+/// Starts node `id` of the cluster whose nodes listen (inter-node) on `ports`.
+fn start_node(id: usize, ports: &[u16], secret: &Path, root: &Path) -> Server {
+    let seeds: Vec<String> = ports
+        .iter()
+        .enumerate()
+        .map(|(i, p)| format!("{}@127.0.0.1:{p}", i + 1))
+        .collect();
+    let data = root.join(format!("node{id}"));
+    std::fs::create_dir_all(&data).unwrap();
+    let listen = format!("127.0.0.1:{}", ports[id - 1]);
+    let id_s = id.to_string();
+    let seeds = seeds.join(",");
+    let secret = secret.to_string_lossy().into_owned();
+    Server::start(
+        &data,
+        &[
+            ("WARREN_CLUSTER_NODE_ID", id_s.as_str()),
+            ("WARREN_CLUSTER_LISTEN", listen.as_str()),
+            ("WARREN_CLUSTER_SEED_NODES", seeds.as_str()),
+            ("WARREN_CLUSTER_SECRET_FILE", secret.as_str()),
+        ],
+    )
+}
+
+/// Waits (bounded) until `server` has queue `q`: its member is started asynchronously after
+/// the declare on another node.
+async fn wait_for_member(server: &Server, q: &str) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let conn = server.connect().await;
+        let ch = conn.create_channel().await.expect("channel");
+        let passive = ch
+            .queue_declare(
+                q.into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    durable: true,
+                    ..Default::default()
+                },
+                quorum_args(),
+            )
+            .await;
+        let _ = conn.close(200, "bye".into()).await;
+        if passive.is_ok() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node on port {} never got a member of {q}",
+            server.port
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_killed_no_confirmed_message_lost() {
+    let root = tempdir("quorum-cluster");
+    let secret = root.join("secret");
+    std::fs::write(&secret, "a-test-cluster-secret-of-some-length\n").unwrap();
+    let ports = [free_port(), free_port(), free_port()];
+    let node1 = start_node(1, &ports, &secret, &root);
+    let node2 = start_node(2, &ports, &secret, &root);
+    let node3 = start_node(3, &ports, &secret, &root);
+
+    // Declared on node 1, which initializes the group and leads it.
+    let conn = node1.connect().await;
+    let ch = conn.create_channel().await.expect("channel");
+    within(
+        "queue.declare",
+        ch.queue_declare(
+            "qc".into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            quorum_args(),
+        ),
+    )
+    .await
+    .expect("quorum queue declared");
+    wait_for_member(&node2, "qc").await;
+    wait_for_member(&node3, "qc").await;
+
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirm.select");
+    let mut confirms = Vec::new();
+    for i in 0..N {
+        let pc = ch
+            .basic_publish(
+                "".into(),
+                "qc".into(),
+                BasicPublishOptions::default(),
+                format!("m{i}").as_bytes(),
+                persistent(),
+            )
+            .await
+            .expect("publish");
+        confirms.push(pc);
+    }
+    for (i, pc) in confirms.into_iter().enumerate() {
+        let c = within("confirm", pc).await.expect("confirm");
+        assert!(c.is_ack(), "publish {i} was not confirmed");
+    }
+
+    // The leader's node dies.
+    drop(ch);
+    drop(conn);
+    node1.kill();
+
+    // Consumers on both survivors; whichever becomes leader delivers.
+    let mut got: HashSet<String> = HashSet::new();
+    let mut streams = Vec::new();
+    let mut conns = Vec::new();
+    for (i, node) in [&node2, &node3].into_iter().enumerate() {
+        let c = node.connect().await;
+        let ch = c.create_channel().await.expect("channel");
+        ch.basic_qos(100, BasicQosOptions::default())
+            .await
+            .expect("qos");
+        let consumer = ch
+            .basic_consume(
+                "qc".into(),
+                format!("c{i}").as_str().into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("basic.consume on a member");
+        streams.push(consumer);
+        conns.push((c, ch));
+    }
+    let mut merged = futures_util::stream::select_all(streams);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(25);
+    while got.len() < N {
+        let next = tokio::time::timeout_at(deadline, merged.next()).await;
+        let delivery = match next {
+            Ok(Some(Ok(d))) => d,
+            Ok(other) => panic!("consumer ended: {other:?}"),
+            Err(_) => panic!(
+                "only {} of {N} confirmed messages consumed after the leader died",
+                got.len()
+            ),
+        };
+        got.insert(String::from_utf8(delivery.data.clone()).unwrap());
+        delivery.ack(BasicAckOptions::default()).await.expect("ack");
+    }
+    for i in 0..N {
+        assert!(got.contains(&format!("m{i}")), "m{i} lost");
+    }
+    drop(merged);
+    for (c, _) in conns {
+        let _ = c.close(200, "bye".into()).await;
+    }
+    drop(node2);
+    drop(node3);
+    let _ = std::fs::remove_dir_all(&root);
+}
