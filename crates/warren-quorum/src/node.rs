@@ -147,13 +147,17 @@ impl QuorumNode {
     /// `size - 1` other nodes that started their member when asked (tried in id order from
     /// the one after this node, so that queues declared on different nodes spread). A node
     /// that is down or refuses is passed over; without a cluster, this node alone.
+    ///
+    /// None when a node has the queue already: its group was created before (declared on
+    /// another node while this one was down, or at the same time) and this node's member
+    /// must not start a second group of the same name.
     pub(crate) async fn place_members(
         &self,
         vhost: &str,
         name: &str,
         arguments: &FieldTable,
         size: usize,
-    ) -> BTreeMap<u64, BasicNode> {
+    ) -> Option<BTreeMap<u64, BasicNode>> {
         let me = self.cfg.node_id;
         let all = self.members.lock().clone();
         let mut placed: BTreeMap<u64, BasicNode> = all
@@ -162,8 +166,9 @@ impl QuorumNode {
             .into_iter()
             .collect();
         let Some(cluster) = self.cluster().cloned() else {
-            return placed;
+            return Some(placed);
         };
+        let mut existing = None;
         let mut encoded = bytes::BytesMut::new();
         warren_amqp::table::encode_table(arguments, &mut encoded);
         let encoded = encoded.to_vec();
@@ -193,10 +198,11 @@ impl QuorumNode {
             while let Some(done) = asks.join_next().await {
                 let Ok((peer, r)) = done else { continue };
                 match r {
-                    Ok(Response::Done(Ok(()))) => {
+                    Ok(Response::Started(Ok(true))) => {
                         placed.insert(peer, BasicNode::new(&all[&peer]));
                     }
-                    Ok(Response::Done(Err(e))) => {
+                    Ok(Response::Started(Ok(false))) => existing = Some(peer),
+                    Ok(Response::Started(Err(e))) => {
                         warn!(queue = %name, vhost = %vhost, node = peer, error = %e, "node refused a member of a new quorum queue");
                     }
                     Ok(_) => {}
@@ -206,7 +212,11 @@ impl QuorumNode {
                 }
             }
         }
-        placed
+        if let Some(peer) = existing {
+            warn!(queue = %name, vhost = %vhost, node = peer, "quorum queue exists on another node already: no new group is created here (use the queue on its members)");
+            return None;
+        }
+        Some(placed)
     }
 
     /// Asks `members` (other nodes) to delete their member of queue `name` of `vhost`, in the

@@ -329,13 +329,15 @@ impl QuorumQueue {
         }
         if fresh && !joining && !raft.is_initialized().await.map_err(|e| e.to_string())? {
             let size = self.initial_group_size();
-            let members = node
+            let placed = node
                 .place_members(&self.vhost, &self.name, &self.arguments, size)
                 .await;
-            if let Err(e) = raft.initialize(members).await {
-                debug!(queue = %self.name, error = %e, "quorum queue group already initialized");
+            if let Some(members) = &placed {
+                if let Err(e) = raft.initialize(members.clone()).await {
+                    debug!(queue = %self.name, error = %e, "quorum queue group already initialized");
+                }
             }
-            if node.cluster().is_some() {
+            if placed.is_some() && node.cluster().is_some() {
                 // Proposals before the first election is won would be refused (no leader).
                 let _ = raft
                     .wait(Some(LEADER_WAIT))

@@ -80,8 +80,9 @@ impl std::fmt::Debug for ClusterSettings {
 pub trait MemberHost: Send + Sync + 'static {
     /// Declares durable quorum queue `name` in `vhost` with `arguments` (which include
     /// `x-queue-type: quorum`) on this node, as a member of a group another node creates.
-    /// Existing already is success. Errors: the refusal's text.
-    fn start_member(&self, vhost: &str, name: &str, arguments: FieldTable) -> Result<(), String>;
+    /// Returns true when the queue was created, false when it existed already (then it
+    /// belongs to a group created before). Errors: the refusal's text.
+    fn start_member(&self, vhost: &str, name: &str, arguments: FieldTable) -> Result<bool, String>;
     /// Deletes quorum queue `name` of `vhost` on this node (missing is success). Errors: the
     /// refusal's text.
     fn delete_member(&self, vhost: &str, name: &str) -> Result<(), String>;
@@ -144,7 +145,10 @@ pub enum Response {
     ),
     /// The group is not (yet) on the answering node.
     NoGroup,
-    /// Result of a member start or delete.
+    /// Result of a member start: true when the member was created, false when the queue
+    /// existed already on the answering node.
+    Started(Result<bool, String>),
+    /// Result of a member delete.
     Done(Result<(), String>),
 }
 
@@ -655,7 +659,7 @@ impl Cluster {
                 arguments,
             } => {
                 let Some(host) = self.host.get().cloned() else {
-                    return Response::Done(Err("the node is starting".into()));
+                    return Response::Started(Err("the node is starting".into()));
                 };
                 let mut dec = warren_amqp::table::Decoder::new(&arguments);
                 let arguments = match warren_amqp::table::decode_table(
@@ -663,7 +667,7 @@ impl Cluster {
                     warren_amqp::table::DEFAULT_MAX_TABLE_DEPTH,
                 ) {
                     Ok(t) => t,
-                    Err(e) => return Response::Done(Err(format!("bad arguments: {e}"))),
+                    Err(e) => return Response::Started(Err(format!("bad arguments: {e}"))),
                 };
                 let key = crate::node::group_key(&vhost, &name);
                 self.joining.lock().insert(key.clone());
@@ -673,7 +677,7 @@ impl Cluster {
                 .await
                 .unwrap_or_else(|e| Err(e.to_string()));
                 self.joining.lock().remove(&key);
-                Response::Done(r)
+                Response::Started(r)
             }
             Request::DeleteMember { vhost, name } => {
                 let Some(host) = self.host.get().cloned() else {

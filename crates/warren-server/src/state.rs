@@ -93,12 +93,13 @@ impl warren_quorum::MemberHost for MemberHost {
         vhost: &str,
         name: &str,
         arguments: warren_amqp::table::FieldTable,
-    ) -> Result<(), String> {
+    ) -> Result<bool, String> {
         let state = self.0.upgrade().ok_or("the broker is stopping")?;
         let vh = state
             .broker
             .vhost(vhost)
             .ok_or_else(|| format!("no vhost '{vhost}' on this node"))?;
+        let existed = vh.queue(name, CLUSTER_CONNECTION_ID).is_ok();
         let d = warren_broker::vhost::QueueDeclare {
             name: name.to_string(),
             passive: false,
@@ -108,7 +109,7 @@ impl warren_quorum::MemberHost for MemberHost {
             arguments,
         };
         vh.declare_queue(&d, CLUSTER_CONNECTION_ID)
-            .map(|_| ())
+            .map(|_| !existed)
             .map_err(|e| e.text)
     }
 

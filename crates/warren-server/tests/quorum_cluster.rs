@@ -1,7 +1,8 @@
 //! A quorum queue replicated over a cluster of three `warren` processes on 127.0.0.1: the
 //! queue declared on node 1 gets members on nodes 2 and 3, publishes confirmed by node 1 are
 //! on a majority, and after node 1 is killed (SIGKILL) the other two elect a leader and a
-//! consumer gets every confirmed message.
+//! consumer gets every confirmed message. A member that was down catches up when it comes
+//! back, and a queue deleted on one node is deleted on its other members.
 
 mod binary_support;
 
@@ -184,5 +185,113 @@ async fn leader_killed_no_confirmed_message_lost() {
     }
     drop(node2);
     drop(node3);
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// The message count node `server` reports for `q` (its member's applied state), or None
+/// when the queue is not there.
+async fn count_on(server: &Server, q: &str) -> Option<u32> {
+    let conn = server.connect().await;
+    let ch = conn.create_channel().await.expect("channel");
+    let r = ch
+        .queue_declare(
+            q.into(),
+            QueueDeclareOptions {
+                passive: true,
+                durable: true,
+                ..Default::default()
+            },
+            quorum_args(),
+        )
+        .await;
+    let _ = conn.close(200, "bye".into()).await;
+    r.ok().map(|q| q.message_count())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn member_catches_up_and_delete_reaches_members() {
+    let root = tempdir("quorum-cluster-catchup");
+    let secret = root.join("secret");
+    std::fs::write(&secret, "another-test-cluster-secret\n").unwrap();
+    let ports = [free_port(), free_port(), free_port()];
+    let node1 = start_node(1, &ports, &secret, &root);
+    let node2 = start_node(2, &ports, &secret, &root);
+    let node3 = start_node(3, &ports, &secret, &root);
+    let conn = node1.connect().await;
+    let ch = conn.create_channel().await.expect("channel");
+    within(
+        "queue.declare",
+        ch.queue_declare(
+            "qm".into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            quorum_args(),
+        ),
+    )
+    .await
+    .expect("quorum queue declared");
+    wait_for_member(&node2, "qm").await;
+    wait_for_member(&node3, "qm").await;
+
+    // Node 3 is down while the others commit N publishes (a majority of two).
+    node3.kill();
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirm.select");
+    let mut confirms = Vec::new();
+    for i in 0..N {
+        confirms.push(
+            ch.basic_publish(
+                "".into(),
+                "qm".into(),
+                BasicPublishOptions::default(),
+                format!("m{i}").as_bytes(),
+                persistent(),
+            )
+            .await
+            .expect("publish"),
+        );
+    }
+    for pc in confirms {
+        assert!(within("confirm", pc).await.expect("confirm").is_ack());
+    }
+
+    // Back, it gets what it missed.
+    let node3 = start_node(3, &ports, &secret, &root);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let n = count_on(&node3, "qm").await;
+        if n == Some(N as u32) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node 3 has {n:?} of {N} messages after coming back"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Deleted on node 1, gone from every member.
+    within(
+        "queue.delete",
+        ch.queue_delete("qm".into(), Default::default()),
+    )
+    .await
+    .expect("queue.delete");
+    for node in [&node2, &node3] {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while count_on(node, "qm").await.is_some() {
+            assert!(
+                Instant::now() < deadline,
+                "queue still on node at port {}",
+                node.port
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let _ = conn.close(200, "bye".into()).await;
+    drop((node1, node2, node3));
     let _ = std::fs::remove_dir_all(&root);
 }
