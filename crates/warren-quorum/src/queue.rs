@@ -21,6 +21,7 @@ use crate::network::GroupNetwork;
 use crate::node::QuorumNode;
 use crate::state::{Effects, QMsg, QueueState};
 use crate::storage::LogStore;
+use crate::transport::{Request, Response};
 use crate::TypeConfig;
 use bytes::Bytes;
 use openraft::{BasicNode, Entry, EntryPayload, LogId, Raft, StoredMembership};
@@ -29,7 +30,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use tokio::sync::mpsc;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 use warren_amqp::table::{FieldTable, FieldValue};
 use warren_broker::args::{Overflow, QueueArgs};
 use warren_broker::clock::Clock;
@@ -56,6 +57,8 @@ const HORIZON_STEP: u64 = 4096;
 const MAX_ENTRY_BYTES: usize = 4 * 1024 * 1024;
 /// Entries a queue has proposed and not yet seen committed.
 const MAX_IN_FLIGHT: usize = 8;
+/// How long a member waits for the leader's node to apply a proposal it forwarded.
+const FORWARD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 /// How long a new group's first member waits for the first leader before it proposes.
 const LEADER_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -397,6 +400,17 @@ impl QuorumQueue {
         if st.leader_term == term {
             return;
         }
+        if self.node.cluster().is_some() && st.leader_term.is_some() != term.is_some() {
+            let node = self.node.cfg.node_id;
+            match term {
+                Some(term) => {
+                    info!(queue = %self.name, vhost = %self.vhost, node, term, "this node leads the quorum queue")
+                }
+                None => {
+                    info!(queue = %self.name, vhost = %self.vhost, node, "this node no longer leads the quorum queue")
+                }
+            }
+        }
         {
             st.leader_term = term;
             st.horizon_asked = st.qs.horizon();
@@ -442,6 +456,35 @@ impl QuorumQueue {
             if self.deleted.load(Ordering::Acquire) {
                 complete(waiters, false);
                 continue;
+            }
+            // A member that does not lead forwards to the leader's node what its clients
+            // submitted (in order, over the one connection to that node).
+            let leader = raft.metrics().borrow().current_leader;
+            if let (Some(cluster), Some(leader)) = (self.node.cluster(), leader) {
+                if leader != self.node.cfg.node_id {
+                    let req = Request::Propose {
+                        group: self.key.clone(),
+                        batch: Batch(cmds),
+                    };
+                    match cluster.send_now(leader, req) {
+                        Ok(call) => {
+                            tokio::spawn(async move {
+                                let r = call.wait(FORWARD_TIMEOUT).await;
+                                let ok = matches!(r, Ok(Response::Proposed(Ok(()))));
+                                if !ok {
+                                    debug!(leader, answer = ?r, "forwarded quorum queue proposal failed");
+                                }
+                                complete(waiters, ok);
+                                drop(permit);
+                            });
+                        }
+                        Err(e) => {
+                            debug!(error = %e, "quorum queue proposal not forwarded");
+                            complete(waiters, false);
+                        }
+                    }
+                    continue;
+                }
             }
             match raft.client_write_ff(Batch(cmds)).await {
                 Ok(done) => {

@@ -18,6 +18,9 @@
 //! dialer checks it (constant-time) and answers with the same MAC under `"... dial"`, which
 //! the acceptor checks. Ids must be in the seed list and differ. Any failure closes the
 //! connection; the handshake must finish within 5 s.
+//!
+//! Liveness: each side pings every 2 s; a connection that carried nothing for 10 s (a peer
+//! paused, or a machine gone without a reset) is closed, and redialed by its dialer.
 
 use crate::TypeConfig;
 use bytes::{BufMut, Bytes, BytesMut};
@@ -49,6 +52,10 @@ pub const MAX_FRAME: usize = 256 << 20;
 pub const MAX_HANDSHAKE_FRAME: usize = 4096;
 /// How long a handshake may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often each side of a connection sends a ping.
+const PING_EVERY: Duration = Duration::from_secs(2);
+/// A connection that carried nothing for this long is closed (and redialed).
+const IDLE_LIMIT: Duration = Duration::from_secs(10);
 /// The protocol name mixed into every MAC.
 const PROTOCOL: &[u8] = b"warren-cluster/1";
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
@@ -133,6 +140,12 @@ pub enum Request {
     },
     /// Delete this node's member of a deleted quorum queue.
     DeleteMember { vhost: String, name: String },
+    /// Propose `batch` in group `group`, whose leader is the answering node: what a member
+    /// that does not lead forwards (publishes of its clients). Proposed in arrival order.
+    Propose {
+        group: String,
+        batch: crate::command::Batch,
+    },
 }
 
 /// The answer to a [`Request`].
@@ -150,13 +163,23 @@ pub enum Response {
     Started(Result<bool, String>),
     /// Result of a member delete.
     Done(Result<(), String>),
+    /// Result of a forwarded proposal: committed and applied, or why not.
+    Proposed(Result<(), String>),
 }
 
 /// A frame after the handshake.
 #[derive(Debug, Serialize, Deserialize)]
 enum Wire {
-    Request { id: u64, body: Request },
-    Response { id: u64, body: Response },
+    Request {
+        id: u64,
+        body: Request,
+    },
+    Response {
+        id: u64,
+        body: Response,
+    },
+    /// Sent every [`PING_EVERY`], so that a peer that stopped answering is noticed.
+    Ping,
 }
 
 /// Why a call to another node failed.
@@ -184,6 +207,15 @@ struct Conn {
 }
 
 impl Conn {
+    fn answer(&self, id: u64, body: Response) {
+        match encode_frame(&Wire::Response { id, body }, MAX_FRAME) {
+            Ok(f) => {
+                let _ = self.out.send(f);
+            }
+            Err(e) => warn!(peer = self.peer, error = %e, "cluster answer not sent"),
+        }
+    }
+
     fn close(&self) {
         self.pending.lock().clear();
         for t in self.tasks.lock().drain(..) {
@@ -585,7 +617,16 @@ impl Cluster {
         cluster: Arc<Cluster>,
     ) {
         let mut w = BufWriter::with_capacity(64 * 1024, wr);
-        while let Some(f) = rx.recv().await {
+        let ping = encode_frame(&Wire::Ping, MAX_FRAME).expect("a ping encodes");
+        let mut tick = tokio::time::interval(PING_EVERY);
+        loop {
+            let f = tokio::select! {
+                f = rx.recv() => match f {
+                    Some(f) => f,
+                    None => break,
+                },
+                _ = tick.tick() => ping.clone(),
+            };
             if w.write_all(&f).await.is_err() {
                 break;
             }
@@ -599,7 +640,13 @@ impl Cluster {
     async fn read_loop(self: Arc<Self>, rd: tokio::net::tcp::OwnedReadHalf, conn: Arc<Conn>) {
         let mut r = tokio::io::BufReader::with_capacity(64 * 1024, rd);
         loop {
-            let frame: Wire = match read_frame(&mut r, MAX_FRAME).await {
+            let read = tokio::time::timeout(IDLE_LIMIT, read_frame(&mut r, MAX_FRAME)).await;
+            let frame: Wire = match read.unwrap_or_else(|_| {
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "nothing received for 10 s",
+                ))
+            }) {
                 Ok(f) => f,
                 Err(e) => {
                     if e.kind() != std::io::ErrorKind::UnexpectedEof {
@@ -609,24 +656,43 @@ impl Cluster {
                 }
             };
             match frame {
+                Wire::Ping => {}
                 Wire::Response { id, body } => {
                     if let Some(tx) = conn.pending.lock().remove(&id) {
                         let _ = tx.send(body);
                     }
+                }
+                Wire::Request {
+                    id,
+                    body: Request::Propose { group, batch },
+                } => {
+                    // Handed to Raft here, in the order they arrived; answered once applied.
+                    let proposed = match self.group(&group) {
+                        None => Err(Response::NoGroup),
+                        Some(r) => r
+                            .client_write_ff(batch)
+                            .await
+                            .map_err(|e| Response::Proposed(Err(e.to_string()))),
+                    };
+                    let conn = conn.clone();
+                    tokio::spawn(async move {
+                        let body = match proposed {
+                            Ok(rx) => match rx.await {
+                                Ok(Ok(_)) => Response::Proposed(Ok(())),
+                                Ok(Err(e)) => Response::Proposed(Err(e.to_string())),
+                                Err(e) => Response::Proposed(Err(e.to_string())),
+                            },
+                            Err(b) => b,
+                        };
+                        conn.answer(id, body);
+                    });
                 }
                 Wire::Request { id, body } => {
                     let me = self.clone();
                     let conn = conn.clone();
                     tokio::spawn(async move {
                         let body = me.serve(body).await;
-                        match encode_frame(&Wire::Response { id, body }, MAX_FRAME) {
-                            Ok(f) => {
-                                let _ = conn.out.send(f);
-                            }
-                            Err(e) => {
-                                warn!(peer = conn.peer, error = %e, "cluster answer not sent")
-                            }
-                        }
+                        conn.answer(id, body);
                     });
                 }
             }
@@ -679,6 +745,7 @@ impl Cluster {
                 self.joining.lock().remove(&key);
                 Response::Started(r)
             }
+            Request::Propose { .. } => Response::Proposed(Err("not proposed".into())),
             Request::DeleteMember { vhost, name } => {
                 let Some(host) = self.host.get().cloned() else {
                     return Response::Done(Err("the node is starting".into()));
@@ -725,6 +792,29 @@ impl Cluster {
         }
     }
 
+    /// Sends `req` to `peer` now, if connected: requests sent this way reach the peer in
+    /// the order of the calls. The answer is awaited with [`PendingCall::wait`].
+    ///
+    /// Errors: [`CallError::Unreachable`] (no connection), [`CallError::Encode`].
+    pub fn send_now(&self, peer: NodeId, req: Request) -> Result<PendingCall, CallError> {
+        let conn = self
+            .conns
+            .lock()
+            .get(&peer)
+            .cloned()
+            .ok_or(CallError::Unreachable(peer))?;
+        let id = conn.next.fetch_add(1, Ordering::Relaxed);
+        let frame = encode_frame(&Wire::Request { id, body: req }, MAX_FRAME)
+            .map_err(|e| CallError::Encode(peer, e))?;
+        let (tx, rx) = oneshot::channel();
+        conn.pending.lock().insert(id, tx);
+        if *conn.closed.borrow() || conn.out.send(frame).is_err() {
+            conn.pending.lock().remove(&id);
+            return Err(CallError::Unreachable(peer));
+        }
+        Ok(PendingCall { conn, id, rx })
+    }
+
     async fn connection(&self, peer: NodeId, wait: Duration) -> Result<Arc<Conn>, CallError> {
         let mut attached = self.attached.subscribe();
         let deadline = tokio::time::Instant::now() + wait;
@@ -739,6 +829,33 @@ impl Cluster {
                 return Err(CallError::Unreachable(peer));
             }
         }
+    }
+}
+
+/// A request sent with [`Cluster::send_now`], its answer to come.
+pub struct PendingCall {
+    conn: Arc<Conn>,
+    id: u64,
+    rx: oneshot::Receiver<Response>,
+}
+
+impl PendingCall {
+    /// The answer, waited for at most `timeout`.
+    ///
+    /// Errors: [`CallError::Unreachable`] (the connection dropped), [`CallError::Timeout`].
+    pub async fn wait(mut self, timeout: Duration) -> Result<Response, CallError> {
+        let peer = self.conn.peer;
+        match tokio::time::timeout(timeout, &mut self.rx).await {
+            Ok(Ok(r)) => Ok(r),
+            Ok(Err(_)) => Err(CallError::Unreachable(peer)),
+            Err(_) => Err(CallError::Timeout(peer)),
+        }
+    }
+}
+
+impl Drop for PendingCall {
+    fn drop(&mut self) {
+        self.conn.pending.lock().remove(&self.id);
     }
 }
 

@@ -273,6 +273,52 @@ async fn member_catches_up_and_delete_reaches_members() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
+    // Published on node 3, which does not lead: forwarded to the leader, confirmed once
+    // applied there, consumed on node 1.
+    let conn3 = node3.connect().await;
+    let ch3 = conn3.create_channel().await.expect("channel");
+    ch3.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirm.select");
+    let mut confirms = Vec::new();
+    for i in 0..50 {
+        confirms.push(
+            ch3.basic_publish(
+                "".into(),
+                "qm".into(),
+                BasicPublishOptions::default(),
+                format!("from3-{i}").as_bytes(),
+                persistent(),
+            )
+            .await
+            .expect("publish"),
+        );
+    }
+    for pc in confirms {
+        assert!(within("confirm", pc).await.expect("confirm").is_ack());
+    }
+    let _ = conn3.close(200, "bye".into()).await;
+    let cch = conn.create_channel().await.expect("channel");
+    let mut consumer = cch
+        .basic_consume(
+            "qm".into(),
+            "c".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("basic.consume on the leader");
+    let mut seen = HashSet::new();
+    while seen.len() < N + 50 {
+        let d = within("delivery", consumer.next())
+            .await
+            .expect("delivery")
+            .expect("delivery");
+        seen.insert(String::from_utf8(d.data.clone()).unwrap());
+        d.ack(BasicAckOptions::default()).await.expect("ack");
+    }
+    assert!((0..50).all(|i| seen.contains(&format!("from3-{i}"))));
+
     // Deleted on node 1, gone from every member.
     within(
         "queue.delete",
