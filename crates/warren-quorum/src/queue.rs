@@ -459,8 +459,9 @@ impl QuorumQueue {
             }
             // A member that does not lead forwards to the leader's node what its clients
             // submitted (in order, over the one connection to that node).
-            let leader = raft.metrics().borrow().current_leader;
-            if let (Some(cluster), Some(leader)) = (self.node.cluster(), leader) {
+            let cluster = self.node.cluster();
+            let leader = cluster.and_then(|_| raft.metrics().borrow().current_leader);
+            if let (Some(cluster), Some(leader)) = (cluster, leader) {
                 if leader != self.node.cfg.node_id {
                     let req = Request::Propose {
                         group: self.key.clone(),

@@ -2,7 +2,9 @@
 //! queue declared on node 1 gets members on nodes 2 and 3, publishes confirmed by node 1 are
 //! on a majority, and after node 1 is killed (SIGKILL) the other two elect a leader and a
 //! consumer gets every confirmed message. A member that was down catches up when it comes
-//! back, and a queue deleted on one node is deleted on its other members.
+//! back, a leader paused (SIGSTOP) past the election timeout rejoins as a follower with the
+//! new leader's state, a publish on a member that does not lead is forwarded to the leader,
+//! and a queue deleted on one node is deleted on its other members.
 
 mod binary_support;
 
@@ -338,6 +340,139 @@ async fn member_catches_up_and_delete_reaches_members() {
         }
     }
     let _ = conn.close(200, "bye".into()).await;
+    drop((node1, node2, node3));
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// Publishes `bodies` on `ch` (confirms on) and asserts that every one is confirmed.
+async fn publish_confirmed(ch: &lapin::Channel, q: &str, bodies: impl Iterator<Item = String>) {
+    let mut confirms = Vec::new();
+    for b in bodies {
+        confirms.push(
+            ch.basic_publish(
+                "".into(),
+                q.into(),
+                BasicPublishOptions::default(),
+                b.as_bytes(),
+                persistent(),
+            )
+            .await
+            .expect("publish"),
+        );
+    }
+    for pc in confirms {
+        assert!(within("confirm", pc).await.expect("confirm").is_ack());
+    }
+}
+
+/// Consumes (and acks) from `merged` until `got` holds `want` distinct bodies (bounded).
+async fn take(
+    merged: &mut futures_util::stream::SelectAll<lapin::Consumer>,
+    got: &mut HashSet<String>,
+    want: usize,
+) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while got.len() < want {
+        let d = match tokio::time::timeout_at(deadline, merged.next()).await {
+            Ok(Some(Ok(d))) => d,
+            Ok(other) => panic!("consumer ended: {other:?}"),
+            Err(_) => panic!("{} of {want} messages consumed", got.len()),
+        };
+        got.insert(String::from_utf8(d.data.clone()).unwrap());
+        d.ack(BasicAckOptions::default()).await.expect("ack");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_leader_rejoins_as_follower() {
+    let root = tempdir("quorum-cluster-pause");
+    let secret = root.join("secret");
+    std::fs::write(&secret, "paused-leader-cluster-secret\n").unwrap();
+    let ports = [free_port(), free_port(), free_port()];
+    let node1 = start_node(1, &ports, &secret, &root);
+    let node2 = start_node(2, &ports, &secret, &root);
+    let node3 = start_node(3, &ports, &secret, &root);
+    let conn1 = node1.connect().await;
+    let ch1 = conn1.create_channel().await.expect("channel");
+    within(
+        "queue.declare",
+        ch1.queue_declare(
+            "qp".into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            quorum_args(),
+        ),
+    )
+    .await
+    .expect("quorum queue declared");
+    wait_for_member(&node2, "qp").await;
+    wait_for_member(&node3, "qp").await;
+    ch1.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirm.select");
+    publish_confirmed(&ch1, "qp", (0..N).map(|i| format!("m{i}"))).await;
+
+    // The leader stops answering for longer than the election timeout.
+    node1.signal(libc::SIGSTOP);
+    let mut streams = Vec::new();
+    let mut conns = Vec::new();
+    for (i, node) in [&node2, &node3].into_iter().enumerate() {
+        let c = node.connect().await;
+        let ch = c.create_channel().await.expect("channel");
+        ch.basic_qos(100, BasicQosOptions::default())
+            .await
+            .expect("qos");
+        streams.push(
+            ch.basic_consume(
+                "qp".into(),
+                format!("c{i}").as_str().into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("basic.consume"),
+        );
+        conns.push((c, ch));
+    }
+    let mut merged = futures_util::stream::select_all(streams);
+    let mut got: HashSet<String> = HashSet::new();
+    take(&mut merged, &mut got, N).await;
+    // Published on node 2 meanwhile: reaches the new leader, wherever it is.
+    let (_, ch2) = &conns[0];
+    ch2.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirm.select");
+    publish_confirmed(ch2, "qp", (0..20).map(|i| format!("p{i}"))).await;
+    take(&mut merged, &mut got, N + 20).await;
+
+    // Resumed, node 1 follows the new leader: its member converges to the empty queue.
+    node1.signal(libc::SIGCONT);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let n = count_on(&node1, "qp").await;
+        if n == Some(0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node 1 still reports {n:?} messages"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // And what is published on it now goes to the leader's consumers.
+    let conn1 = node1.connect().await;
+    let ch1 = conn1.create_channel().await.expect("channel");
+    ch1.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirm.select");
+    publish_confirmed(&ch1, "qp", (0..10).map(|i| format!("r{i}"))).await;
+    take(&mut merged, &mut got, N + 30).await;
+    drop(merged);
+    for (c, _) in conns {
+        let _ = c.close(200, "bye".into()).await;
+    }
     drop((node1, node2, node3));
     let _ = std::fs::remove_dir_all(&root);
 }
