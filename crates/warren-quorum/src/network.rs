@@ -8,7 +8,8 @@
 use crate::transport::{CallError, Cluster, Request, Response};
 use crate::TypeConfig;
 use openraft::error::{
-    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+    InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError,
+    Unreachable,
 };
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
@@ -52,6 +53,8 @@ pub struct GroupNetwork {
 /// A group's link to one other member.
 pub struct Link {
     target: NodeId,
+    /// Entries of the append-entries request being sent (for a too-large one's hint).
+    entries: u64,
     group: Arc<str>,
     cluster: Option<Arc<Cluster>>,
 }
@@ -68,6 +71,7 @@ impl RaftNetworkFactory<TypeConfig> for GroupNetwork {
     async fn new_client(&mut self, target: NodeId, _node: &BasicNode) -> Link {
         Link {
             target,
+            entries: 0,
             group: self.group.clone(),
             cluster: self.network.cluster.clone(),
         }
@@ -102,6 +106,9 @@ impl Link {
                 )),
             ))),
             Ok(r) => Ok(r),
+            Err(CallError::TooLarge(..)) if self.entries > 1 => Err(RPCError::PayloadTooLarge(
+                PayloadTooLarge::new_entries_hint(self.entries / 2),
+            )),
             Err(e @ CallError::Unreachable(_)) => Err(RPCError::Unreachable(unreachable(
                 self.target,
                 &e.to_string(),
@@ -126,11 +133,14 @@ impl RaftNetwork<TypeConfig> for Link {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RpcError> {
+        self.entries = rpc.entries.len() as u64;
         let req = Request::AppendEntries {
             group: self.group.to_string(),
             rpc,
         };
-        match self.call(req, &option).await? {
+        let answer = self.call(req, &option).await;
+        self.entries = 0;
+        match answer? {
             Response::AppendEntries(r) => {
                 r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
             }

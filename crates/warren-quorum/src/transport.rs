@@ -46,8 +46,10 @@ use warren_amqp::table::FieldTable;
 
 type NodeId = u64;
 
-/// Largest frame after the handshake, bytes (256 MiB).
-pub const MAX_FRAME: usize = 256 << 20;
+/// Largest frame after the handshake, bytes (1 GiB: room for the largest message
+/// `amqp.max_message_size` allows, 512 MiB, in one entry). A larger append-entries request is
+/// refused before it is sent and openraft retries with fewer entries.
+pub const MAX_FRAME: usize = 1 << 30;
 /// Largest frame during the handshake, bytes.
 pub const MAX_HANDSHAKE_FRAME: usize = 4096;
 /// How long a handshake may take.
@@ -191,9 +193,12 @@ pub enum CallError {
     /// No answer in time.
     #[error("node {0} did not answer in time")]
     Timeout(NodeId),
-    /// The request could not be encoded (or is larger than a frame).
+    /// The request could not be encoded.
     #[error("cannot send to node {0}: {1}")]
     Encode(NodeId, String),
+    /// The request is larger than [`MAX_FRAME`].
+    #[error("request to node {0} too large: {1} bytes")]
+    TooLarge(NodeId, usize),
 }
 
 /// One authenticated connection to a peer.
@@ -246,10 +251,26 @@ impl std::fmt::Debug for Cluster {
     }
 }
 
-fn encode_frame<T: Serialize>(v: &T, max: usize) -> Result<Bytes, String> {
-    let body = postcard::to_allocvec(v).map_err(|e| e.to_string())?;
+/// Why a frame was not built.
+#[derive(Debug)]
+enum FrameError {
+    Encode(String),
+    TooLarge(usize),
+}
+
+impl std::fmt::Display for FrameError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FrameError::Encode(e) => f.write_str(e),
+            FrameError::TooLarge(n) => write!(f, "frame of {n} bytes is too large"),
+        }
+    }
+}
+
+fn encode_frame<T: Serialize>(v: &T, max: usize) -> Result<Bytes, FrameError> {
+    let body = postcard::to_allocvec(v).map_err(|e| FrameError::Encode(e.to_string()))?;
     if body.len() > max {
-        return Err(format!("frame of {} bytes exceeds {max}", body.len()));
+        return Err(FrameError::TooLarge(body.len()));
     }
     let mut b = BytesMut::with_capacity(4 + body.len());
     b.put_u32(body.len() as u32);
@@ -273,7 +294,8 @@ async fn read_frame<R: AsyncRead + Unpin, T: for<'de> Deserialize<'de>>(
 }
 
 async fn write_frame<W: AsyncWrite + Unpin, T: Serialize>(w: &mut W, v: &T) -> std::io::Result<()> {
-    let f = encode_frame(v, MAX_HANDSHAKE_FRAME).map_err(std::io::Error::other)?;
+    let f =
+        encode_frame(v, MAX_HANDSHAKE_FRAME).map_err(|e| std::io::Error::other(e.to_string()))?;
     w.write_all(&f).await?;
     w.flush().await
 }
@@ -775,8 +797,11 @@ impl Cluster {
         let work = async {
             let conn = self.connection(peer, connect_wait).await?;
             let id = conn.next.fetch_add(1, Ordering::Relaxed);
-            let frame = encode_frame(&Wire::Request { id, body: req }, MAX_FRAME)
-                .map_err(|e| CallError::Encode(peer, e))?;
+            let frame =
+                encode_frame(&Wire::Request { id, body: req }, MAX_FRAME).map_err(|e| match e {
+                    FrameError::TooLarge(n) => CallError::TooLarge(peer, n),
+                    FrameError::Encode(e) => CallError::Encode(peer, e),
+                })?;
             let (tx, rx) = oneshot::channel();
             conn.pending.lock().insert(id, tx);
             if *conn.closed.borrow() || conn.out.send(frame).is_err() {
@@ -804,8 +829,11 @@ impl Cluster {
             .cloned()
             .ok_or(CallError::Unreachable(peer))?;
         let id = conn.next.fetch_add(1, Ordering::Relaxed);
-        let frame = encode_frame(&Wire::Request { id, body: req }, MAX_FRAME)
-            .map_err(|e| CallError::Encode(peer, e))?;
+        let frame =
+            encode_frame(&Wire::Request { id, body: req }, MAX_FRAME).map_err(|e| match e {
+                FrameError::TooLarge(n) => CallError::TooLarge(peer, n),
+                FrameError::Encode(e) => CallError::Encode(peer, e),
+            })?;
         let (tx, rx) = oneshot::channel();
         conn.pending.lock().insert(id, tx);
         if *conn.closed.borrow() || conn.out.send(frame).is_err() {
