@@ -12,6 +12,11 @@
 //! (`warren_store::raftlog`: segments, CRC-framed records, group commit on a writer thread),
 //! so that many queues share each fsync, as RabbitMQ's Ra shares one write-ahead log per node.
 //!
+//! In a cluster ([`QuorumNode::clustered`]) a queue's group has members on several nodes: the
+//! declaring node asks the others to start their member, then initializes the group; the
+//! groups of all queues reach the other nodes over one authenticated connection per node pair
+//! ([`transport`]). Members that do not lead forward their clients' publishes to the leader.
+//!
 //! Modules: [`command`] (log entry payloads and their encoding), [`state`] (the replicated,
 //! deterministic queue state), [`storage`] (openraft's log storage on the shared log),
 //! [`machine`] (openraft's state machine and snapshots), [`queue`] (the `QueueBackend` the
