@@ -121,31 +121,47 @@ enum Handshake {
 pub enum Request {
     /// Raft append-entries for group `group`.
     AppendEntries {
+        /// The group's key (vhost, U+001F, queue name).
         group: String,
+        /// openraft's request.
         rpc: AppendEntriesRequest<TypeConfig>,
     },
     /// Raft vote for group `group`.
     Vote {
+        /// The group's key.
         group: String,
+        /// openraft's request.
         rpc: VoteRequest<NodeId>,
     },
     /// A chunk of a snapshot for group `group`.
     InstallSnapshot {
+        /// The group's key.
         group: String,
+        /// openraft's request.
         rpc: InstallSnapshotRequest<TypeConfig>,
     },
-    /// Start this node's member of a new quorum queue (arguments as an AMQP field table).
+    /// Start this node's member of a new quorum queue.
     StartMember {
+        /// The queue's vhost.
         vhost: String,
+        /// The queue's name.
         name: String,
+        /// Its declared arguments, an AMQP field table (encoded as on the wire).
         arguments: Vec<u8>,
     },
     /// Delete this node's member of a deleted quorum queue.
-    DeleteMember { vhost: String, name: String },
+    DeleteMember {
+        /// The queue's vhost.
+        vhost: String,
+        /// The queue's name.
+        name: String,
+    },
     /// Propose `batch` in group `group`, whose leader is the answering node: what a member
     /// that does not lead forwards (publishes of its clients). Proposed in arrival order.
     Propose {
+        /// The group's key.
         group: String,
+        /// The commands to propose as one entry.
         batch: crate::command::Batch,
     },
 }
@@ -153,8 +169,11 @@ pub enum Request {
 /// The answer to a [`Request`].
 #[derive(Debug, Serialize, Deserialize)]
 pub enum Response {
+    /// openraft's answer to [`Request::AppendEntries`].
     AppendEntries(Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>),
+    /// openraft's answer to [`Request::Vote`].
     Vote(Result<VoteResponse<NodeId>, RaftError<NodeId>>),
+    /// openraft's answer to [`Request::InstallSnapshot`].
     InstallSnapshot(
         Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>,
     ),
