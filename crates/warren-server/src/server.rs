@@ -92,7 +92,6 @@ impl BrokerBuilder {
         let listen: ListenAddr = self.config.amqp.listen.clone();
         let config = self.config;
         let state = Arc::new(tokio::task::spawn_blocking(move || ServerState::new(config)).await??);
-        ServerState::serve_cluster(&state);
         let listeners = match listen.bind("amqp.listen").await {
             Ok(l) => l,
             Err(e) => {

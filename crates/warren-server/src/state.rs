@@ -11,8 +11,8 @@ use tracing::{info, warn};
 
 /// State shared by every connection of a running broker.
 pub struct ServerState {
-    /// The broker model: vhosts, queues, users.
-    pub broker: warren_broker::Broker,
+    /// The broker model: vhosts, queues, users (shared with the cluster's member requests).
+    pub broker: Arc<warren_broker::Broker>,
     /// Configuration in force.
     pub config: Config,
     /// Open connections and channels per vhost and user, for their limits.
@@ -81,8 +81,9 @@ fn bind_cluster(listen: &crate::listen::ListenAddr) -> std::io::Result<std::net:
 }
 
 /// Declares and deletes this node's members of quorum queues at other nodes' request, in the
-/// broker's vhosts (the vhost must exist here: vhosts are not replicated yet).
-struct MemberHost(std::sync::Weak<ServerState>);
+/// broker's vhosts (the vhost must exist here: vhosts are not replicated yet). Weak: the
+/// broker holds the quorum service, which holds this.
+struct MemberHost(std::sync::Weak<warren_broker::Broker>);
 
 /// The connection id member declares and deletes act as (no client connection).
 const CLUSTER_CONNECTION_ID: u64 = 0;
@@ -94,9 +95,8 @@ impl warren_quorum::MemberHost for MemberHost {
         name: &str,
         arguments: warren_amqp::table::FieldTable,
     ) -> Result<bool, String> {
-        let state = self.0.upgrade().ok_or("the broker is stopping")?;
-        let vh = state
-            .broker
+        let broker = self.0.upgrade().ok_or("the broker is stopping")?;
+        let vh = broker
             .vhost(vhost)
             .ok_or_else(|| format!("no vhost '{vhost}' on this node"))?;
         let existed = vh.queue(name, CLUSTER_CONNECTION_ID).is_ok();
@@ -114,8 +114,8 @@ impl warren_quorum::MemberHost for MemberHost {
     }
 
     fn delete_member(&self, vhost: &str, name: &str) -> Result<(), String> {
-        let state = self.0.upgrade().ok_or("the broker is stopping")?;
-        let Some(vh) = state.broker.vhost(vhost) else {
+        let broker = self.0.upgrade().ok_or("the broker is stopping")?;
+        let Some(vh) = broker.vhost(vhost) else {
             return Ok(());
         };
         vh.delete_queue(name, false, false, CLUSTER_CONNECTION_ID)
@@ -233,6 +233,8 @@ impl ServerState {
                 broker
             }
         };
+        let broker = Arc::new(broker);
+        quorum.set_member_host(Arc::new(MemberHost(Arc::downgrade(&broker))));
         broker.set_limits(config.limits.limits());
         if let Err(e) = crate::provision::provision(&broker, &config) {
             broker.close();
@@ -268,14 +270,6 @@ impl ServerState {
             quorum,
             quorum_scratch,
         })
-    }
-
-    /// Lets the other nodes of the cluster start and delete this node's members of quorum
-    /// queues (through the broker of `this`); nothing without a cluster. Call once the state
-    /// is shared.
-    pub fn serve_cluster(this: &Arc<ServerState>) {
-        this.quorum
-            .set_member_host(Arc::new(MemberHost(Arc::downgrade(this))));
     }
 
     /// Stops the broker's storage: the message store and definitions writer, then the
