@@ -1102,9 +1102,14 @@ impl Config {
                 Err(e) => return bad("cluster.seed_nodes", &c.seed_nodes.join(","), &e),
             };
             if !nodes.contains_key(&c.node_id) {
+                let shown = if c.seed_nodes.is_empty() {
+                    "(unset)".to_string()
+                } else {
+                    c.seed_nodes.join(",")
+                };
                 return bad(
                     "cluster.seed_nodes",
-                    &c.seed_nodes.join(","),
+                    &shown,
                     &format!(
                         "must list every node of the cluster, this one (cluster.node_id = {}) \
                          included",
