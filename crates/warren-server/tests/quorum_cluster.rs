@@ -4,7 +4,8 @@
 //! consumer gets every confirmed message. A member that was down catches up when it comes
 //! back, a leader paused (SIGSTOP) past the election timeout rejoins as a follower with the
 //! new leader's state, a publish on a member that does not lead is forwarded to the leader,
-//! and a queue deleted on one node is deleted on its other members.
+//! a queue deleted on one node is deleted on its other members, and confirmed messages survive
+//! a kill -9 of every node.
 
 mod binary_support;
 
@@ -474,5 +475,78 @@ async fn paused_leader_rejoins_as_follower() {
         let _ = c.close(200, "bye".into()).await;
     }
     drop((node1, node2, node3));
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_cluster_killed_and_restarted() {
+    let root = tempdir("quorum-cluster-restart");
+    let secret = root.join("secret");
+    std::fs::write(&secret, "restarted-cluster-secret-1234\n").unwrap();
+    let ports = [free_port(), free_port(), free_port()];
+    let node1 = start_node(1, &ports, &secret, &root);
+    let node2 = start_node(2, &ports, &secret, &root);
+    let node3 = start_node(3, &ports, &secret, &root);
+    let conn = node1.connect().await;
+    let ch = conn.create_channel().await.expect("channel");
+    within(
+        "queue.declare",
+        ch.queue_declare(
+            "qr".into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            quorum_args(),
+        ),
+    )
+    .await
+    .expect("quorum queue declared");
+    wait_for_member(&node2, "qr").await;
+    wait_for_member(&node3, "qr").await;
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirm.select");
+    publish_confirmed(&ch, "qr", (0..N).map(|i| format!("m{i}"))).await;
+    drop(ch);
+    drop(conn);
+    node1.kill();
+    node2.kill();
+    node3.kill();
+
+    // Back from their data directories, the members elect a leader among themselves.
+    let nodes = [
+        start_node(1, &ports, &secret, &root),
+        start_node(2, &ports, &secret, &root),
+        start_node(3, &ports, &secret, &root),
+    ];
+    let mut streams = Vec::new();
+    let mut conns = Vec::new();
+    for (i, node) in nodes.iter().enumerate() {
+        let c = node.connect().await;
+        let ch = c.create_channel().await.expect("channel");
+        ch.basic_qos(100, BasicQosOptions::default())
+            .await
+            .expect("qos");
+        streams.push(
+            ch.basic_consume(
+                "qr".into(),
+                format!("c{i}").as_str().into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("basic.consume after the restart"),
+        );
+        conns.push((c, ch));
+    }
+    let mut merged = futures_util::stream::select_all(streams);
+    let mut got = HashSet::new();
+    take(&mut merged, &mut got, N).await;
+    drop(merged);
+    for (c, _) in conns {
+        let _ = c.close(200, "bye".into()).await;
+    }
+    drop(nodes);
     let _ = std::fs::remove_dir_all(&root);
 }
