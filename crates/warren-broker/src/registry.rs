@@ -321,11 +321,48 @@ impl ChannelEntry {
     }
 }
 
+/// A connection's open channels, by number: a sorted `Vec` (most connections have one
+/// channel; a `BTreeMap` node takes 128 bytes for it).
+#[derive(Default)]
+struct ChannelSet(Vec<Arc<ChannelEntry>>);
+
+impl ChannelSet {
+    fn position(&self, number: u16) -> Result<usize, usize> {
+        self.0.binary_search_by_key(&number, |c| c.number)
+    }
+
+    fn insert(&mut self, number: u16, ch: Arc<ChannelEntry>) {
+        match self.position(number) {
+            Ok(i) => self.0[i] = ch,
+            Err(i) => self.0.insert(i, ch),
+        }
+    }
+
+    fn get(&self, number: u16) -> Option<&Arc<ChannelEntry>> {
+        self.position(number).ok().map(|i| &self.0[i])
+    }
+
+    fn remove(&mut self, number: u16) {
+        if let Ok(i) = self.position(number) {
+            self.0.remove(i);
+        }
+    }
+
+    /// The channels, by number.
+    fn values(&self) -> std::slice::Iter<'_, Arc<ChannelEntry>> {
+        self.0.iter()
+    }
+
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
 /// A registered connection.
 pub struct ConnectionEntry {
     /// What it is.
     pub details: Arc<ConnectionDetails>,
-    channels: Mutex<BTreeMap<u16, Arc<ChannelEntry>>>,
+    channels: Mutex<ChannelSet>,
     control: Arc<dyn ConnectionControl>,
 }
 
@@ -498,10 +535,10 @@ impl Drop for ChannelHandle {
         // The connection may be gone already (its handle retired every channel), or the
         // number reused by a newer channel: only this entry is removed.
         if channels
-            .get(&self.entry.number)
+            .get(self.entry.number)
             .is_some_and(|c| Arc::ptr_eq(c, &self.entry))
         {
-            channels.remove(&self.entry.number);
+            channels.remove(self.entry.number);
             drop(channels);
             bump(&self.registry.churn.channel_closed);
             self.registry.retire(
@@ -548,7 +585,7 @@ impl Registry {
     ) -> ConnectionHandle {
         let entry = Arc::new(ConnectionEntry {
             details: Arc::new(details),
-            channels: Mutex::new(BTreeMap::new()),
+            channels: Mutex::new(ChannelSet::default()),
             control,
         });
         self.connections

@@ -21,11 +21,12 @@
 //! The node's churn counters (connections, channels and queues created and closed: the
 //! overview's `churn_rates`) are one more series, [`Key::Churn`], with the node's window.
 //!
-//! Memory: one sample is 14 counters and a timestamp (120 bytes). The node and each vhost
-//! keep 605 s of samples (RabbitMQ's first retention tier), each queue, exchange and
-//! channel 65 s
-//! (what the web console's default "last minute" charts ask for); at most
-//! [`MAX_SAMPLES`] per object whatever the interval. An object that goes away (a queue
+//! Memory: one sample is 14 counters (112 bytes). The node and each vhost keep 605 s of
+//! samples (RabbitMQ's first retention tier), each queue, exchange and channel 65 s (what
+//! the web console's default "last minute" charts ask for); at most [`MAX_SAMPLES`] per
+//! object whatever the interval. Equal consecutive samples are kept once, as a run, with
+//! the sweeps' timestamps kept once for all objects: an idle queue or channel costs one
+//! sample, not one per sweep of its window. An object that goes away (a queue
 //! deleted, a channel closed, a vhost deleted) loses its samples at the next sweep; a queue
 //! deleted and declared again, or a counter that goes backwards, starts a new series.
 //!
@@ -38,6 +39,7 @@ use crate::backend::{Backend, MessageStats, SampleSources};
 use crate::error::ApiError;
 use axum::http::StatusCode;
 use serde_json::{json, Map, Value};
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -185,26 +187,63 @@ struct Series {
     /// Identifies the object behind the key (a queue's address): another one under the
     /// same key starts a new series.
     ident: usize,
-    cap: usize,
-    samples: VecDeque<(u64, Point)>,
+    /// The samples, oldest first, as runs of equal consecutive samples: an idle object
+    /// keeps one run however long its window.
+    runs: VecDeque<Run>,
+}
+
+/// Equal samples taken at every sweep from `first` to `last` (timestamps, ms).
+struct Run {
+    first: u64,
+    last: u64,
+    point: Point,
 }
 
 impl Series {
-    fn push(&mut self, ident: usize, ts: u64, p: Point) {
-        let went_back = self.samples.back().is_some_and(|(_, last)| {
+    /// Adds the sample of the sweep at `ts`; `oldest` is the timestamp of the oldest sweep
+    /// this series still covers.
+    fn push(&mut self, ident: usize, ts: u64, p: Point, oldest: u64) {
+        let went_back = self.runs.back().is_some_and(|last| {
             (0..FIELDS)
                 .filter(|i| *i != READY && *i != UNACKED)
-                .any(|i| p[i] < last[i])
+                .any(|i| p[i] < last.point[i])
         });
         if ident != self.ident || went_back {
-            self.samples.clear();
+            self.runs.clear();
             self.ident = ident;
         }
-        if self.samples.len() == self.cap {
-            self.samples.pop_front();
+        match self.runs.back_mut() {
+            Some(last) if last.point == p => last.last = ts,
+            _ => self.runs.push_back(Run {
+                first: ts,
+                last: ts,
+                point: p,
+            }),
         }
-        self.samples.push_back((ts, p));
+        while self.runs.front().is_some_and(|r| r.last < oldest) {
+            self.runs.pop_front();
+        }
+        if let Some(front) = self.runs.front_mut() {
+            front.first = front.first.max(oldest);
+        }
     }
+
+    /// The samples, oldest first, given the sweeps' timestamps (oldest first).
+    fn samples<'a>(&'a self, sweeps: &'a VecDeque<u64>) -> impl Iterator<Item = (u64, &'a Point)> {
+        self.runs.iter().flat_map(move |r| {
+            let from = sweeps.partition_point(|t| *t < r.first);
+            let to = sweeps.partition_point(|t| *t <= r.last);
+            sweeps.range(from..to).map(move |t| (*t, &r.point))
+        })
+    }
+}
+
+/// The samples of every object, and the timestamps of the sweeps that took them.
+#[derive(Default)]
+struct Store {
+    series: HashMap<Key, Series>,
+    /// Every sweep's timestamp (ms, increasing) over the widest window.
+    sweeps: VecDeque<u64>,
 }
 
 /// A requested range (`<prefix>_age`, `<prefix>_incr`), in ms.
@@ -283,7 +322,7 @@ fn now_ms() -> u64 {
 /// The sample store and its sampler's settings.
 pub struct Rates {
     interval: Duration,
-    series: Mutex<HashMap<Key, Series>>,
+    store: Mutex<Store>,
 }
 
 impl Rates {
@@ -291,7 +330,7 @@ impl Rates {
     pub fn new(interval: Duration) -> Rates {
         Rates {
             interval: interval.max(Duration::from_millis(1)),
-            series: Mutex::new(HashMap::new()),
+            store: Mutex::new(Store::default()),
         }
     }
 
@@ -360,15 +399,42 @@ impl Rates {
             ));
         }
         let caps: Vec<usize> = rows.iter().map(|r| self.cap(r.3)).collect();
-        let mut series = self.series.lock().unwrap_or_else(|e| e.into_inner());
+        let widest = self.cap(WIDE_WINDOW_MS);
+        let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
+        let Store { series, sweeps } = &mut *store;
+        // Timestamps keep increasing even if the wall clock steps back.
+        let ts = sweeps.back().map_or(ts, |last| ts.max(last + 1));
+        sweeps.push_back(ts);
+        while sweeps.len() > widest {
+            sweeps.pop_front();
+        }
+        let previous = sweeps.len().checked_sub(2).map(|i| sweeps[i]);
         let mut seen = HashSet::with_capacity(rows.len());
         for ((key, ident, p, _), cap) in rows.into_iter().zip(caps) {
-            let s = series.entry(key.clone()).or_insert_with(|| Series {
-                ident,
-                cap,
-                samples: VecDeque::new(),
-            });
-            s.push(ident, ts, p);
+            let oldest = sweeps[sweeps.len().saturating_sub(cap)];
+            let s = match series.entry(key.clone()) {
+                Entry::Occupied(e) => e.into_mut(),
+                // A channel that has counted nothing yet keeps no samples (its rates are 0
+                // either way): idle connections' channels cost the store nothing. Its first
+                // counts start from a zero sample at the previous sweep, so that they have a
+                // rate at once.
+                Entry::Vacant(_) if matches!(key, Key::Channel(_)) && p == [0; FIELDS] => {
+                    continue;
+                }
+                Entry::Vacant(e) => {
+                    let mut runs = VecDeque::with_capacity(1);
+                    if let (Key::Channel(_), Some(t)) = (&key, previous) {
+                        runs.push_back(Run {
+                            first: t,
+                            last: t,
+                            point: [0; FIELDS],
+                        });
+                    }
+                    // Room for one run: most objects are idle, and their series stays one.
+                    e.insert(Series { ident, runs })
+                }
+            };
+            s.push(ident, ts, p, oldest);
             seen.insert(key);
         }
         series.retain(|k, _| seen.contains(k));
@@ -377,23 +443,23 @@ impl Rates {
     /// The samples of `keys` summed by timestamp (the timestamps every key has), oldest
     /// first; `ident` must match a queue's.
     fn samples(&self, keys: &[(Key, usize)]) -> Vec<(u64, Point)> {
-        let series = self.series.lock().unwrap_or_else(|e| e.into_inner());
+        let store = self.store.lock().unwrap_or_else(|e| e.into_inner());
         let mut sum: BTreeMap<u64, (usize, Point)> = BTreeMap::new();
         let mut found = 0;
         for (key, ident) in keys {
-            let Some(s) = series.get(key).filter(|s| s.ident == *ident) else {
+            let Some(s) = store.series.get(key).filter(|s| s.ident == *ident) else {
                 continue;
             };
             found += 1;
-            for (ts, p) in &s.samples {
-                let e = sum.entry(*ts).or_insert((0, [0; FIELDS]));
+            for (ts, p) in s.samples(&store.sweeps) {
+                let e = sum.entry(ts).or_insert((0, [0; FIELDS]));
                 e.0 += 1;
                 for (sum, v) in e.1.iter_mut().zip(p) {
                     *sum += v;
                 }
             }
         }
-        drop(series);
+        drop(store);
         sum.into_iter()
             .filter(|(_, (n, _))| *n == found)
             .map(|(ts, (_, p))| (ts, p))
@@ -645,17 +711,56 @@ mod tests {
         for i in 0..2000 {
             rates.record(i * 1000, sources(i, 0, 1));
         }
-        let series = rates.series.lock().unwrap();
-        assert_eq!(series[&Key::Node].samples.len(), 606);
-        assert_eq!(series[&Key::Channel(7)].samples.len(), 66);
-        drop(series);
+        let len = |rates: &Rates, key: Key| {
+            let store = rates.store.lock().unwrap();
+            store.series[&key].samples(&store.sweeps).count()
+        };
+        assert_eq!(len(&rates, Key::Node), 606);
+        assert_eq!(len(&rates, Key::Channel(7)), 66);
         let tiny = Rates::new(Duration::from_millis(1));
         for i in 0..3000 {
             tiny.record(i, sources(i, 0, 1));
         }
+        assert_eq!(len(&tiny, Key::Node), MAX_SAMPLES);
+    }
+
+    #[test]
+    fn idle_objects_keep_one_run() {
+        let rates = Rates::new(Duration::from_millis(1000));
+        for i in 0..100 {
+            rates.record(i * 1000, sources(5, 0, 1));
+        }
+        rates.record(100_000, sources(6, 0, 1));
+        let store = rates.store.lock().unwrap();
+        let channel = &store.series[&Key::Channel(7)];
+        assert_eq!(channel.runs.len(), 2);
+        let samples: Vec<(u64, u64)> = channel
+            .samples(&store.sweeps)
+            .map(|(ts, p)| (ts, p[PUBLISH]))
+            .collect();
+        assert_eq!(samples.len(), 66);
+        assert_eq!(samples[0], (35_000, 5));
+        assert_eq!(samples[64], (99_000, 5));
+        assert_eq!(samples[65], (100_000, 6));
+    }
+
+    #[test]
+    fn idle_channels_keep_no_samples_until_they_count() {
+        let rates = Rates::new(Duration::from_millis(1000));
+        let now = now_ms();
+        rates.record(now - 2000, sources(0, 0, 1));
+        rates.record(now - 1000, sources(0, 0, 1));
+        assert!(!rates
+            .store
+            .lock()
+            .unwrap()
+            .series
+            .contains_key(&Key::Channel(7)));
+        assert!(rates.store.lock().unwrap().series.contains_key(&Key::Node));
+        rates.record(now, sources(300, 0, 1));
         assert_eq!(
-            tiny.series.lock().unwrap()[&Key::Node].samples.len(),
-            MAX_SAMPLES
+            rate_of(&rates, Key::Channel(7), 0)["publish_details"]["rate"],
+            300.0
         );
     }
 

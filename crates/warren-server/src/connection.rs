@@ -17,6 +17,7 @@ use crate::state::ServerState;
 use bytes::{Bytes, BytesMut};
 use std::cell::Cell;
 use std::collections::HashMap;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -114,13 +115,17 @@ enum End {
 
 /// Serves one accepted plain-TCP socket (from `peer`, accepted on local address `local`) until
 /// it closes.
-pub async fn serve<S>(
+///
+/// The connection's future is the frame loop's own (no async wrapper around it): every
+/// wrapper level would keep another copy of the arguments in each connection's task.
+pub fn serve<S>(
     state: Arc<ServerState>,
     stream: S,
     peer: SocketAddr,
     local: SocketAddr,
     shutdown: watch::Receiver<bool>,
-) where
+) -> impl Future<Output = ()> + Send
+where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
     serve_with(
@@ -131,19 +136,19 @@ pub async fn serve<S>(
         TransportSecurity::plain(),
         shutdown,
     )
-    .await
 }
 
 /// [`serve`] for a stream whose transport established `security` (a TLS session, whose
 /// verified client certificate SASL EXTERNAL logs in with).
-pub async fn serve_with<S>(
+pub fn serve_with<S>(
     state: Arc<ServerState>,
     stream: S,
     peer: SocketAddr,
     local: SocketAddr,
     security: TransportSecurity,
     shutdown: watch::Receiver<bool>,
-) where
+) -> impl Future<Output = ()> + Send
+where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
     let id = state.next_connection_id();
@@ -153,13 +158,10 @@ pub async fn serve_with<S>(
     // delivery). Log lines at info and above name the connection themselves.
     let span = tracing::debug_span!("conn", id, %peer);
     let (rd, wr) = tokio::io::split(stream);
-    let fut = async move {
-        match run(state.clone(), id, rd, wr, peer, local, security, shutdown).await {
-            Ok(()) => debug!("connection closed"),
-            Err(e) => debug!(error = %e, "connection ended"),
-        }
-    };
-    tracing::Instrument::instrument(fut, span).await;
+    tracing::Instrument::instrument(
+        run(state, id, rd, wr, peer, local, security, shutdown),
+        span,
+    )
 }
 
 async fn read_more<R: AsyncRead + Unpin>(rd: &mut R, buf: &mut BytesMut) -> std::io::Result<()> {
@@ -202,8 +204,7 @@ async fn run<R, W>(
     local: SocketAddr,
     security: TransportSecurity,
     mut shutdown: watch::Receiver<bool>,
-) -> std::io::Result<()>
-where
+) where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin + Send + 'static,
 {
@@ -215,19 +216,27 @@ where
     let handshake = Duration::from_secs(cfg.handshake_timeout.max(1));
 
     // Protocol header.
-    let header_ok = tokio::time::timeout(handshake, async {
+    let header = tokio::time::timeout(handshake, async {
         while rbuf.len() < 8 {
             read_more(&mut rd, &mut rbuf).await?;
         }
         Ok::<_, std::io::Error>(&rbuf[..8] == PROTOCOL_HEADER)
     })
     .await
-    .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
-    if !header_ok {
-        wr.write_all(PROTOCOL_HEADER).await?;
-        wr.shutdown().await?;
-        debug!("bad protocol header; sent ours back");
-        return Ok(());
+    .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()));
+    match header {
+        Ok(true) => {}
+        Ok(false) => {
+            if wr.write_all(PROTOCOL_HEADER).await.is_ok() {
+                let _ = wr.shutdown().await;
+            }
+            debug!("bad protocol header; sent ours back");
+            return;
+        }
+        Err(e) => {
+            debug!(error = %e, "connection ended before its protocol header");
+            return;
+        }
     }
     let _ = rbuf.split_to(8);
 
@@ -270,7 +279,8 @@ where
             Box::pin(drain_until_eof(&mut rd, &mut rbuf, delay)).await;
             tokio::time::sleep_until(until).await;
             let _ = wr.shutdown().await;
-            return Ok(());
+            debug!("connection closed");
+            return;
         }
         Err(e) => {
             warn!(
@@ -292,10 +302,19 @@ where
             // Give the client a moment to read the close before the socket goes.
             let _ = tokio::time::timeout(Duration::from_secs(1), rd.read_buf(&mut rbuf)).await;
             let _ = wr.shutdown().await;
-            return Ok(());
+            debug!("connection closed");
+            return;
         }
     };
 
+    let handshake::Session {
+        user,
+        slot,
+        cancel_notify,
+        blocked_notify,
+        client_properties,
+        mechanism,
+    } = *session;
     let outbox = Arc::new(Outbox::with_high_water(cfg.outbox_high_water_bytes));
     let heartbeat = (tuned.heartbeat > 0).then(|| Duration::from_secs(u64::from(tuned.heartbeat)));
     let writer = {
@@ -310,11 +329,11 @@ where
 
     // Who works on this connection, for every operation of its channels.
     let actor = Arc::new(Actor::new(
-        session.user.as_str(),
+        user.as_str(),
         state
             .broker
             .access()
-            .user(&session.user)
+            .user(&user)
             .map(|u| u.tags.clone())
             .unwrap_or_default(),
         vhost.name.as_str(),
@@ -327,15 +346,15 @@ where
     let registration = state.broker.registry().register(
         ConnectionDetails {
             id,
-            name: name.clone(),
+            name,
             peer,
             local,
-            user: session.user.clone(),
+            user,
             vhost: vhost.name.clone(),
             protocol: "AMQP 0-9-1",
             tls: security.tls.is_some(),
-            auth_mechanism: session.mechanism.clone(),
-            client_properties: session.client_properties.clone(),
+            auth_mechanism: mechanism,
+            client_properties,
             connected_at_ms: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as u64),
@@ -355,7 +374,7 @@ where
         channels: HashMap::new(),
         frame_max: tuned.frame_max,
         channel_max: tuned.channel_max,
-        cancel_notify: session.cancel_notify,
+        cancel_notify,
         limits: ChannelLimits {
             max_message_size: cfg.max_message_size,
             max_incomplete_content_bytes: cfg.max_incomplete_content_bytes,
@@ -363,7 +382,7 @@ where
             tx_max_operations: cfg.tx_max_operations,
         },
         incomplete_content: Cell::new(0),
-        slot: Some(session.slot),
+        slot: Some(slot),
         durable: durable.clone(),
         published: false,
     };
@@ -377,16 +396,14 @@ where
     };
     let idle_limit = heartbeat.map(|h| h * 2);
     let mut read_size = 4096;
-    let who = format!(
-        "{name}, vhost: '{}', user: '{}'",
-        conn.vhost.name, conn.actor.user
-    );
     info!(
-        "connection ({name}): user '{}' authenticated and granted access to vhost '{}'",
-        conn.actor.user, conn.vhost.name
+        "connection ({}): user '{}' authenticated and granted access to vhost '{}'",
+        conn.registration.details().name,
+        conn.actor.user,
+        conn.vhost.name
     );
     // Why the peer went away, when it did without connection.close.
-    let mut eof_reason = "client unexpectedly closed TCP connection".to_string();
+    let mut eof_reason = std::borrow::Cow::Borrowed("client unexpectedly closed TCP connection");
     let forced_close = forced.requested();
     tokio::pin!(forced_close);
 
@@ -418,7 +435,7 @@ where
         if let Some(e) = durable.settle().await {
             break End::Error(ConnError::from_broker(e, 0, 0));
         }
-        if conn.published && session.blocked_notify && !blocked_listener {
+        if conn.published && blocked_notify && !blocked_listener {
             state.listen_blocked(&outbox);
             blocked_listener = true;
         }
@@ -427,7 +444,9 @@ where
         }
         if backlogged || outbox.is_backlogged() {
             let t = std::time::Instant::now();
-            if let Some(end) = paused(
+            // Boxed (as the other rare waits): inline, the largest future of the loop
+            // would size every idle connection's task.
+            if let Some(end) = Box::pin(paused(
                 &mut rd,
                 &mut rbuf,
                 &outbox,
@@ -435,7 +454,7 @@ where
                 &forced,
                 true,
                 || outbox.is_backlogged(),
-            )
+            ))
             .await
             {
                 break end;
@@ -451,7 +470,7 @@ where
         // so acknowledge, freeing memory) keep going.
         if std::mem::take(&mut conn.published) && state.publishers_paused() {
             debug!("memory or disk alarm: publisher paused");
-            if let Some(end) = paused(
+            if let Some(end) = Box::pin(paused(
                 &mut rd,
                 &mut rbuf,
                 &outbox,
@@ -459,7 +478,7 @@ where
                 &forced,
                 false,
                 || state.publishers_paused(),
-            )
+            ))
             .await
             {
                 break end;
@@ -487,7 +506,7 @@ where
             r = read => match r {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
-                    eof_reason = format!("missed heartbeats from client, timeout: {}s", tuned.heartbeat);
+                    eof_reason = format!("missed heartbeats from client, timeout: {}s", tuned.heartbeat).into();
                     break End::Eof;
                 }
                 Err(_) => break End::Eof,
@@ -503,6 +522,13 @@ where
     };
 
     conn.cleanup();
+    // Built only now: every idle connection would otherwise hold it.
+    let who = format!(
+        "{}, vhost: '{}', user: '{}'",
+        conn.registration.details().name,
+        conn.vhost.name,
+        conn.actor.user
+    );
     // Nothing held behind a durable change leaves before that change is on disk (or is
     // dropped, with the change rolled back).
     let _ = durable.settle().await;
@@ -585,5 +611,5 @@ where
             }
         }
     }
-    Ok(())
+    debug!("connection closed");
 }

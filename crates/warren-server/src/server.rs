@@ -12,7 +12,9 @@
 use crate::config::Config;
 use crate::listen::{ListenAddr, ListenError};
 use crate::state::ServerState;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -309,19 +311,22 @@ async fn accept_from(
 /// Serves one accepted connection; on the AMQPS listener, after its TLS handshake, which must
 /// finish within `amqp.handshake_timeout` (a client refused by peer verification fails here,
 /// before any AMQP is read).
-async fn serve_accepted(
+///
+/// A plain function returning the boxed future (not an `async fn`): an async wrapper would
+/// keep its own copy of the arguments in every connection's task.
+fn serve_accepted(
     state: Arc<ServerState>,
     stream: tokio::net::TcpStream,
     peer: SocketAddr,
     local: SocketAddr,
     tls: Option<crate::tls::TlsAcceptorHandle>,
     shutdown: watch::Receiver<bool>,
-) {
+) -> Pin<Box<dyn Future<Output = ()> + Send>> {
     match tls {
-        None => crate::connection::serve(state, stream, peer, local, shutdown).await,
-        // Boxed: the TLS stream and the TLS instance of the connection's future would
-        // otherwise sit inline in every plain connection's task (about 1 KB each).
-        Some(acceptor) => Box::pin(serve_tls(state, stream, peer, local, acceptor, shutdown)).await,
+        None => Box::pin(crate::connection::serve(
+            state, stream, peer, local, shutdown,
+        )),
+        Some(acceptor) => Box::pin(serve_tls(state, stream, peer, local, acceptor, shutdown)),
     }
 }
 
@@ -394,8 +399,9 @@ async fn accept_loop(
                 st.connection_opened();
                 info!("accepting AMQP connection ({peer} -> {local})");
                 let tls = if is_tls { tls_acceptor.clone() } else { None };
+                let conn = serve_accepted(st.clone(), stream, peer, local, tls, rx);
                 tasks.spawn(async move {
-                    serve_accepted(st.clone(), stream, peer, local, tls, rx).await;
+                    conn.await;
                     st.connection_closed();
                 });
             }

@@ -158,7 +158,7 @@ pub(super) async fn handshake_steps<R, W>(
     rbuf: &mut BytesMut,
     peer: SocketAddr,
     security: &TransportSecurity,
-) -> Result<(Tuned, Arc<VHost>, Session), ConnError>
+) -> Result<(Tuned, Arc<VHost>, Box<Session>), ConnError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -184,7 +184,7 @@ where
     );
     wr.write_all(&out).await.map_err(io_err)?;
 
-    let start_ok = expect_method(
+    let mut start_ok = expect_method(
         handshake_frame(rd, rbuf, &limits).await?,
         |m| match m {
             Method::ConnectionStartOk(s) => Some(s),
@@ -202,10 +202,10 @@ where
             .unwrap_or(false)
     };
     let cancel_notify = cap("consumer_cancel_notify");
-    let client_properties = start_ok.client_properties.clone();
     let mechanism = start_ok.mechanism.clone();
     let blocked_notify = cap("connection.blocked");
     let user = login(state, &start_ok, &offered, peer, security, cap)?;
+    let client_properties = std::mem::take(&mut start_ok.client_properties);
     out.clear();
     encode_method_frame(
         0,
@@ -297,16 +297,18 @@ where
         &mut out,
     );
     wr.write_all(&out).await.map_err(io_err)?;
+    // Boxed: the connection's task holds the result until its frame loop starts; inline,
+    // its bytes would stay in the task's future for the connection's lifetime.
     Ok((
         tuned,
         vhost,
-        Session {
+        Box::new(Session {
             user,
             slot,
             cancel_notify,
             blocked_notify,
             client_properties,
             mechanism,
-        },
+        }),
     ))
 }
