@@ -27,6 +27,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use parking_lot::{Mutex, RwLock};
+use rustc_hash::FxHashMap;
 use warren_amqp::table::FieldTable;
 
 /// Message counts of a channel, as atomics its owner bumps (Relaxed: they are statistics).
@@ -261,7 +262,9 @@ pub struct ChannelEntry {
     probe: Mutex<Option<Weak<dyn ChannelProbe>>>,
     /// Per exchange published to: locked by the channel's own task per publish (so never
     /// contended but by a reader) and by readers.
-    exchanges: Mutex<HashMap<String, ExchangeCounts>>,
+    /// FxHash: bumped on every publish, and the names are the channel's own (only its own
+    /// lookups would slow down).
+    exchanges: Mutex<FxHashMap<String, ExchangeCounts>>,
 }
 
 impl ChannelEntry {
@@ -276,7 +279,7 @@ impl ChannelEntry {
             tx: AtomicBool::new(false),
             unconfirmed: AtomicU64::new(0),
             probe: Mutex::new(None),
-            exchanges: Mutex::new(HashMap::new()),
+            exchanges: Mutex::new(FxHashMap::default()),
         }
     }
 

@@ -16,7 +16,6 @@ use crate::sasl::{self, TransportSecurity};
 use crate::state::ServerState;
 use bytes::{Bytes, BytesMut};
 use std::cell::Cell;
-use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -371,7 +370,7 @@ async fn run<R, W>(
         actor,
         vhost,
         outbox: outbox.clone(),
-        channels: HashMap::new(),
+        channels: Default::default(),
         frame_max: tuned.frame_max,
         channel_max: tuned.channel_max,
         cancel_notify,

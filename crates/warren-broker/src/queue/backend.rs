@@ -406,6 +406,12 @@ pub fn queue_type(arguments: &FieldTable) -> Option<&str> {
 /// deadlock); a queue listed twice is locked once. Up to [`ENQUEUE_ORDER_INLINE`] queues
 /// (every publish but wide fanouts) it allocates nothing.
 pub fn lock_enqueue_order(queues: &[Arc<Queue>]) -> EnqueueOrder<'_> {
+    // Most publishes route to one queue: nothing to sort.
+    if let [q] = queues {
+        let mut one = EnqueueOrder::new();
+        one.push(q.enqueue_order());
+        return one;
+    }
     let addr = |q: &&Arc<Queue>| Arc::as_ptr(q) as *const () as usize;
     let mut sorted: SmallVec<[&Arc<Queue>; ENQUEUE_ORDER_INLINE]> = queues.iter().collect();
     if sorted.len() > 1 {
