@@ -12,11 +12,17 @@
 //! (`warren_store::raftlog`: segments, CRC-framed records, group commit on a writer thread),
 //! so that many queues share each fsync, as RabbitMQ's Ra shares one write-ahead log per node.
 //!
+//! In a cluster ([`QuorumNode::clustered`]) a queue's group has members on several nodes: the
+//! declaring node asks the others to start their member, then initializes the group; the
+//! groups of all queues reach the other nodes over one authenticated connection per node pair
+//! ([`transport`]). Members that do not lead forward their clients' publishes to the leader.
+//!
 //! Modules: [`command`] (log entry payloads and their encoding), [`state`] (the replicated,
 //! deterministic queue state), [`storage`] (openraft's log storage on the shared log),
 //! [`machine`] (openraft's state machine and snapshots), [`queue`] (the `QueueBackend` the
 //! broker uses: proposing, delivering, settling), [`kind`] (declare rules and refusals),
-//! [`node`] (the node's quorum service), [`network`] (how groups reach other nodes).
+//! [`node`] (the node's quorum service), [`network`] (how groups reach other nodes: openraft's
+//! network over [`transport`], the authenticated inter-node connections).
 
 pub mod command;
 pub mod kind;
@@ -26,10 +32,12 @@ pub mod node;
 pub mod queue;
 pub mod state;
 pub mod storage;
+pub mod transport;
 
 pub use kind::QuorumKind;
 pub use node::{QuorumConfig, QuorumNode};
 pub use queue::QuorumQueue;
+pub use transport::{Cluster, ClusterSettings, MemberHost};
 
 openraft::declare_raft_types!(
     /// The Raft types of a quorum queue's group.

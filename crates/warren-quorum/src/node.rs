@@ -2,6 +2,8 @@
 //! groups recovered from it, the Raft settings and the network the groups talk over.
 
 use crate::network::Network;
+use crate::transport::{Cluster, ClusterSettings, MemberHost, Request, Response};
+use openraft::BasicNode;
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -9,7 +11,17 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::sync::watch;
 use tracing::{info, warn};
+use warren_amqp::table::FieldTable;
 use warren_store::raftlog::{GroupLog, RaftLog, RaftLogConfig};
+
+/// The key of a queue's group: vhost and name joined by U+001F (the shared log's group id,
+/// and the group's name on the wire).
+pub fn group_key(vhost: &str, name: &str) -> String {
+    format!("{vhost}\u{1f}{name}")
+}
+
+/// How long a declare waits for a peer to start its member of the new group.
+const START_MEMBER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Settings of a node's quorum queues.
 #[derive(Debug, Clone)]
@@ -55,8 +67,8 @@ pub struct QuorumNode {
     /// Groups being shut down and dropped: a queue of the same name waits for it.
     dropping: Mutex<HashMap<String, watch::Receiver<bool>>>,
     pub(crate) network: Network,
-    /// Members of a new queue's group (node id -> address); this node alone without a
-    /// cluster.
+    /// The nodes a new queue's group may have members on (node id -> inter-node address):
+    /// every node of the cluster, or this node alone without one.
     pub(crate) members: Mutex<BTreeMap<u64, String>>,
 }
 
@@ -73,15 +85,166 @@ impl QuorumNode {
     pub fn new(cfg: QuorumConfig, runtime: tokio::runtime::Handle) -> Arc<QuorumNode> {
         let mut members = BTreeMap::new();
         members.insert(cfg.node_id, String::new());
+        Self::build(cfg, runtime, Network::default(), members)
+    }
+
+    /// A node's quorum service in a cluster: starts the inter-node transport on `listener`
+    /// (bound to `[cluster] listen`); `cfg.node_id` becomes `settings.node_id`. New quorum
+    /// queues get members on the other nodes of `settings.nodes`.
+    ///
+    /// Errors: the listener cannot be handed to the runtime.
+    pub fn clustered(
+        mut cfg: QuorumConfig,
+        runtime: tokio::runtime::Handle,
+        settings: ClusterSettings,
+        listener: std::net::TcpListener,
+    ) -> std::io::Result<Arc<QuorumNode>> {
+        cfg.node_id = settings.node_id;
+        let members = settings.nodes.clone();
+        let cluster = {
+            let _enter = runtime.enter();
+            Cluster::start(settings, listener)?
+        };
+        Ok(Self::build(
+            cfg,
+            runtime,
+            Network::clustered(cluster),
+            members,
+        ))
+    }
+
+    fn build(
+        cfg: QuorumConfig,
+        runtime: tokio::runtime::Handle,
+        network: Network,
+        members: BTreeMap<u64, String>,
+    ) -> Arc<QuorumNode> {
         Arc::new(QuorumNode {
             cfg,
             runtime,
             log: OnceLock::new(),
             recovered: Mutex::new(HashMap::new()),
             dropping: Mutex::new(HashMap::new()),
-            network: Network::default(),
+            network,
             members: Mutex::new(members),
         })
+    }
+
+    /// The cluster transport, when this node is in a cluster.
+    pub fn cluster(&self) -> Option<&Arc<Cluster>> {
+        self.network.cluster()
+    }
+
+    /// Sets what declares and deletes this node's members of groups other nodes create
+    /// (does nothing without a cluster).
+    pub fn set_member_host(&self, host: Arc<dyn MemberHost>) {
+        if let Some(c) = self.cluster() {
+            c.set_host(host);
+        }
+    }
+
+    /// The members of a new group for queue `name` of `vhost`: this node and up to
+    /// `size - 1` other nodes that started their member when asked (tried in id order from
+    /// the one after this node, so that queues declared on different nodes spread). A node
+    /// that is down or refuses is passed over; without a cluster, this node alone.
+    ///
+    /// None when a node has the queue already: its group was created before (declared on
+    /// another node while this one was down, or at the same time) and this node's member
+    /// must not start a second group of the same name.
+    pub(crate) async fn place_members(
+        &self,
+        vhost: &str,
+        name: &str,
+        arguments: &FieldTable,
+        size: usize,
+    ) -> Option<BTreeMap<u64, BasicNode>> {
+        let me = self.cfg.node_id;
+        let all = self.members.lock().clone();
+        let mut placed: BTreeMap<u64, BasicNode> = all
+            .get(&me)
+            .map(|addr| (me, BasicNode::new(addr)))
+            .into_iter()
+            .collect();
+        let Some(cluster) = self.cluster().cloned() else {
+            return Some(placed);
+        };
+        let mut existing = None;
+        let mut encoded = bytes::BytesMut::new();
+        warren_amqp::table::encode_table(arguments, &mut encoded);
+        let encoded = encoded.to_vec();
+        let mut candidates: Vec<u64> = all
+            .range(me + 1..)
+            .chain(all.range(..me))
+            .map(|(id, _)| *id)
+            .collect();
+        candidates.reverse();
+        while placed.len() < size && !candidates.is_empty() {
+            let mut asks = tokio::task::JoinSet::new();
+            for _ in placed.len()..size {
+                let Some(peer) = candidates.pop() else { break };
+                let req = Request::StartMember {
+                    vhost: vhost.to_string(),
+                    name: name.to_string(),
+                    arguments: encoded.clone(),
+                };
+                let c = cluster.clone();
+                asks.spawn(async move {
+                    let r = c
+                        .call(peer, req, START_MEMBER_TIMEOUT / 2, START_MEMBER_TIMEOUT)
+                        .await;
+                    (peer, r)
+                });
+            }
+            while let Some(done) = asks.join_next().await {
+                let Ok((peer, r)) = done else { continue };
+                match r {
+                    Ok(Response::Started(Ok(true))) => {
+                        placed.insert(peer, BasicNode::new(&all[&peer]));
+                    }
+                    Ok(Response::Started(Ok(false))) => existing = Some(peer),
+                    Ok(Response::Started(Err(e))) => {
+                        warn!(queue = %name, vhost = %vhost, node = peer, error = %e, "node refused a member of a new quorum queue");
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        warn!(queue = %name, vhost = %vhost, node = peer, error = %e, "no member of a new quorum queue on a node that is not reachable");
+                    }
+                }
+            }
+        }
+        if let Some(peer) = existing {
+            warn!(queue = %name, vhost = %vhost, node = peer, "quorum queue exists on another node already: no new group is created here (use the queue on its members)");
+            return None;
+        }
+        Some(placed)
+    }
+
+    /// Asks `members` (other nodes) to delete their member of queue `name` of `vhost`, in the
+    /// background, once each.
+    pub(crate) fn delete_members(&self, vhost: &str, name: &str, members: Vec<u64>) {
+        let Some(cluster) = self.cluster().cloned() else {
+            return;
+        };
+        for peer in members {
+            let c = cluster.clone();
+            let req = Request::DeleteMember {
+                vhost: vhost.to_string(),
+                name: name.to_string(),
+            };
+            let (vhost, name) = (vhost.to_string(), name.to_string());
+            self.runtime.spawn(async move {
+                match c.call(peer, req, START_MEMBER_TIMEOUT / 2, START_MEMBER_TIMEOUT).await {
+                    Ok(Response::Done(Ok(()))) => {}
+                    Ok(Response::Done(Err(e))) => {
+                        warn!(queue = %name, vhost = %vhost, node = peer, error = %e, "node did not delete its member of a quorum queue");
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        warn!(queue = %name, vhost = %vhost, node = peer, error = %e, "member of a deleted quorum queue left on a node that is not reachable");
+                    }
+                }
+            });
+        }
     }
 
     /// The shared log, opened (and recovered) on first use.
@@ -158,13 +321,20 @@ impl QuorumNode {
             election_timeout_max: self.cfg.election_timeout.1.as_millis() as u64,
             snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(self.cfg.snapshot_every),
             max_in_snapshot_log_to_keep: self.cfg.kept_after_snapshot,
+            // An entry holds up to about 4 MB of bodies: 32 of them stay within a transport
+            // frame (crate::transport::MAX_FRAME).
+            max_payload_entries: 32,
             ..Default::default()
         };
         Arc::new(cfg.validate().expect("valid raft settings"))
     }
 
-    /// Writes what is pending and stops the shared log's writer.
+    /// Closes the connections to the other nodes, writes what is pending and stops the
+    /// shared log's writer.
     pub fn close(&self) {
+        if let Some(c) = self.cluster() {
+            c.shutdown();
+        }
         if let Some(Ok(log)) = self.log.get() {
             log.close();
         }

@@ -21,15 +21,16 @@ use crate::network::GroupNetwork;
 use crate::node::QuorumNode;
 use crate::state::{Effects, QMsg, QueueState};
 use crate::storage::LogStore;
+use crate::transport::{Request, Response};
 use crate::TypeConfig;
 use bytes::Bytes;
 use openraft::{BasicNode, Entry, EntryPayload, LogId, Raft, StoredMembership};
 use parking_lot::{Mutex, RwLock};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use tokio::sync::mpsc;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 use warren_amqp::table::{FieldTable, FieldValue};
 use warren_broker::args::{Overflow, QueueArgs};
 use warren_broker::clock::Clock;
@@ -56,6 +57,10 @@ const HORIZON_STEP: u64 = 4096;
 const MAX_ENTRY_BYTES: usize = 4 * 1024 * 1024;
 /// Entries a queue has proposed and not yet seen committed.
 const MAX_IN_FLIGHT: usize = 8;
+/// How long a member waits for the leader's node to apply a proposal it forwarded.
+const FORWARD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+/// How long a new group's first member waits for the first leader before it proposes.
+const LEADER_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// What connections hand the proposer.
 enum Submit {
@@ -230,7 +235,9 @@ impl QuorumQueue {
     /// (declare) is initialized with the node's members, a recovered one replays its
     /// snapshot and log.
     pub(crate) fn start(node: Arc<QuorumNode>, spec: QueueSpec) -> Arc<Queue> {
-        let key = format!("{}\u{1f}{}", spec.vhost, spec.name);
+        let key = crate::node::group_key(&spec.vhost, &spec.name);
+        // Started at another node's request: that node initializes the group.
+        let joining = node.cluster().is_some_and(|c| c.take_joining(&key));
         let (tx, rx) = mpsc::unbounded_channel();
         let declared = parse_args(&spec.arguments);
         let limit = delivery_limit(&spec.arguments);
@@ -272,18 +279,22 @@ impl QuorumQueue {
         let runner = q.clone();
         node.runtime.spawn(async move {
             let (name, vhost) = (runner.name.clone(), runner.vhost.clone());
-            if let Err(e) = runner.run(rx, recovered).await {
+            if let Err(e) = runner.run(rx, recovered, joining).await {
                 warn!(queue = %name, vhost = %vhost, error = %e, "quorum queue stopped");
             }
         });
         q
     }
 
-    /// Opens the group's storage, starts Raft, then proposes what connections submit.
+    /// Opens the group's storage, starts Raft, then proposes what connections submit. A new
+    /// group is initialized here unless this member was started at another node's request
+    /// (`joining`); in a cluster its members are placed first (see
+    /// [`QuorumNode::place_members`]).
     async fn run(
         self: Arc<Self>,
         rx: mpsc::UnboundedReceiver<Submit>,
         recovered: GroupLog,
+        joining: bool,
     ) -> std::result::Result<(), String> {
         let node = self.node.clone();
         node.wait_dropped(&self.key).await;
@@ -317,15 +328,25 @@ impl QuorumQueue {
         )
         .await
         .map_err(|e| e.to_string())?;
-        if fresh && !raft.is_initialized().await.map_err(|e| e.to_string())? {
-            let members: BTreeMap<NodeId, BasicNode> = node
-                .members
-                .lock()
-                .iter()
-                .map(|(id, addr)| (*id, BasicNode::new(addr)))
-                .collect();
-            if let Err(e) = raft.initialize(members).await {
-                debug!(queue = %self.name, error = %e, "quorum queue group already initialized");
+        if let Some(c) = node.cluster() {
+            c.register_group(&self.key, raft.clone());
+        }
+        if fresh && !joining && !raft.is_initialized().await.map_err(|e| e.to_string())? {
+            let size = self.initial_group_size();
+            let placed = node
+                .place_members(&self.vhost, &self.name, &self.arguments, size)
+                .await;
+            if let Some(members) = &placed {
+                if let Err(e) = raft.initialize(members.clone()).await {
+                    debug!(queue = %self.name, error = %e, "quorum queue group already initialized");
+                }
+            }
+            if placed.is_some() && node.cluster().is_some() {
+                // Proposals before the first election is won would be refused (no leader).
+                let _ = raft
+                    .wait(Some(LEADER_WAIT))
+                    .metrics(|m| m.current_leader.is_some(), "a leader")
+                    .await;
             }
         }
         // A group of this node alone need not wait an election timeout after a restart.
@@ -343,6 +364,20 @@ impl QuorumQueue {
         tokio::spawn(async move { watcher.watch_leadership(metrics_raft).await });
         self.propose_loop(raft, rx).await;
         Ok(())
+    }
+
+    /// Members of the group at declare: `x-quorum-initial-group-size`, by default (and at
+    /// most) the number of nodes.
+    fn initial_group_size(&self) -> usize {
+        let nodes = self.node.members.lock().len();
+        match self
+            .arguments
+            .get("x-quorum-initial-group-size")
+            .and_then(|v| v.as_i64())
+        {
+            Some(n) if n >= 1 => (n as usize).min(nodes),
+            _ => nodes,
+        }
     }
 
     /// Follows the group's Raft metrics: this member leads in a term, or not.
@@ -365,6 +400,17 @@ impl QuorumQueue {
         let mut st = self.inner.lock();
         if st.leader_term == term {
             return;
+        }
+        if self.node.cluster().is_some() && st.leader_term.is_some() != term.is_some() {
+            let node = self.node.cfg.node_id;
+            match term {
+                Some(term) => {
+                    info!(queue = %self.name, vhost = %self.vhost, node, term, "this node leads the quorum queue")
+                }
+                None => {
+                    info!(queue = %self.name, vhost = %self.vhost, node, "this node no longer leads the quorum queue")
+                }
+            }
         }
         {
             st.leader_term = term;
@@ -411,6 +457,36 @@ impl QuorumQueue {
             if self.deleted.load(Ordering::Acquire) {
                 complete(waiters, false);
                 continue;
+            }
+            // A member that does not lead forwards to the leader's node what its clients
+            // submitted (in order, over the one connection to that node).
+            let cluster = self.node.cluster();
+            let leader = cluster.and_then(|_| raft.metrics().borrow().current_leader);
+            if let (Some(cluster), Some(leader)) = (cluster, leader) {
+                if leader != self.node.cfg.node_id {
+                    let req = Request::Propose {
+                        group: self.key.clone(),
+                        batch: Batch(cmds),
+                    };
+                    match cluster.send_now(leader, req) {
+                        Ok(call) => {
+                            tokio::spawn(async move {
+                                let r = call.wait(FORWARD_TIMEOUT).await;
+                                let ok = matches!(r, Ok(Response::Proposed(Ok(()))));
+                                if !ok {
+                                    debug!(leader, answer = ?r, "forwarded quorum queue proposal failed");
+                                }
+                                complete(waiters, ok);
+                                drop(permit);
+                            });
+                        }
+                        Err(e) => {
+                            debug!(error = %e, "quorum queue proposal not forwarded");
+                            complete(waiters, false);
+                        }
+                    }
+                    continue;
+                }
             }
             match raft.client_write_ff(Batch(cmds)).await {
                 Ok(done) => {

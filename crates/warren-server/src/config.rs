@@ -46,6 +46,94 @@ pub struct Config {
     pub management: ManagementConfig,
     /// The httpmq/httpsqs-compatible HTTP queue API.
     pub httpmq: HttpmqConfig,
+    /// `[cluster]`: this node's place in a cluster of Warren nodes (quorum queues replicated
+    /// over them). Absent, the broker runs alone.
+    pub cluster: Option<ClusterConfig>,
+}
+
+/// `[cluster]`: a node of a Warren cluster. Quorum queues get members on the nodes of
+/// `seed_nodes` (see the README's "Clustering"); nodes prove to each other that they know the
+/// secret in `secret_file` (RabbitMQ's Erlang cookie) and never send it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// This node's id, at least 1, unique in the cluster and listed in `seed_nodes`.
+    pub node_id: u64,
+    /// Where this node listens for the other nodes (default `0.0.0.0:25672`, RabbitMQ's
+    /// inter-node port), as `amqp.listen`.
+    pub listen: ListenAddr,
+    /// Every node of the cluster, this one included, as `ID@HOST:PORT` (the node's
+    /// `listen` address as the others reach it). A list, or in the environment a
+    /// comma-separated string.
+    #[serde(deserialize_with = "string_list")]
+    pub seed_nodes: Vec<String>,
+    /// A file holding the shared secret (its content without surrounding whitespace, at
+    /// least 16 bytes), the same on every node; readable by the broker only.
+    pub secret_file: Option<PathBuf>,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            node_id: 0,
+            listen: ListenAddr::Addr(std::net::SocketAddr::from(([0, 0, 0, 0], 25672))),
+            seed_nodes: Vec::new(),
+            secret_file: None,
+        }
+    }
+}
+
+/// Shortest cluster secret accepted, bytes.
+pub const MIN_CLUSTER_SECRET: usize = 16;
+
+impl ClusterConfig {
+    /// The nodes of `seed_nodes`: id -> `HOST:PORT`.
+    ///
+    /// Errors: an entry that is not `ID@HOST:PORT` with ID at least 1, or an id listed twice
+    /// (the message names the entry).
+    pub fn nodes(&self) -> Result<std::collections::BTreeMap<u64, String>, String> {
+        let mut out = std::collections::BTreeMap::new();
+        for entry in &self.seed_nodes {
+            let bad = || format!("'{entry}' is not ID@HOST:PORT (e.g. 2@10.0.0.2:25672)");
+            let (id, addr) = entry.split_once('@').ok_or_else(bad)?;
+            let id: u64 = id.trim().parse().map_err(|_| bad())?;
+            if id == 0 {
+                return Err(format!("'{entry}': node ids start at 1"));
+            }
+            let addr = addr.trim();
+            match addr.parse::<ListenAddr>() {
+                Ok(ListenAddr::Addr(_)) | Ok(ListenAddr::Host(..)) => {}
+                _ => return Err(bad()),
+            }
+            if out.insert(id, addr.to_string()).is_some() {
+                return Err(format!("node id {id} is listed twice"));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The shared secret from `secret_file`, without surrounding whitespace.
+    ///
+    /// Errors: no file set, the file cannot be read, or the secret is shorter than
+    /// [`MIN_CLUSTER_SECRET`] bytes.
+    pub fn secret(&self) -> Result<Vec<u8>, String> {
+        let Some(path) = &self.secret_file else {
+            return Err(
+                "must be set: nodes authenticate each other with the secret in this \
+                        file (the same on every node)"
+                    .into(),
+            );
+        };
+        let raw = std::fs::read(path).map_err(|e| format!("cannot read it: {e}"))?;
+        let text = raw.trim_ascii();
+        if text.len() < MIN_CLUSTER_SECRET {
+            return Err(format!(
+                "the secret is {} bytes; at least {MIN_CLUSTER_SECRET} are needed",
+                text.len()
+            ));
+        }
+        Ok(text.to_vec())
+    }
 }
 
 /// `[httpmq]`: the HTTP queue API compatible with httpmq and httpsqs
@@ -814,6 +902,7 @@ const SECTIONS: &[&str] = &[
     "definitions",
     "management",
     "httpmq",
+    "cluster",
 ];
 
 /// `WARREN_*` variables that are not configuration: the scripts of this repository use them
@@ -1017,6 +1106,42 @@ impl Config {
                 &h.tls,
                 "needs tls.cert_file and tls.key_file (the listener uses the [tls] settings)",
             );
+        }
+        if let Some(c) = &self.cluster {
+            if c.node_id == 0 {
+                return bad(
+                    "cluster.node_id",
+                    &c.node_id,
+                    "must be set to this node's id (at least 1, as in cluster.seed_nodes)",
+                );
+            }
+            let nodes = match c.nodes() {
+                Ok(n) => n,
+                Err(e) => return bad("cluster.seed_nodes", &c.seed_nodes.join(","), &e),
+            };
+            if !nodes.contains_key(&c.node_id) {
+                let shown = if c.seed_nodes.is_empty() {
+                    "(unset)".to_string()
+                } else {
+                    c.seed_nodes.join(",")
+                };
+                return bad(
+                    "cluster.seed_nodes",
+                    &shown,
+                    &format!(
+                        "must list every node of the cluster, this one (cluster.node_id = {}) \
+                         included",
+                        c.node_id
+                    ),
+                );
+            }
+            if let Err(e) = c.secret() {
+                let shown = c
+                    .secret_file
+                    .as_ref()
+                    .map_or_else(|| "(unset)".to_string(), |p| p.display().to_string());
+                return bad("cluster.secret_file", &shown, &e);
+            }
         }
         let a = &self.amqp;
         if a.frame_max < 4096 {
@@ -1431,6 +1556,22 @@ tls = false
 
 
 {tls}
+# [cluster]
+# This node's place in a cluster of Warren nodes; quorum queues get members on its nodes.
+# Without this section Warren runs alone. Environment: WARREN_CLUSTER_NODE_ID,
+# WARREN_CLUSTER_LISTEN, WARREN_CLUSTER_SEED_NODES (comma-separated),
+# WARREN_CLUSTER_SECRET_FILE; flags --cluster-node-id, --cluster-listen,
+# --cluster-seed-nodes, --cluster-secret-file.
+# This node's id (at least 1), listed in seed_nodes.
+# node_id = 1
+# Where the other nodes reach this one.
+# listen = "0.0.0.0:25672"
+# Every node, this one included, as "ID@HOST:PORT".
+# seed_nodes = ["1@10.0.0.1:25672", "2@10.0.0.2:25672", "3@10.0.0.3:25672"]
+# The shared secret (at least 16 bytes, the same file content on every node, like
+# RabbitMQ's Erlang cookie); it is never sent, nodes prove they know it.
+# secret_file = "/etc/warren/cluster-secret"
+
 [auth]
 # SASL mechanisms offered to clients, of PLAIN, AMQPLAIN, EXTERNAL and ANONYMOUS
 # (environment: comma-separated). EXTERNAL is only offered on TLS connections whose client
@@ -1604,6 +1745,117 @@ mod tests {
         std::fs::write(&p, Config::commented_default()).unwrap();
         let c = Config::load(Some(&p), Vec::new()).unwrap();
         assert_eq!(c, Config::default());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn cluster_from_env_flags_and_validation() {
+        let dir = scratch("cluster");
+        let secret = dir.join("secret");
+        std::fs::write(&secret, "  0123456789abcdef-cookie\n").unwrap();
+        let short = dir.join("short");
+        std::fs::write(&short, "tiny\n").unwrap();
+        assert_eq!(Config::default().cluster, None);
+        let secret_s = secret.to_string_lossy().into_owned();
+        let base = [
+            ("WARREN_CLUSTER_NODE_ID", "2"),
+            ("WARREN_CLUSTER_LISTEN", "127.0.0.1:25673"),
+            (
+                "WARREN_CLUSTER_SEED_NODES",
+                "1@127.0.0.1:25672, 2@127.0.0.1:25673,3@localhost:25674",
+            ),
+            ("WARREN_CLUSTER_SECRET_FILE", secret_s.as_str()),
+        ];
+        let c = Config::load(None, env(&base)).unwrap();
+        let cl = c.cluster.expect("[cluster] from the environment");
+        assert_eq!(cl.node_id, 2);
+        assert_eq!(cl.listen.to_string(), "127.0.0.1:25673");
+        let nodes = cl.nodes().unwrap();
+        assert_eq!(nodes.len(), 3);
+        assert_eq!(nodes[&3], "localhost:25674");
+        assert_eq!(cl.secret().unwrap(), b"0123456789abcdef-cookie");
+        // A flag overrides the environment.
+        let flag = Override {
+            section: "cluster",
+            key: "node_id",
+            value: toml::Value::Integer(3),
+            flag: "--cluster-node-id",
+        };
+        let c = Config::load_with(None, env(&base), &[flag]).unwrap();
+        assert_eq!(c.cluster.unwrap().node_id, 3);
+        // A file.
+        let p = dir.join("warren.toml");
+        std::fs::write(
+            &p,
+            format!(
+                "[cluster]\nnode_id = 1\nseed_nodes = [\"1@10.0.0.1:25672\", \"2@10.0.0.2:25672\"]\n\
+                 secret_file = \"{}\"\n",
+                secret.display()
+            ),
+        )
+        .unwrap();
+        let cl = Config::load(Some(&p), Vec::new()).unwrap().cluster.unwrap();
+        assert_eq!(cl.listen.to_string(), "0.0.0.0:25672");
+        assert_eq!(cl.nodes().unwrap().len(), 2);
+        // Errors name the key and where it came from.
+        let short_s = short.to_string_lossy().into_owned();
+        for (var, value, key, words) in [
+            (
+                "WARREN_CLUSTER_NODE_ID",
+                "0",
+                "cluster.node_id",
+                "at least 1",
+            ),
+            (
+                "WARREN_CLUSTER_NODE_ID",
+                "4",
+                "cluster.seed_nodes",
+                "this one",
+            ),
+            (
+                "WARREN_CLUSTER_SEED_NODES",
+                "1@a:1,2",
+                "cluster.seed_nodes",
+                "ID@HOST:PORT",
+            ),
+            (
+                "WARREN_CLUSTER_SEED_NODES",
+                "2@a:1,2@b:1",
+                "cluster.seed_nodes",
+                "twice",
+            ),
+            (
+                "WARREN_CLUSTER_SECRET_FILE",
+                short_s.as_str(),
+                "cluster.secret_file",
+                "at least 16",
+            ),
+            (
+                "WARREN_CLUSTER_SECRET_FILE",
+                "/nonexistent/secret",
+                "cluster.secret_file",
+                "cannot read",
+            ),
+        ] {
+            let mut vars: Vec<(&str, &str)> =
+                base.iter().copied().filter(|(k, _)| *k != var).collect();
+            vars.push((var, value));
+            let e = Config::load(None, env(&vars)).unwrap_err().to_string();
+            assert!(
+                e.contains(key)
+                    && e.contains(words)
+                    && e.contains(&format!("WARREN_{}", key.replace('.', "_").to_uppercase())),
+                "{var}={value}: {e}"
+            );
+        }
+        let e = Config::load(None, env(&[("WARREN_CLUSTER_NODE_ID", "1")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("cluster.seed_nodes"), "{e}");
+        let e = Config::load(None, env(&[("WARREN_CLUSTER_NODE_ID", "x")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("WARREN_CLUSTER_NODE_ID"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

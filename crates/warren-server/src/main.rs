@@ -75,6 +75,18 @@ struct Args {
     /// at start: users, vhosts, permissions, exchanges, queues, bindings.
     #[arg(long, value_name = "FILE")]
     load_definitions: Option<PathBuf>,
+    /// This node's id in a cluster (`[cluster] node_id`).
+    #[arg(long, value_name = "ID")]
+    cluster_node_id: Option<u64>,
+    /// Where this node listens for the other nodes of its cluster [default: 0.0.0.0:25672].
+    #[arg(long, value_name = "ADDR")]
+    cluster_listen: Option<String>,
+    /// Every node of the cluster, this one included: ID@HOST:PORT,ID@HOST:PORT,...
+    #[arg(long, value_name = "NODES")]
+    cluster_seed_nodes: Option<String>,
+    /// File holding the cluster's shared secret (the same on every node).
+    #[arg(long, value_name = "FILE")]
+    cluster_secret_file: Option<PathBuf>,
     /// Print a password hash (rabbit_password_hashing_sha256, base64) for a [[users]]
     /// password_hash and exit. Without PASSWORD, the first line of standard input is hashed.
     #[arg(long, value_name = "PASSWORD", num_args = 0..=1)]
@@ -168,6 +180,40 @@ impl Args {
             if let Some(value) = value {
                 out.push(Override {
                     section: "tls",
+                    key,
+                    value,
+                    flag,
+                });
+            }
+        }
+        if let Some(id) = self.cluster_node_id {
+            out.push(Override {
+                section: "cluster",
+                key: "node_id",
+                value: toml::Value::Integer(i64::try_from(id).unwrap_or(i64::MAX)),
+                flag: "--cluster-node-id",
+            });
+        }
+        for (key, flag, value) in [
+            (
+                "listen",
+                "--cluster-listen",
+                self.cluster_listen.as_deref().map(s),
+            ),
+            (
+                "seed_nodes",
+                "--cluster-seed-nodes",
+                self.cluster_seed_nodes.as_deref().map(s),
+            ),
+            (
+                "secret_file",
+                "--cluster-secret-file",
+                self.cluster_secret_file.as_deref().map(path),
+            ),
+        ] {
+            if let Some(value) = value {
+                out.push(Override {
+                    section: "cluster",
                     key,
                     value,
                     flag,

@@ -11,8 +11,8 @@ use tracing::{info, warn};
 
 /// State shared by every connection of a running broker.
 pub struct ServerState {
-    /// The broker model: vhosts, queues, users.
-    pub broker: warren_broker::Broker,
+    /// The broker model: vhosts, queues, users (shared with the cluster's member requests).
+    pub broker: Arc<warren_broker::Broker>,
     /// Configuration in force.
     pub config: Config,
     /// Open connections and channels per vhost and user, for their limits.
@@ -47,6 +47,81 @@ fn scratch_dir() -> std::path::PathBuf {
         std::process::id(),
         N.fetch_add(1, Ordering::Relaxed)
     ))
+}
+
+/// The quorum service's cluster settings from `[cluster]` (validated with the configuration;
+/// the secret file is read again here).
+fn cluster_settings(
+    c: &crate::config::ClusterConfig,
+) -> std::io::Result<warren_quorum::ClusterSettings> {
+    let invalid = |key: &str, e: String| std::io::Error::other(format!("invalid {key}: {e}"));
+    Ok(warren_quorum::ClusterSettings {
+        node_id: c.node_id,
+        nodes: c.nodes().map_err(|e| invalid("cluster.seed_nodes", e))?,
+        secret: c.secret().map_err(|e| invalid("cluster.secret_file", e))?,
+    })
+}
+
+/// Binds `[cluster] listen` (a bare port: every IPv4 interface).
+///
+/// Errors: the address does not resolve or cannot be bound (the message names the key).
+fn bind_cluster(listen: &crate::listen::ListenAddr) -> std::io::Result<std::net::TcpListener> {
+    use crate::listen::ListenAddr;
+    let bound = match listen {
+        ListenAddr::Port(p) => std::net::TcpListener::bind(("0.0.0.0", *p)),
+        ListenAddr::Addr(a) => std::net::TcpListener::bind(a),
+        ListenAddr::Host(h, p) => std::net::TcpListener::bind((h.as_str(), *p)),
+    };
+    bound.map_err(|e| {
+        std::io::Error::new(
+            e.kind(),
+            format!("cannot listen on cluster.listen = {listen}: {e}"),
+        )
+    })
+}
+
+/// Declares and deletes this node's members of quorum queues at other nodes' request, in the
+/// broker's vhosts (the vhost must exist here: vhosts are not replicated yet). Weak: the
+/// broker holds the quorum service, which holds this.
+struct MemberHost(std::sync::Weak<warren_broker::Broker>);
+
+/// The connection id member declares and deletes act as (no client connection).
+const CLUSTER_CONNECTION_ID: u64 = 0;
+
+impl warren_quorum::MemberHost for MemberHost {
+    fn start_member(
+        &self,
+        vhost: &str,
+        name: &str,
+        arguments: warren_amqp::table::FieldTable,
+    ) -> Result<bool, String> {
+        let broker = self.0.upgrade().ok_or("the broker is stopping")?;
+        let vh = broker
+            .vhost(vhost)
+            .ok_or_else(|| format!("no vhost '{vhost}' on this node"))?;
+        let existed = vh.queue(name, CLUSTER_CONNECTION_ID).is_ok();
+        let d = warren_broker::vhost::QueueDeclare {
+            name: name.to_string(),
+            passive: false,
+            durable: true,
+            exclusive: false,
+            auto_delete: false,
+            arguments,
+        };
+        vh.declare_queue(&d, CLUSTER_CONNECTION_ID)
+            .map(|_| !existed)
+            .map_err(|e| e.text)
+    }
+
+    fn delete_member(&self, vhost: &str, name: &str) -> Result<(), String> {
+        let broker = self.0.upgrade().ok_or("the broker is stopping")?;
+        let Some(vh) = broker.vhost(vhost) else {
+            return Ok(());
+        };
+        vh.delete_queue(name, false, false, CLUSTER_CONNECTION_ID)
+            .map(|_| ())
+            .map_err(|e| e.text)
+    }
 }
 
 /// The disk alarm's setting: the configured limit, or RabbitMQ's memory-relative one.
@@ -122,8 +197,15 @@ impl ServerState {
             (None, Some(s)) => s.clone(),
             (None, None) => unreachable!("a scratch directory without a data directory"),
         };
-        let quorum =
-            warren_quorum::QuorumNode::new(warren_quorum::QuorumConfig::new(quorum_dir), runtime);
+        let quorum_config = warren_quorum::QuorumConfig::new(quorum_dir);
+        let quorum = match &config.cluster {
+            None => warren_quorum::QuorumNode::new(quorum_config, runtime),
+            Some(c) => {
+                let settings = cluster_settings(c)?;
+                let listener = bind_cluster(&c.listen)?;
+                warren_quorum::QuorumNode::clustered(quorum_config, runtime, settings, listener)?
+            }
+        };
         let kind: Arc<dyn warren_broker::queue::QueueKind> =
             warren_quorum::QuorumKind::new(quorum.clone());
         let broker = match config.storage.options() {
@@ -151,6 +233,8 @@ impl ServerState {
                 broker
             }
         };
+        let broker = Arc::new(broker);
+        quorum.set_member_host(Arc::new(MemberHost(Arc::downgrade(&broker))));
         broker.set_limits(config.limits.limits());
         if let Err(e) = crate::provision::provision(&broker, &config) {
             broker.close();

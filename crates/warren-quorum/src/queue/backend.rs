@@ -336,6 +336,23 @@ impl QueueBackend for QuorumQueue {
         let node = self.node.clone();
         let key = self.key.clone();
         let raft = self.raft.get().cloned();
+        if let Some(c) = node.cluster() {
+            c.unregister_group(&key);
+            // Deleted here by a client: the other members go too (a member deleted at another
+            // node's request does not ask back).
+            if !c.is_leaving(&key) {
+                let me = node.cfg.node_id;
+                let others: Vec<u64> = {
+                    let st = self.inner.lock();
+                    st.membership
+                        .membership()
+                        .voter_ids()
+                        .filter(|id| *id != me)
+                        .collect()
+                };
+                node.delete_members(&self.vhost, &self.name, others);
+            }
+        }
         let done = node.begin_drop(&key);
         let path = node.snapshot_path(&key);
         node.runtime.clone().spawn(async move {

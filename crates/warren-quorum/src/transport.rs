@@ -1,0 +1,949 @@
+//! The inter-node transport of a cluster: one TCP connection per pair of nodes, carrying the
+//! Raft RPCs of every quorum queue group (multiplexed by group key) and the requests that
+//! start and delete a group's members.
+//!
+//! Connections: of two nodes, the one with the lower id dials the other (at its
+//! `[cluster] listen` address from the seed list) and redials with backoff (100 ms doubling
+//! to 3 s) whenever the connection drops; the other only accepts. Either side sends requests
+//! over the connection and answers the other's.
+//!
+//! Framing: `u32` big-endian length, then a [postcard](https://docs.rs/postcard) encoded
+//! [`Wire`] value. A frame is at most [`MAX_FRAME`] bytes (the handshake's at most
+//! [`MAX_HANDSHAKE_FRAME`]); a longer one closes the connection, a request that would need
+//! one fails.
+//!
+//! Authentication (both ways, the secret never sent): the dialer sends its id, the id it
+//! expects to reach and a random 32-byte nonce; the acceptor answers with its id, its own
+//! nonce and HMAC-SHA256(secret, `"warren-cluster/1 accept"`, both ids, both nonces); the
+//! dialer checks it (constant-time) and answers with the same MAC under `"... dial"`, which
+//! the acceptor checks. Ids must be in the seed list and differ. Any failure closes the
+//! connection; the handshake must finish within 5 s.
+//!
+//! Liveness: each side pings every 2 s; a connection that carried nothing for 10 s (a peer
+//! paused, or a machine gone without a reset) is closed, and redialed by its dialer.
+
+use crate::TypeConfig;
+use bytes::{BufMut, Bytes, BytesMut};
+use hmac::{Hmac, Mac};
+use openraft::error::{InstallSnapshotError, RaftError};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::Raft;
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use sha2::Sha256;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot, watch};
+use tracing::{debug, info, warn};
+use warren_amqp::table::FieldTable;
+
+type NodeId = u64;
+
+/// Largest frame after the handshake, bytes (1 GiB: room for the largest message
+/// `amqp.max_message_size` allows, 512 MiB, in one entry). A larger append-entries request is
+/// refused before it is sent and openraft retries with fewer entries.
+pub const MAX_FRAME: usize = 1 << 30;
+/// Largest frame during the handshake, bytes.
+pub const MAX_HANDSHAKE_FRAME: usize = 4096;
+/// How long a handshake may take.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often each side of a connection sends a ping.
+const PING_EVERY: Duration = Duration::from_secs(2);
+/// A connection that carried nothing for this long is closed (and redialed).
+const IDLE_LIMIT: Duration = Duration::from_secs(10);
+/// The protocol name mixed into every MAC.
+const PROTOCOL: &[u8] = b"warren-cluster/1";
+const BACKOFF_MIN: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(3);
+
+/// A node's cluster settings (from `[cluster]`).
+#[derive(Clone)]
+pub struct ClusterSettings {
+    /// This node's id (at least 1).
+    pub node_id: NodeId,
+    /// Every node of the cluster, this one included: id -> inter-node address `HOST:PORT`.
+    pub nodes: BTreeMap<NodeId, String>,
+    /// The shared secret nodes prove to each other (never sent).
+    pub secret: Vec<u8>,
+}
+
+impl std::fmt::Debug for ClusterSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterSettings")
+            .field("node_id", &self.node_id)
+            .field("nodes", &self.nodes)
+            .field("secret", &"<hidden>")
+            .finish()
+    }
+}
+
+/// What a node does when another asks it to hold or drop a member of a quorum queue's group:
+/// the broker declares or deletes the queue locally (set with [`Cluster::set_host`]).
+pub trait MemberHost: Send + Sync + 'static {
+    /// Declares durable quorum queue `name` in `vhost` with `arguments` (which include
+    /// `x-queue-type: quorum`) on this node, as a member of a group another node creates.
+    /// Returns true when the queue was created, false when it existed already (then it
+    /// belongs to a group created before). Errors: the refusal's text.
+    fn start_member(&self, vhost: &str, name: &str, arguments: FieldTable) -> Result<bool, String>;
+    /// Deletes quorum queue `name` of `vhost` on this node (missing is success). Errors: the
+    /// refusal's text.
+    fn delete_member(&self, vhost: &str, name: &str) -> Result<(), String>;
+}
+
+/// Handshake messages.
+#[derive(Debug, Serialize, Deserialize)]
+enum Handshake {
+    Hello {
+        node: NodeId,
+        target: NodeId,
+        nonce: [u8; 32],
+    },
+    Challenge {
+        node: NodeId,
+        nonce: [u8; 32],
+        mac: Vec<u8>,
+    },
+    Proof {
+        mac: Vec<u8>,
+    },
+    Welcome,
+}
+
+/// A request from one node to another.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum Request {
+    /// Raft append-entries for group `group`.
+    AppendEntries {
+        /// The group's key (vhost, U+001F, queue name).
+        group: String,
+        /// openraft's request.
+        rpc: AppendEntriesRequest<TypeConfig>,
+    },
+    /// Raft vote for group `group`.
+    Vote {
+        /// The group's key.
+        group: String,
+        /// openraft's request.
+        rpc: VoteRequest<NodeId>,
+    },
+    /// A chunk of a snapshot for group `group`.
+    InstallSnapshot {
+        /// The group's key.
+        group: String,
+        /// openraft's request.
+        rpc: InstallSnapshotRequest<TypeConfig>,
+    },
+    /// Start this node's member of a new quorum queue.
+    StartMember {
+        /// The queue's vhost.
+        vhost: String,
+        /// The queue's name.
+        name: String,
+        /// Its declared arguments, an AMQP field table (encoded as on the wire).
+        arguments: Vec<u8>,
+    },
+    /// Delete this node's member of a deleted quorum queue.
+    DeleteMember {
+        /// The queue's vhost.
+        vhost: String,
+        /// The queue's name.
+        name: String,
+    },
+    /// Propose `batch` in group `group`, whose leader is the answering node: what a member
+    /// that does not lead forwards (publishes of its clients). Proposed in arrival order.
+    Propose {
+        /// The group's key.
+        group: String,
+        /// The commands to propose as one entry.
+        batch: crate::command::Batch,
+    },
+}
+
+/// The answer to a [`Request`].
+#[derive(Debug, Serialize, Deserialize)]
+pub enum Response {
+    /// openraft's answer to [`Request::AppendEntries`].
+    AppendEntries(Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>),
+    /// openraft's answer to [`Request::Vote`].
+    Vote(Result<VoteResponse<NodeId>, RaftError<NodeId>>),
+    /// openraft's answer to [`Request::InstallSnapshot`].
+    InstallSnapshot(
+        Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>,
+    ),
+    /// The group is not (yet) on the answering node.
+    NoGroup,
+    /// Result of a member start: true when the member was created, false when the queue
+    /// existed already on the answering node.
+    Started(Result<bool, String>),
+    /// Result of a member delete.
+    Done(Result<(), String>),
+    /// Result of a forwarded proposal: committed and applied, or why not.
+    Proposed(Result<(), String>),
+}
+
+/// A frame after the handshake.
+#[derive(Debug, Serialize, Deserialize)]
+enum Wire {
+    Request {
+        id: u64,
+        body: Request,
+    },
+    Response {
+        id: u64,
+        body: Response,
+    },
+    /// Sent every [`PING_EVERY`], so that a peer that stopped answering is noticed.
+    Ping,
+}
+
+/// Why a call to another node failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    /// No connection to the node, or it dropped before the answer.
+    #[error("node {0} is not reachable")]
+    Unreachable(NodeId),
+    /// No answer in time.
+    #[error("node {0} did not answer in time")]
+    Timeout(NodeId),
+    /// The request could not be encoded.
+    #[error("cannot send to node {0}: {1}")]
+    Encode(NodeId, String),
+    /// The request is larger than [`MAX_FRAME`].
+    #[error("request to node {0} too large: {1} bytes")]
+    TooLarge(NodeId, usize),
+}
+
+/// One authenticated connection to a peer.
+struct Conn {
+    peer: NodeId,
+    out: mpsc::UnboundedSender<Bytes>,
+    pending: Mutex<HashMap<u64, oneshot::Sender<Response>>>,
+    next: AtomicU64,
+    closed: watch::Sender<bool>,
+    tasks: Mutex<Vec<tokio::task::AbortHandle>>,
+}
+
+impl Conn {
+    fn answer(&self, id: u64, body: Response) {
+        match encode_frame(&Wire::Response { id, body }, MAX_FRAME) {
+            Ok(f) => {
+                let _ = self.out.send(f);
+            }
+            Err(e) => warn!(peer = self.peer, error = %e, "cluster answer not sent"),
+        }
+    }
+
+    fn close(&self) {
+        self.pending.lock().clear();
+        for t in self.tasks.lock().drain(..) {
+            t.abort();
+        }
+        self.closed.send_replace(true);
+    }
+}
+
+/// A node's end of the cluster: its connections, the groups it serves and the member
+/// requests in progress.
+pub struct Cluster {
+    settings: ClusterSettings,
+    conns: Mutex<HashMap<NodeId, Arc<Conn>>>,
+    attached: watch::Sender<u64>,
+    groups: Mutex<HashMap<String, Raft<TypeConfig>>>,
+    joining: Mutex<HashSet<String>>,
+    leaving: Mutex<HashSet<String>>,
+    host: OnceLock<Arc<dyn MemberHost>>,
+    stop: watch::Sender<bool>,
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("settings", &self.settings)
+            .finish()
+    }
+}
+
+/// Why a frame was not built.
+#[derive(Debug)]
+enum FrameError {
+    Encode(String),
+    TooLarge(usize),
+}
+
+impl std::fmt::Display for FrameError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FrameError::Encode(e) => f.write_str(e),
+            FrameError::TooLarge(n) => write!(f, "frame of {n} bytes is too large"),
+        }
+    }
+}
+
+fn encode_frame<T: Serialize>(v: &T, max: usize) -> Result<Bytes, FrameError> {
+    let body = postcard::to_allocvec(v).map_err(|e| FrameError::Encode(e.to_string()))?;
+    if body.len() > max {
+        return Err(FrameError::TooLarge(body.len()));
+    }
+    let mut b = BytesMut::with_capacity(4 + body.len());
+    b.put_u32(body.len() as u32);
+    b.put_slice(&body);
+    Ok(b.freeze())
+}
+
+async fn read_frame<R: AsyncRead + Unpin, T: for<'de> Deserialize<'de>>(
+    r: &mut R,
+    max: usize,
+) -> std::io::Result<T> {
+    let len = r.read_u32().await? as usize;
+    if len > max {
+        return Err(std::io::Error::other(format!(
+            "frame of {len} bytes exceeds {max}"
+        )));
+    }
+    let mut buf = vec![0u8; len];
+    r.read_exact(&mut buf).await?;
+    postcard::from_bytes(&buf).map_err(|e| std::io::Error::other(format!("bad frame: {e}")))
+}
+
+async fn write_frame<W: AsyncWrite + Unpin, T: Serialize>(w: &mut W, v: &T) -> std::io::Result<()> {
+    let f =
+        encode_frame(v, MAX_HANDSHAKE_FRAME).map_err(|e| std::io::Error::other(e.to_string()))?;
+    w.write_all(&f).await?;
+    w.flush().await
+}
+
+/// HMAC-SHA256 of the handshake under `role`.
+fn handshake_mac(
+    secret: &[u8],
+    role: &[u8],
+    dialer: NodeId,
+    acceptor: NodeId,
+    dialer_nonce: &[u8; 32],
+    acceptor_nonce: &[u8; 32],
+) -> Hmac<Sha256> {
+    let mut m = <Hmac<Sha256> as Mac>::new_from_slice(secret).expect("HMAC takes any key");
+    m.update(PROTOCOL);
+    m.update(role);
+    m.update(&dialer.to_be_bytes());
+    m.update(&acceptor.to_be_bytes());
+    m.update(dialer_nonce);
+    m.update(acceptor_nonce);
+    m
+}
+
+fn bad(what: impl Into<String>) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::PermissionDenied, what.into())
+}
+
+impl Cluster {
+    /// Starts this node's end of the cluster on `listener` (bound to `[cluster] listen`):
+    /// accepts peers and dials the ones with a higher id. Call inside the tokio runtime.
+    pub fn start(
+        settings: ClusterSettings,
+        listener: std::net::TcpListener,
+    ) -> std::io::Result<Arc<Cluster>> {
+        listener.set_nonblocking(true)?;
+        let listener = TcpListener::from_std(listener)?;
+        let (stop, _) = watch::channel(false);
+        let (attached, _) = watch::channel(0);
+        let c = Arc::new(Cluster {
+            settings,
+            conns: Mutex::new(HashMap::new()),
+            attached,
+            groups: Mutex::new(HashMap::new()),
+            joining: Mutex::new(HashSet::new()),
+            leaving: Mutex::new(HashSet::new()),
+            host: OnceLock::new(),
+            stop,
+        });
+        info!(
+            node = c.settings.node_id,
+            listen = ?listener.local_addr().ok(),
+            nodes = c.settings.nodes.len(),
+            "cluster transport started"
+        );
+        tokio::spawn(c.clone().accept_loop(listener));
+        let me = c.settings.node_id;
+        for (&id, addr) in &c.settings.nodes {
+            if id > me {
+                tokio::spawn(c.clone().dial_loop(id, addr.clone()));
+            }
+        }
+        Ok(c)
+    }
+
+    /// This node's id.
+    pub fn node_id(&self) -> NodeId {
+        self.settings.node_id
+    }
+
+    /// Every node of the cluster (id -> inter-node address), this one included.
+    pub fn nodes(&self) -> &BTreeMap<NodeId, String> {
+        &self.settings.nodes
+    }
+
+    /// Sets what serves member requests (once; later calls are ignored).
+    pub fn set_host(&self, host: Arc<dyn MemberHost>) {
+        let _ = self.host.set(host);
+    }
+
+    /// The peers connected now.
+    pub fn connected(&self) -> Vec<NodeId> {
+        let mut v: Vec<NodeId> = self.conns.lock().keys().copied().collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Stops accepting and dialing and closes every connection.
+    pub fn shutdown(&self) {
+        self.stop.send_replace(true);
+        let conns: Vec<Arc<Conn>> = self.conns.lock().drain().map(|(_, c)| c).collect();
+        for c in conns {
+            c.close();
+        }
+    }
+
+    pub(crate) fn register_group(&self, key: &str, raft: Raft<TypeConfig>) {
+        self.groups.lock().insert(key.to_string(), raft);
+    }
+
+    pub(crate) fn unregister_group(&self, key: &str) {
+        self.groups.lock().remove(key);
+    }
+
+    /// Whether group `key` is being started here at another node's request (taken once).
+    pub(crate) fn take_joining(&self, key: &str) -> bool {
+        self.joining.lock().remove(key)
+    }
+
+    /// Whether group `key` is being deleted here at another node's request.
+    pub(crate) fn is_leaving(&self, key: &str) -> bool {
+        self.leaving.lock().contains(key)
+    }
+
+    async fn accept_loop(self: Arc<Self>, listener: TcpListener) {
+        let mut stop = self.stop.subscribe();
+        loop {
+            let (sock, addr) = tokio::select! {
+                r = listener.accept() => match r {
+                    Ok(x) => x,
+                    Err(e) => {
+                        warn!(error = %e, "cluster accept failed");
+                        tokio::time::sleep(BACKOFF_MIN).await;
+                        continue;
+                    }
+                },
+                _ = stopped(&mut stop) => return,
+            };
+            let me = self.clone();
+            tokio::spawn(async move {
+                match tokio::time::timeout(HANDSHAKE_TIMEOUT, me.accept_handshake(sock)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => warn!(peer = %addr, error = %e, "cluster connection refused"),
+                    Err(_) => warn!(peer = %addr, "cluster handshake timed out"),
+                }
+            });
+        }
+    }
+
+    async fn accept_handshake(self: Arc<Self>, mut sock: TcpStream) -> std::io::Result<()> {
+        let _ = sock.set_nodelay(true);
+        let me = self.settings.node_id;
+        let Handshake::Hello {
+            node: peer,
+            target,
+            nonce: peer_nonce,
+        } = read_frame(&mut sock, MAX_HANDSHAKE_FRAME).await?
+        else {
+            return Err(bad("expected hello"));
+        };
+        if target != me {
+            return Err(bad(format!(
+                "node {peer} wanted node {target}, this is node {me}"
+            )));
+        }
+        if peer == me || !self.settings.nodes.contains_key(&peer) {
+            return Err(bad(format!("node {peer} is not in the seed list")));
+        }
+        let nonce: [u8; 32] = rand::random();
+        let mac = handshake_mac(
+            &self.settings.secret,
+            b" accept",
+            peer,
+            me,
+            &peer_nonce,
+            &nonce,
+        )
+        .finalize()
+        .into_bytes()
+        .to_vec();
+        write_frame(
+            &mut sock,
+            &Handshake::Challenge {
+                node: me,
+                nonce,
+                mac,
+            },
+        )
+        .await?;
+        let Handshake::Proof { mac } = read_frame(&mut sock, MAX_HANDSHAKE_FRAME).await? else {
+            return Err(bad("expected proof"));
+        };
+        handshake_mac(
+            &self.settings.secret,
+            b" dial",
+            peer,
+            me,
+            &peer_nonce,
+            &nonce,
+        )
+        .verify_slice(&mac)
+        .map_err(|_| bad(format!("node {peer} does not know the cluster secret")))?;
+        write_frame(&mut sock, &Handshake::Welcome).await?;
+        self.attach(peer, sock);
+        Ok(())
+    }
+
+    async fn dial_handshake(
+        self: &Arc<Self>,
+        peer: NodeId,
+        addr: &str,
+    ) -> std::io::Result<TcpStream> {
+        let mut sock = TcpStream::connect(addr).await?;
+        let _ = sock.set_nodelay(true);
+        let me = self.settings.node_id;
+        let nonce: [u8; 32] = rand::random();
+        write_frame(
+            &mut sock,
+            &Handshake::Hello {
+                node: me,
+                target: peer,
+                nonce,
+            },
+        )
+        .await?;
+        let Handshake::Challenge {
+            node,
+            nonce: peer_nonce,
+            mac,
+        } = read_frame(&mut sock, MAX_HANDSHAKE_FRAME).await?
+        else {
+            return Err(bad("expected challenge"));
+        };
+        if node != peer {
+            return Err(bad(format!("{addr} is node {node}, not node {peer}")));
+        }
+        handshake_mac(
+            &self.settings.secret,
+            b" accept",
+            me,
+            peer,
+            &nonce,
+            &peer_nonce,
+        )
+        .verify_slice(&mac)
+        .map_err(|_| bad(format!("node {peer} does not know the cluster secret")))?;
+        let mac = handshake_mac(
+            &self.settings.secret,
+            b" dial",
+            me,
+            peer,
+            &nonce,
+            &peer_nonce,
+        )
+        .finalize()
+        .into_bytes()
+        .to_vec();
+        write_frame(&mut sock, &Handshake::Proof { mac }).await?;
+        let Handshake::Welcome = read_frame(&mut sock, MAX_HANDSHAKE_FRAME).await? else {
+            return Err(bad("expected welcome"));
+        };
+        Ok(sock)
+    }
+
+    async fn dial_loop(self: Arc<Self>, peer: NodeId, addr: String) {
+        let mut stop = self.stop.subscribe();
+        let mut backoff = BACKOFF_MIN;
+        let mut failures = 0u32;
+        loop {
+            if *stop.borrow() {
+                return;
+            }
+            let r = tokio::time::timeout(HANDSHAKE_TIMEOUT, self.dial_handshake(peer, &addr)).await;
+            match r {
+                Ok(Ok(sock)) => {
+                    if failures > 0 {
+                        info!(peer, addr = %addr, "cluster node connected");
+                    }
+                    failures = 0;
+                    backoff = BACKOFF_MIN;
+                    let conn = self.attach(peer, sock);
+                    let mut closed = conn.closed.subscribe();
+                    tokio::select! {
+                        _ = stopped(&mut closed) => {}
+                        _ = stopped(&mut stop) => return,
+                    }
+                    info!(peer, "cluster connection lost; redialing");
+                }
+                Ok(Err(e)) => {
+                    failures += 1;
+                    // The first failure and then every 20th, so that a node that is down
+                    // does not flood the log.
+                    if failures % 20 == 1 {
+                        debug!(peer, addr = %addr, error = %e, "cannot reach cluster node");
+                    }
+                    if e.kind() == std::io::ErrorKind::PermissionDenied {
+                        warn!(peer, addr = %addr, error = %e, "cluster node refused");
+                    }
+                }
+                Err(_) => {
+                    failures += 1;
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(backoff) => {}
+                _ = stopped(&mut stop) => return,
+            }
+            backoff = (backoff * 2).min(BACKOFF_MAX);
+        }
+    }
+
+    /// Makes `sock` the connection to `peer` (closing an older one) and starts its tasks.
+    fn attach(self: &Arc<Self>, peer: NodeId, sock: TcpStream) -> Arc<Conn> {
+        let (rd, wr) = sock.into_split();
+        let (out, rx) = mpsc::unbounded_channel();
+        let (closed, _) = watch::channel(false);
+        let conn = Arc::new(Conn {
+            peer,
+            out,
+            pending: Mutex::new(HashMap::new()),
+            next: AtomicU64::new(1),
+            closed,
+            tasks: Mutex::new(Vec::new()),
+        });
+        let writer = tokio::spawn(Self::write_loop(wr, rx, conn.clone(), self.clone()));
+        let reader = tokio::spawn(self.clone().read_loop(rd, conn.clone()));
+        conn.tasks
+            .lock()
+            .extend([writer.abort_handle(), reader.abort_handle()]);
+        if let Some(old) = self.conns.lock().insert(peer, conn.clone()) {
+            old.close();
+        }
+        self.attached.send_modify(|n| *n += 1);
+        debug!(peer, "cluster connection up");
+        conn
+    }
+
+    fn detach(&self, conn: &Arc<Conn>) {
+        {
+            let mut conns = self.conns.lock();
+            if conns.get(&conn.peer).is_some_and(|c| Arc::ptr_eq(c, conn)) {
+                conns.remove(&conn.peer);
+            }
+        }
+        conn.close();
+    }
+
+    async fn write_loop(
+        wr: tokio::net::tcp::OwnedWriteHalf,
+        mut rx: mpsc::UnboundedReceiver<Bytes>,
+        conn: Arc<Conn>,
+        cluster: Arc<Cluster>,
+    ) {
+        let mut w = BufWriter::with_capacity(64 * 1024, wr);
+        let ping = encode_frame(&Wire::Ping, MAX_FRAME).expect("a ping encodes");
+        let mut tick = tokio::time::interval(PING_EVERY);
+        loop {
+            let f = tokio::select! {
+                f = rx.recv() => match f {
+                    Some(f) => f,
+                    None => break,
+                },
+                _ = tick.tick() => ping.clone(),
+            };
+            if w.write_all(&f).await.is_err() {
+                break;
+            }
+            if rx.is_empty() && w.flush().await.is_err() {
+                break;
+            }
+        }
+        cluster.detach(&conn);
+    }
+
+    async fn read_loop(self: Arc<Self>, rd: tokio::net::tcp::OwnedReadHalf, conn: Arc<Conn>) {
+        let mut r = tokio::io::BufReader::with_capacity(64 * 1024, rd);
+        loop {
+            let read = tokio::time::timeout(IDLE_LIMIT, read_frame(&mut r, MAX_FRAME)).await;
+            let frame: Wire = match read.unwrap_or_else(|_| {
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "nothing received for 10 s",
+                ))
+            }) {
+                Ok(f) => f,
+                Err(e) => {
+                    if e.kind() != std::io::ErrorKind::UnexpectedEof {
+                        debug!(peer = conn.peer, error = %e, "cluster connection closed");
+                    }
+                    break;
+                }
+            };
+            match frame {
+                Wire::Ping => {}
+                Wire::Response { id, body } => {
+                    if let Some(tx) = conn.pending.lock().remove(&id) {
+                        let _ = tx.send(body);
+                    }
+                }
+                Wire::Request {
+                    id,
+                    body: Request::Propose { group, batch },
+                } => {
+                    // Handed to Raft here, in the order they arrived; answered once applied.
+                    let proposed = match self.group(&group) {
+                        None => Err(Response::NoGroup),
+                        Some(r) => r
+                            .client_write_ff(batch)
+                            .await
+                            .map_err(|e| Response::Proposed(Err(e.to_string()))),
+                    };
+                    let conn = conn.clone();
+                    tokio::spawn(async move {
+                        let body = match proposed {
+                            Ok(rx) => match rx.await {
+                                Ok(Ok(_)) => Response::Proposed(Ok(())),
+                                Ok(Err(e)) => Response::Proposed(Err(e.to_string())),
+                                Err(e) => Response::Proposed(Err(e.to_string())),
+                            },
+                            Err(b) => b,
+                        };
+                        conn.answer(id, body);
+                    });
+                }
+                Wire::Request { id, body } => {
+                    let me = self.clone();
+                    let conn = conn.clone();
+                    tokio::spawn(async move {
+                        let body = me.serve(body).await;
+                        conn.answer(id, body);
+                    });
+                }
+            }
+        }
+        self.detach(&conn);
+    }
+
+    fn group(&self, key: &str) -> Option<Raft<TypeConfig>> {
+        self.groups.lock().get(key).cloned()
+    }
+
+    /// Answers a request from another node.
+    async fn serve(self: Arc<Self>, req: Request) -> Response {
+        match req {
+            Request::AppendEntries { group, rpc } => match self.group(&group) {
+                Some(r) => Response::AppendEntries(r.append_entries(rpc).await),
+                None => Response::NoGroup,
+            },
+            Request::Vote { group, rpc } => match self.group(&group) {
+                Some(r) => Response::Vote(r.vote(rpc).await),
+                None => Response::NoGroup,
+            },
+            Request::InstallSnapshot { group, rpc } => match self.group(&group) {
+                Some(r) => Response::InstallSnapshot(r.install_snapshot(rpc).await),
+                None => Response::NoGroup,
+            },
+            Request::StartMember {
+                vhost,
+                name,
+                arguments,
+            } => {
+                let Some(host) = self.host.get().cloned() else {
+                    return Response::Started(Err("the node is starting".into()));
+                };
+                let mut dec = warren_amqp::table::Decoder::new(&arguments);
+                let arguments = match warren_amqp::table::decode_table(
+                    &mut dec,
+                    warren_amqp::table::DEFAULT_MAX_TABLE_DEPTH,
+                ) {
+                    Ok(t) => t,
+                    Err(e) => return Response::Started(Err(format!("bad arguments: {e}"))),
+                };
+                let key = crate::node::group_key(&vhost, &name);
+                self.joining.lock().insert(key.clone());
+                let r = tokio::task::spawn_blocking(move || {
+                    host.start_member(&vhost, &name, arguments)
+                })
+                .await
+                .unwrap_or_else(|e| Err(e.to_string()));
+                self.joining.lock().remove(&key);
+                Response::Started(r)
+            }
+            Request::Propose { .. } => Response::Proposed(Err("not proposed".into())),
+            Request::DeleteMember { vhost, name } => {
+                let Some(host) = self.host.get().cloned() else {
+                    return Response::Done(Err("the node is starting".into()));
+                };
+                let key = crate::node::group_key(&vhost, &name);
+                self.leaving.lock().insert(key.clone());
+                let r = tokio::task::spawn_blocking(move || host.delete_member(&vhost, &name))
+                    .await
+                    .unwrap_or_else(|e| Err(e.to_string()));
+                self.leaving.lock().remove(&key);
+                Response::Done(r)
+            }
+        }
+    }
+
+    /// Sends `req` to `peer` and waits for the answer, at most `timeout` (which includes
+    /// waiting up to `connect_wait` for a connection to the peer).
+    ///
+    /// Errors: [`CallError`].
+    pub async fn call(
+        &self,
+        peer: NodeId,
+        req: Request,
+        connect_wait: Duration,
+        timeout: Duration,
+    ) -> Result<Response, CallError> {
+        let work = async {
+            let conn = self.connection(peer, connect_wait).await?;
+            let id = conn.next.fetch_add(1, Ordering::Relaxed);
+            let frame =
+                encode_frame(&Wire::Request { id, body: req }, MAX_FRAME).map_err(|e| match e {
+                    FrameError::TooLarge(n) => CallError::TooLarge(peer, n),
+                    FrameError::Encode(e) => CallError::Encode(peer, e),
+                })?;
+            let (tx, rx) = oneshot::channel();
+            conn.pending.lock().insert(id, tx);
+            if *conn.closed.borrow() || conn.out.send(frame).is_err() {
+                conn.pending.lock().remove(&id);
+                return Err(CallError::Unreachable(peer));
+            }
+            let _forget = Forget(&conn, id);
+            rx.await.map_err(|_| CallError::Unreachable(peer))
+        };
+        match tokio::time::timeout(timeout, work).await {
+            Ok(r) => r,
+            Err(_) => Err(CallError::Timeout(peer)),
+        }
+    }
+
+    /// Sends `req` to `peer` now, if connected: requests sent this way reach the peer in
+    /// the order of the calls. The answer is awaited with [`PendingCall::wait`].
+    ///
+    /// Errors: [`CallError::Unreachable`] (no connection), [`CallError::Encode`].
+    pub fn send_now(&self, peer: NodeId, req: Request) -> Result<PendingCall, CallError> {
+        let conn = self
+            .conns
+            .lock()
+            .get(&peer)
+            .cloned()
+            .ok_or(CallError::Unreachable(peer))?;
+        let id = conn.next.fetch_add(1, Ordering::Relaxed);
+        let frame =
+            encode_frame(&Wire::Request { id, body: req }, MAX_FRAME).map_err(|e| match e {
+                FrameError::TooLarge(n) => CallError::TooLarge(peer, n),
+                FrameError::Encode(e) => CallError::Encode(peer, e),
+            })?;
+        let (tx, rx) = oneshot::channel();
+        conn.pending.lock().insert(id, tx);
+        if *conn.closed.borrow() || conn.out.send(frame).is_err() {
+            conn.pending.lock().remove(&id);
+            return Err(CallError::Unreachable(peer));
+        }
+        Ok(PendingCall { conn, id, rx })
+    }
+
+    async fn connection(&self, peer: NodeId, wait: Duration) -> Result<Arc<Conn>, CallError> {
+        let mut attached = self.attached.subscribe();
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            if let Some(c) = self.conns.lock().get(&peer).cloned() {
+                return Ok(c);
+            }
+            if tokio::time::timeout_at(deadline, attached.changed())
+                .await
+                .map_or(true, |r| r.is_err())
+            {
+                return Err(CallError::Unreachable(peer));
+            }
+        }
+    }
+}
+
+/// A request sent with [`Cluster::send_now`], its answer to come.
+pub struct PendingCall {
+    conn: Arc<Conn>,
+    id: u64,
+    rx: oneshot::Receiver<Response>,
+}
+
+impl PendingCall {
+    /// The answer, waited for at most `timeout`.
+    ///
+    /// Errors: [`CallError::Unreachable`] (the connection dropped), [`CallError::Timeout`].
+    pub async fn wait(mut self, timeout: Duration) -> Result<Response, CallError> {
+        let peer = self.conn.peer;
+        match tokio::time::timeout(timeout, &mut self.rx).await {
+            Ok(Ok(r)) => Ok(r),
+            Ok(Err(_)) => Err(CallError::Unreachable(peer)),
+            Err(_) => Err(CallError::Timeout(peer)),
+        }
+    }
+}
+
+impl Drop for PendingCall {
+    fn drop(&mut self) {
+        self.conn.pending.lock().remove(&self.id);
+    }
+}
+
+/// Returns once the flag behind `rx` is set (or its sender is gone).
+async fn stopped(rx: &mut watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await;
+}
+
+/// Forgets a pending call whose caller gave up (timeout, cancellation).
+struct Forget<'a>(&'a Arc<Conn>, u64);
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        self.0.pending.lock().remove(&self.1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn macs_bind_roles_ids_and_nonces() {
+        let (a, b) = ([1u8; 32], [2u8; 32]);
+        let m = |s: &[u8], role: &[u8], x: u64, y: u64, n1: &[u8; 32], n2: &[u8; 32]| {
+            handshake_mac(s, role, x, y, n1, n2)
+                .finalize()
+                .into_bytes()
+                .to_vec()
+        };
+        let base = m(b"secret", b" accept", 1, 2, &a, &b);
+        assert!(handshake_mac(b"secret", b" accept", 1, 2, &a, &b)
+            .verify_slice(&base)
+            .is_ok());
+        for other in [
+            m(b"secreT", b" accept", 1, 2, &a, &b),
+            m(b"secret", b" dial", 1, 2, &a, &b),
+            m(b"secret", b" accept", 2, 1, &a, &b),
+            m(b"secret", b" accept", 1, 2, &b, &a),
+        ] {
+            assert_ne!(other, base);
+        }
+    }
+}

@@ -1,0 +1,552 @@
+//! A quorum queue replicated over a cluster of three `warren` processes on 127.0.0.1: the
+//! queue declared on node 1 gets members on nodes 2 and 3, publishes confirmed by node 1 are
+//! on a majority, and after node 1 is killed (SIGKILL) the other two elect a leader and a
+//! consumer gets every confirmed message. A member that was down catches up when it comes
+//! back, a leader paused (SIGSTOP) past the election timeout rejoins as a follower with the
+//! new leader's state, a publish on a member that does not lead is forwarded to the leader,
+//! a queue deleted on one node is deleted on its other members, and confirmed messages survive
+//! a kill -9 of every node.
+
+mod binary_support;
+
+use binary_support::{free_port, persistent, tempdir, within, Server};
+use futures_util::StreamExt;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
+    ConfirmSelectOptions, QueueDeclareOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, LongString};
+use std::collections::HashSet;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+const N: usize = 300;
+
+fn quorum_args() -> FieldTable {
+    let mut t = FieldTable::default();
+    t.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString(LongString::from("quorum")),
+    );
+    t
+}
+
+/// Starts node `id` of the cluster whose nodes listen (inter-node) on `ports`.
+fn start_node(id: usize, ports: &[u16], secret: &Path, root: &Path) -> Server {
+    let seeds: Vec<String> = ports
+        .iter()
+        .enumerate()
+        .map(|(i, p)| format!("{}@127.0.0.1:{p}", i + 1))
+        .collect();
+    let data = root.join(format!("node{id}"));
+    std::fs::create_dir_all(&data).unwrap();
+    let listen = format!("127.0.0.1:{}", ports[id - 1]);
+    let id_s = id.to_string();
+    let seeds = seeds.join(",");
+    let secret = secret.to_string_lossy().into_owned();
+    Server::start(
+        &data,
+        &[
+            ("WARREN_CLUSTER_NODE_ID", id_s.as_str()),
+            ("WARREN_CLUSTER_LISTEN", listen.as_str()),
+            ("WARREN_CLUSTER_SEED_NODES", seeds.as_str()),
+            ("WARREN_CLUSTER_SECRET_FILE", secret.as_str()),
+        ],
+    )
+}
+
+/// Waits (bounded) until `server` has queue `q`: its member is started asynchronously after
+/// the declare on another node.
+async fn wait_for_member(server: &Server, q: &str) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let conn = server.connect().await;
+        let ch = conn.create_channel().await.expect("channel");
+        let passive = ch
+            .queue_declare(
+                q.into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    durable: true,
+                    ..Default::default()
+                },
+                quorum_args(),
+            )
+            .await;
+        let _ = conn.close(200, "bye".into()).await;
+        if passive.is_ok() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node on port {} never got a member of {q}",
+            server.port
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_killed_no_confirmed_message_lost() {
+    let root = tempdir("quorum-cluster");
+    let secret = root.join("secret");
+    std::fs::write(&secret, "a-test-cluster-secret-of-some-length\n").unwrap();
+    let ports = [free_port(), free_port(), free_port()];
+    let node1 = start_node(1, &ports, &secret, &root);
+    let node2 = start_node(2, &ports, &secret, &root);
+    let node3 = start_node(3, &ports, &secret, &root);
+
+    // Declared on node 1, which initializes the group and leads it.
+    let conn = node1.connect().await;
+    let ch = conn.create_channel().await.expect("channel");
+    within(
+        "queue.declare",
+        ch.queue_declare(
+            "qc".into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            quorum_args(),
+        ),
+    )
+    .await
+    .expect("quorum queue declared");
+    wait_for_member(&node2, "qc").await;
+    wait_for_member(&node3, "qc").await;
+
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirm.select");
+    let mut confirms = Vec::new();
+    for i in 0..N {
+        let pc = ch
+            .basic_publish(
+                "".into(),
+                "qc".into(),
+                BasicPublishOptions::default(),
+                format!("m{i}").as_bytes(),
+                persistent(),
+            )
+            .await
+            .expect("publish");
+        confirms.push(pc);
+    }
+    for (i, pc) in confirms.into_iter().enumerate() {
+        let c = within("confirm", pc).await.expect("confirm");
+        assert!(c.is_ack(), "publish {i} was not confirmed");
+    }
+
+    // The leader's node dies.
+    drop(ch);
+    drop(conn);
+    node1.kill();
+
+    // Consumers on both survivors; whichever becomes leader delivers.
+    let mut got: HashSet<String> = HashSet::new();
+    let mut streams = Vec::new();
+    let mut conns = Vec::new();
+    for (i, node) in [&node2, &node3].into_iter().enumerate() {
+        let c = node.connect().await;
+        let ch = c.create_channel().await.expect("channel");
+        ch.basic_qos(100, BasicQosOptions::default())
+            .await
+            .expect("qos");
+        let consumer = ch
+            .basic_consume(
+                "qc".into(),
+                format!("c{i}").as_str().into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("basic.consume on a member");
+        streams.push(consumer);
+        conns.push((c, ch));
+    }
+    let mut merged = futures_util::stream::select_all(streams);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(25);
+    while got.len() < N {
+        let next = tokio::time::timeout_at(deadline, merged.next()).await;
+        let delivery = match next {
+            Ok(Some(Ok(d))) => d,
+            Ok(other) => panic!("consumer ended: {other:?}"),
+            Err(_) => panic!(
+                "only {} of {N} confirmed messages consumed after the leader died",
+                got.len()
+            ),
+        };
+        got.insert(String::from_utf8(delivery.data.clone()).unwrap());
+        delivery.ack(BasicAckOptions::default()).await.expect("ack");
+    }
+    for i in 0..N {
+        assert!(got.contains(&format!("m{i}")), "m{i} lost");
+    }
+    drop(merged);
+    for (c, _) in conns {
+        let _ = c.close(200, "bye".into()).await;
+    }
+    drop(node2);
+    drop(node3);
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// The message count node `server` reports for `q` (its member's applied state), or None
+/// when the queue is not there.
+async fn count_on(server: &Server, q: &str) -> Option<u32> {
+    let conn = server.connect().await;
+    let ch = conn.create_channel().await.expect("channel");
+    let r = ch
+        .queue_declare(
+            q.into(),
+            QueueDeclareOptions {
+                passive: true,
+                durable: true,
+                ..Default::default()
+            },
+            quorum_args(),
+        )
+        .await;
+    let _ = conn.close(200, "bye".into()).await;
+    r.ok().map(|q| q.message_count())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn member_catches_up_and_delete_reaches_members() {
+    let root = tempdir("quorum-cluster-catchup");
+    let secret = root.join("secret");
+    std::fs::write(&secret, "another-test-cluster-secret\n").unwrap();
+    let ports = [free_port(), free_port(), free_port()];
+    let node1 = start_node(1, &ports, &secret, &root);
+    let node2 = start_node(2, &ports, &secret, &root);
+    let node3 = start_node(3, &ports, &secret, &root);
+    let conn = node1.connect().await;
+    let ch = conn.create_channel().await.expect("channel");
+    within(
+        "queue.declare",
+        ch.queue_declare(
+            "qm".into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            quorum_args(),
+        ),
+    )
+    .await
+    .expect("quorum queue declared");
+    wait_for_member(&node2, "qm").await;
+    wait_for_member(&node3, "qm").await;
+
+    // Node 3 is down while the others commit N publishes (a majority of two).
+    node3.kill();
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirm.select");
+    let mut confirms = Vec::new();
+    for i in 0..N {
+        confirms.push(
+            ch.basic_publish(
+                "".into(),
+                "qm".into(),
+                BasicPublishOptions::default(),
+                format!("m{i}").as_bytes(),
+                persistent(),
+            )
+            .await
+            .expect("publish"),
+        );
+    }
+    for pc in confirms {
+        assert!(within("confirm", pc).await.expect("confirm").is_ack());
+    }
+
+    // Back, it gets what it missed.
+    let node3 = start_node(3, &ports, &secret, &root);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let n = count_on(&node3, "qm").await;
+        if n == Some(N as u32) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node 3 has {n:?} of {N} messages after coming back"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Published on node 3, which does not lead: forwarded to the leader, confirmed once
+    // applied there, consumed on node 1.
+    let conn3 = node3.connect().await;
+    let ch3 = conn3.create_channel().await.expect("channel");
+    ch3.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirm.select");
+    let mut confirms = Vec::new();
+    for i in 0..50 {
+        confirms.push(
+            ch3.basic_publish(
+                "".into(),
+                "qm".into(),
+                BasicPublishOptions::default(),
+                format!("from3-{i}").as_bytes(),
+                persistent(),
+            )
+            .await
+            .expect("publish"),
+        );
+    }
+    for pc in confirms {
+        assert!(within("confirm", pc).await.expect("confirm").is_ack());
+    }
+    let _ = conn3.close(200, "bye".into()).await;
+    let cch = conn.create_channel().await.expect("channel");
+    let mut consumer = cch
+        .basic_consume(
+            "qm".into(),
+            "c".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("basic.consume on the leader");
+    let mut seen = HashSet::new();
+    while seen.len() < N + 50 {
+        let d = within("delivery", consumer.next())
+            .await
+            .expect("delivery")
+            .expect("delivery");
+        seen.insert(String::from_utf8(d.data.clone()).unwrap());
+        d.ack(BasicAckOptions::default()).await.expect("ack");
+    }
+    assert!((0..50).all(|i| seen.contains(&format!("from3-{i}"))));
+
+    // Deleted on node 1, gone from every member.
+    within(
+        "queue.delete",
+        ch.queue_delete("qm".into(), Default::default()),
+    )
+    .await
+    .expect("queue.delete");
+    for node in [&node2, &node3] {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while count_on(node, "qm").await.is_some() {
+            assert!(
+                Instant::now() < deadline,
+                "queue still on node at port {}",
+                node.port
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let _ = conn.close(200, "bye".into()).await;
+    drop((node1, node2, node3));
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// Publishes `bodies` on `ch` (confirms on) and asserts that every one is confirmed.
+async fn publish_confirmed(ch: &lapin::Channel, q: &str, bodies: impl Iterator<Item = String>) {
+    let mut confirms = Vec::new();
+    for b in bodies {
+        confirms.push(
+            ch.basic_publish(
+                "".into(),
+                q.into(),
+                BasicPublishOptions::default(),
+                b.as_bytes(),
+                persistent(),
+            )
+            .await
+            .expect("publish"),
+        );
+    }
+    for pc in confirms {
+        assert!(within("confirm", pc).await.expect("confirm").is_ack());
+    }
+}
+
+/// Consumes (and acks) from `merged` until `got` holds `want` distinct bodies (bounded).
+async fn take(
+    merged: &mut futures_util::stream::SelectAll<lapin::Consumer>,
+    got: &mut HashSet<String>,
+    want: usize,
+) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while got.len() < want {
+        let d = match tokio::time::timeout_at(deadline, merged.next()).await {
+            Ok(Some(Ok(d))) => d,
+            Ok(other) => panic!("consumer ended: {other:?}"),
+            Err(_) => panic!("{} of {want} messages consumed", got.len()),
+        };
+        got.insert(String::from_utf8(d.data.clone()).unwrap());
+        d.ack(BasicAckOptions::default()).await.expect("ack");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_leader_rejoins_as_follower() {
+    let root = tempdir("quorum-cluster-pause");
+    let secret = root.join("secret");
+    std::fs::write(&secret, "paused-leader-cluster-secret\n").unwrap();
+    let ports = [free_port(), free_port(), free_port()];
+    let node1 = start_node(1, &ports, &secret, &root);
+    let node2 = start_node(2, &ports, &secret, &root);
+    let node3 = start_node(3, &ports, &secret, &root);
+    let conn1 = node1.connect().await;
+    let ch1 = conn1.create_channel().await.expect("channel");
+    within(
+        "queue.declare",
+        ch1.queue_declare(
+            "qp".into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            quorum_args(),
+        ),
+    )
+    .await
+    .expect("quorum queue declared");
+    wait_for_member(&node2, "qp").await;
+    wait_for_member(&node3, "qp").await;
+    ch1.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirm.select");
+    publish_confirmed(&ch1, "qp", (0..N).map(|i| format!("m{i}"))).await;
+
+    // The leader stops answering for longer than the election timeout.
+    node1.signal(libc::SIGSTOP);
+    let mut streams = Vec::new();
+    let mut conns = Vec::new();
+    for (i, node) in [&node2, &node3].into_iter().enumerate() {
+        let c = node.connect().await;
+        let ch = c.create_channel().await.expect("channel");
+        ch.basic_qos(100, BasicQosOptions::default())
+            .await
+            .expect("qos");
+        streams.push(
+            ch.basic_consume(
+                "qp".into(),
+                format!("c{i}").as_str().into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("basic.consume"),
+        );
+        conns.push((c, ch));
+    }
+    let mut merged = futures_util::stream::select_all(streams);
+    let mut got: HashSet<String> = HashSet::new();
+    take(&mut merged, &mut got, N).await;
+    // Published on node 2 meanwhile: reaches the new leader, wherever it is.
+    let (_, ch2) = &conns[0];
+    ch2.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirm.select");
+    publish_confirmed(ch2, "qp", (0..20).map(|i| format!("p{i}"))).await;
+    take(&mut merged, &mut got, N + 20).await;
+
+    // Resumed, node 1 follows the new leader: its member converges to the empty queue.
+    node1.signal(libc::SIGCONT);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let n = count_on(&node1, "qp").await;
+        if n == Some(0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node 1 still reports {n:?} messages"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // And what is published on it now goes to the leader's consumers.
+    let conn1 = node1.connect().await;
+    let ch1 = conn1.create_channel().await.expect("channel");
+    ch1.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirm.select");
+    publish_confirmed(&ch1, "qp", (0..10).map(|i| format!("r{i}"))).await;
+    take(&mut merged, &mut got, N + 30).await;
+    drop(merged);
+    for (c, _) in conns {
+        let _ = c.close(200, "bye".into()).await;
+    }
+    drop((node1, node2, node3));
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_cluster_killed_and_restarted() {
+    let root = tempdir("quorum-cluster-restart");
+    let secret = root.join("secret");
+    std::fs::write(&secret, "restarted-cluster-secret-1234\n").unwrap();
+    let ports = [free_port(), free_port(), free_port()];
+    let node1 = start_node(1, &ports, &secret, &root);
+    let node2 = start_node(2, &ports, &secret, &root);
+    let node3 = start_node(3, &ports, &secret, &root);
+    let conn = node1.connect().await;
+    let ch = conn.create_channel().await.expect("channel");
+    within(
+        "queue.declare",
+        ch.queue_declare(
+            "qr".into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            quorum_args(),
+        ),
+    )
+    .await
+    .expect("quorum queue declared");
+    wait_for_member(&node2, "qr").await;
+    wait_for_member(&node3, "qr").await;
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirm.select");
+    publish_confirmed(&ch, "qr", (0..N).map(|i| format!("m{i}"))).await;
+    drop(ch);
+    drop(conn);
+    node1.kill();
+    node2.kill();
+    node3.kill();
+
+    // Back from their data directories, the members elect a leader among themselves.
+    let nodes = [
+        start_node(1, &ports, &secret, &root),
+        start_node(2, &ports, &secret, &root),
+        start_node(3, &ports, &secret, &root),
+    ];
+    let mut streams = Vec::new();
+    let mut conns = Vec::new();
+    for (i, node) in nodes.iter().enumerate() {
+        let c = node.connect().await;
+        let ch = c.create_channel().await.expect("channel");
+        ch.basic_qos(100, BasicQosOptions::default())
+            .await
+            .expect("qos");
+        streams.push(
+            ch.basic_consume(
+                "qr".into(),
+                format!("c{i}").as_str().into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("basic.consume after the restart"),
+        );
+        conns.push((c, ch));
+    }
+    let mut merged = futures_util::stream::select_all(streams);
+    let mut got = HashSet::new();
+    take(&mut merged, &mut got, N).await;
+    drop(merged);
+    for (c, _) in conns {
+        let _ = c.close(200, "bye".into()).await;
+    }
+    drop(nodes);
+    let _ = std::fs::remove_dir_all(&root);
+}
