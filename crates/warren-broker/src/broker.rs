@@ -159,14 +159,18 @@ impl Broker {
             access_restored,
             queue_kinds: RwLock::new(kinds),
         };
+        let mut snapshots = Vec::with_capacity(definitions.len());
         for (defs, size) in definitions {
             let vh = b.add_vhost(get_str(&defs, "name"));
-            vh.load_definitions(&defs);
             let generation = defs.get("log_generation").and_then(|v| v.as_i64());
             vh.set_log_start(generation.unwrap_or(0).max(0) as u64, size);
+            snapshots.push((vh, defs));
         }
         // The changes since each snapshot, from its generation on; older logs were compacted
-        // into it (a crash came between the snapshot's rename and their removal).
+        // into it (a crash came between the snapshot's rename and their removal). All are
+        // read before anything is built, so that a queue removed later in the replay is never
+        // built (`VHost::expect_removes`).
+        let mut logs = Vec::new();
         for (vhost, generation, path) in persist.log_files() {
             let vh = b.add_vhost(&vhost);
             if generation < vh.log_generation() {
@@ -181,6 +185,13 @@ impl Broker {
                 }
             };
             let bytes = std::fs::metadata(&path).map_or(0, |m| m.len());
+            vh.expect_removes(&records);
+            logs.push((vh, generation, records, bytes));
+        }
+        for (vh, defs) in snapshots {
+            vh.load_definitions(&defs);
+        }
+        for (vh, generation, records, bytes) in logs {
             vh.replay_log(generation, &records, bytes);
         }
         b.add_vhost("/");

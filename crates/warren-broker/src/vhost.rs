@@ -70,6 +70,9 @@ pub struct VHost {
     defs_dirty: std::sync::atomic::AtomicBool,
     /// Where the durable definitions log stands (see [`log`]).
     defs_log: parking_lot::Mutex<log::LogState>,
+    /// Recovery only: how many `RemoveQueue` commands per queue name the replay has still to
+    /// apply (see [`VHost::expect_removes`]). A leaf lock.
+    replay_removes: parking_lot::Mutex<HashMap<String, usize>>,
     /// No retry of a failed save before this instant.
     defs_retry_at: parking_lot::Mutex<Option<std::time::Instant>>,
     /// Messages held by delayed-message exchanges, by due time.
@@ -124,6 +127,7 @@ impl VHost {
             )),
             defs_dirty: std::sync::atomic::AtomicBool::new(false),
             defs_log: parking_lot::Mutex::new(log::LogState::default()),
+            replay_removes: parking_lot::Mutex::new(HashMap::new()),
             defs_retry_at: parking_lot::Mutex::new(None),
             delayed: parking_lot::Mutex::new(delayed::Schedule::default()),
             limits: Arc::default(),

@@ -645,6 +645,20 @@ impl VHost {
         log.bytes = 0;
     }
 
+    /// Recovery, before the snapshot is loaded and any log replayed: notes the queues that
+    /// `records` remove. A queue put (by the snapshot or a record) and removed later in the
+    /// replay is not built at all: building it would start it (a quorum queue's group takes
+    /// its recovered Raft log), and a queue of the same name declared after the removal must
+    /// find that state, not a fresh one.
+    pub(crate) fn expect_removes(&self, records: &[Vec<TopologyCommand>]) {
+        let mut pending = self.replay_removes.lock();
+        for c in records.iter().flatten() {
+            if let TopologyCommand::RemoveQueue { name } = c {
+                *pending.entry(name.clone()).or_default() += 1;
+            }
+        }
+    }
+
     /// Recovery: replays the records of log `generation` (read by [`read_log`]) and continues
     /// appending to it when it is the newest.
     pub(crate) fn replay_log(&self, generation: u64, records: &[Vec<TopologyCommand>], bytes: u64) {
@@ -691,7 +705,9 @@ impl VHost {
                 auto_delete,
                 arguments,
             } => {
-                if !topo.queues.contains_key(name) {
+                // Removed later in the replay: not built (see `expect_removes`).
+                let removed_later = self.replay_removes.lock().get(name).is_some_and(|n| *n > 0);
+                if !removed_later && !topo.queues.contains_key(name) {
                     let queue =
                         self.new_queue(name.clone(), true, None, *auto_delete, arguments.clone());
                     queue.apply_policy(topo.policies.applied(name, Target::Queue(queue.kind())));
@@ -717,6 +733,13 @@ impl VHost {
             }
             TopologyCommand::RemoveQueue { name } => {
                 topo.queues.remove(name);
+                let mut pending = self.replay_removes.lock();
+                if let Some(n) = pending.get_mut(name) {
+                    *n -= 1;
+                    if *n == 0 {
+                        pending.remove(name);
+                    }
+                }
             }
             TopologyCommand::PutPolicy { operator, policy } => {
                 topo.policies
