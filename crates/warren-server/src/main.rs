@@ -104,131 +104,111 @@ impl Args {
     /// The flags that set configuration keys, as overrides of the file and environment.
     fn overrides(&self) -> Vec<Override> {
         let s = |v: &str| toml::Value::String(v.to_string());
-        let mut out = Vec::new();
-        if let Some(a) = &self.amqp_listen {
-            out.push(Override {
-                section: "amqp",
-                key: "listen",
-                value: s(a),
-                flag: "--amqp-listen",
-            });
-        }
-        if let Some(a) = &self.management_listen {
-            out.push(Override {
-                section: "management",
-                key: "listen",
-                value: s(a),
-                flag: "--management-listen",
-            });
-        }
-        if let Some(a) = &self.httpmq_listen {
-            out.push(Override {
-                section: "httpmq",
-                key: "listen",
-                value: s(a),
-                flag: "--httpmq-listen",
-            });
-        }
-        if let Some(d) = &self.data_dir {
-            out.push(Override {
-                section: "storage",
-                key: "data_dir",
-                value: s(&d.to_string_lossy()),
-                flag: "--data-dir",
-            });
-        }
-        if let Some(l) = &self.log_level {
-            out.push(Override {
-                section: "log",
-                key: "level",
-                value: s(l),
-                flag: "--log-level",
-            });
-        }
-        if let Some(ms) = self.consumer_timeout {
-            out.push(Override {
-                section: "amqp",
-                key: "consumer_timeout",
-                value: toml::Value::Integer(i64::try_from(ms).unwrap_or(i64::MAX)),
-                flag: "--consumer-timeout",
-            });
-        }
         let path = |p: &Path| s(&p.to_string_lossy());
+        let int = |n: u64| toml::Value::Integer(i64::try_from(n).unwrap_or(i64::MAX));
         let t = &self.tls;
-        for (key, flag, value) in [
+        [
             (
+                "amqp",
+                "listen",
+                "--amqp-listen",
+                self.amqp_listen.as_deref().map(s),
+            ),
+            (
+                "management",
+                "listen",
+                "--management-listen",
+                self.management_listen.as_deref().map(s),
+            ),
+            (
+                "httpmq",
+                "listen",
+                "--httpmq-listen",
+                self.httpmq_listen.as_deref().map(s),
+            ),
+            (
+                "storage",
+                "data_dir",
+                "--data-dir",
+                self.data_dir.as_deref().map(path),
+            ),
+            (
+                "log",
+                "level",
+                "--log-level",
+                self.log_level.as_deref().map(s),
+            ),
+            (
+                "amqp",
+                "consumer_timeout",
+                "--consumer-timeout",
+                self.consumer_timeout.map(int),
+            ),
+            (
+                "tls",
                 "listen",
                 "--tls-listen",
                 t.tls_listen.map(|a| s(&a.to_string())),
             ),
             (
+                "tls",
                 "cert_file",
                 "--tls-cert-file",
                 t.tls_cert_file.as_deref().map(path),
             ),
             (
+                "tls",
                 "key_file",
                 "--tls-key-file",
                 t.tls_key_file.as_deref().map(path),
             ),
             (
+                "tls",
                 "ca_file",
                 "--tls-ca-file",
                 t.tls_ca_file.as_deref().map(path),
             ),
-        ] {
-            if let Some(value) = value {
-                out.push(Override {
-                    section: "tls",
-                    key,
-                    value,
-                    flag,
-                });
-            }
-        }
-        if let Some(id) = self.cluster_node_id {
-            out.push(Override {
-                section: "cluster",
-                key: "node_id",
-                value: toml::Value::Integer(i64::try_from(id).unwrap_or(i64::MAX)),
-                flag: "--cluster-node-id",
-            });
-        }
-        for (key, flag, value) in [
             (
+                "cluster",
+                "node_id",
+                "--cluster-node-id",
+                self.cluster_node_id.map(int),
+            ),
+            (
+                "cluster",
                 "listen",
                 "--cluster-listen",
                 self.cluster_listen.as_deref().map(s),
             ),
             (
+                "cluster",
                 "seed_nodes",
                 "--cluster-seed-nodes",
                 self.cluster_seed_nodes.as_deref().map(s),
             ),
             (
+                "cluster",
                 "secret_file",
                 "--cluster-secret-file",
                 self.cluster_secret_file.as_deref().map(path),
             ),
-        ] {
-            if let Some(value) = value {
-                out.push(Override {
-                    section: "cluster",
-                    key,
-                    value,
-                    flag,
-                });
-            }
-        }
-        if let Some(f) = &self.load_definitions {
-            out.push(Override {
-                section: "definitions",
-                key: "load_file",
-                value: path(f),
-                flag: "--load-definitions",
-            });
-        }
-        out
+            (
+                "definitions",
+                "load_file",
+                "--load-definitions",
+                self.load_definitions.as_deref().map(path),
+            ),
+        ]
+        .into_iter()
+        .filter_map(|(section, key, flag, value)| {
+            value.map(|value| Override {
+                section,
+                key,
+                value,
+                flag,
+            })
+        })
+        .collect()
     }
 
     /// The configuration from the file, the environment and the flags.
