@@ -815,20 +815,10 @@ impl Cluster {
     ) -> Result<Response, CallError> {
         let work = async {
             let conn = self.connection(peer, connect_wait).await?;
-            let id = conn.next.fetch_add(1, Ordering::Relaxed);
-            let frame =
-                encode_frame(&Wire::Request { id, body: req }, MAX_FRAME).map_err(|e| match e {
-                    FrameError::TooLarge(n) => CallError::TooLarge(peer, n),
-                    FrameError::Encode(e) => CallError::Encode(peer, e),
-                })?;
-            let (tx, rx) = oneshot::channel();
-            conn.pending.lock().insert(id, tx);
-            if *conn.closed.borrow() || conn.out.send(frame).is_err() {
-                conn.pending.lock().remove(&id);
-                return Err(CallError::Unreachable(peer));
-            }
-            let _forget = Forget(&conn, id);
-            rx.await.map_err(|_| CallError::Unreachable(peer))
+            let mut pending = submit(conn, req)?;
+            (&mut pending.rx)
+                .await
+                .map_err(|_| CallError::Unreachable(peer))
         };
         match tokio::time::timeout(timeout, work).await {
             Ok(r) => r,
@@ -847,19 +837,7 @@ impl Cluster {
             .get(&peer)
             .cloned()
             .ok_or(CallError::Unreachable(peer))?;
-        let id = conn.next.fetch_add(1, Ordering::Relaxed);
-        let frame =
-            encode_frame(&Wire::Request { id, body: req }, MAX_FRAME).map_err(|e| match e {
-                FrameError::TooLarge(n) => CallError::TooLarge(peer, n),
-                FrameError::Encode(e) => CallError::Encode(peer, e),
-            })?;
-        let (tx, rx) = oneshot::channel();
-        conn.pending.lock().insert(id, tx);
-        if *conn.closed.borrow() || conn.out.send(frame).is_err() {
-            conn.pending.lock().remove(&id);
-            return Err(CallError::Unreachable(peer));
-        }
-        Ok(PendingCall { conn, id, rx })
+        submit(conn, req)
     }
 
     async fn connection(&self, peer: NodeId, wait: Duration) -> Result<Arc<Conn>, CallError> {
@@ -900,6 +878,27 @@ impl PendingCall {
     }
 }
 
+/// Sends `req` over `conn` and registers for its answer (forgotten when the returned call
+/// is dropped).
+///
+/// Errors: [`CallError::TooLarge`], [`CallError::Encode`], [`CallError::Unreachable`] (the
+/// connection is closed).
+fn submit(conn: Arc<Conn>, req: Request) -> Result<PendingCall, CallError> {
+    let peer = conn.peer;
+    let id = conn.next.fetch_add(1, Ordering::Relaxed);
+    let frame = encode_frame(&Wire::Request { id, body: req }, MAX_FRAME).map_err(|e| match e {
+        FrameError::TooLarge(n) => CallError::TooLarge(peer, n),
+        FrameError::Encode(e) => CallError::Encode(peer, e),
+    })?;
+    let (tx, rx) = oneshot::channel();
+    conn.pending.lock().insert(id, tx);
+    if *conn.closed.borrow() || conn.out.send(frame).is_err() {
+        conn.pending.lock().remove(&id);
+        return Err(CallError::Unreachable(peer));
+    }
+    Ok(PendingCall { conn, id, rx })
+}
+
 impl Drop for PendingCall {
     fn drop(&mut self) {
         self.conn.pending.lock().remove(&self.id);
@@ -909,15 +908,6 @@ impl Drop for PendingCall {
 /// Returns once the flag behind `rx` is set (or its sender is gone).
 async fn stopped(rx: &mut watch::Receiver<bool>) {
     let _ = rx.wait_for(|s| *s).await;
-}
-
-/// Forgets a pending call whose caller gave up (timeout, cancellation).
-struct Forget<'a>(&'a Arc<Conn>, u64);
-
-impl Drop for Forget<'_> {
-    fn drop(&mut self) {
-        self.0.pending.lock().remove(&self.1);
-    }
 }
 
 #[cfg(test)]
