@@ -61,8 +61,8 @@ mod tx;
 use ack::{settle, AckOp};
 use ack_timeout::AckClock;
 pub use ack_timeout::{AckCheck, TimedOut};
-use confirms::CommitOk;
 pub use confirms::Confirms;
+use confirms::{CommitEnd, CommitWait};
 use delivery::{hold, ConsumerInfo, SharedState, Unacked};
 pub use delivery::{write_content, ChannelShared};
 pub use durable_replies::DurableReplies;
@@ -108,6 +108,8 @@ pub struct Channel {
     settle_granted: [Option<u64>; 3],
     /// Dates the oldest unacknowledged delivery for the acknowledgement timeout.
     ack_clock: AckClock,
+    /// The last tx.commit, until it ended: a failed one closed the channel.
+    commit: Option<Arc<CommitWait>>,
 }
 
 /// The connection context a channel works in.
@@ -204,6 +206,29 @@ impl Channel {
             publish_grant: PublishGrant::default(),
             settle_granted: [None; 3],
             ack_clock: AckClock::default(),
+            commit: None,
+        }
+    }
+
+    /// Takes note of how the last tx.commit ended; returns true when it failed, which sent
+    /// channel.close (406 "partial tx completion"): the channel is then cleaned up and
+    /// closing, as after any channel error. Called before each method the channel receives.
+    pub fn settle_commit(&mut self, ctx: &Context) -> bool {
+        let Some(wait) = &self.commit else {
+            return false;
+        };
+        match wait.end() {
+            CommitEnd::Waiting => false,
+            CommitEnd::Committed => {
+                self.commit = None;
+                false
+            }
+            CommitEnd::Failed => {
+                self.commit = None;
+                self.cleanup(ctx);
+                self.closing = true;
+                true
+            }
         }
     }
 
@@ -476,10 +501,17 @@ impl Channel {
                     ));
                 };
                 self.tx = Some(TxState::default());
+                // Each publish takes a part of the commit, as it would a publisher confirm: a
+                // quorum queue's part ends at its commit, which no store barrier covers.
+                let wait = Arc::new(CommitWait::new(self.id(), self.shared.outbox.clone()));
                 let mut stored = false;
-                for (msg, mandatory) in tx.publishes {
-                    match self.route_and_enqueue(ctx, msg, mandatory, None)? {
-                        Some(p) => stored |= p.stored,
+                for (i, (msg, mandatory)) in tx.publishes.into_iter().enumerate() {
+                    let token = i as u64 + 1;
+                    wait.expect(token);
+                    let part: Arc<dyn Completion> = wait.clone();
+                    match self.route_and_enqueue(ctx, msg, mandatory, Some((part, token)))? {
+                        Some(p) if p.stored => stored = true,
+                        Some(_) => wait.complete(&[token], true),
                         None => {
                             return Err(BrokerError::new(
                                 constants::RESOURCE_ERROR,
@@ -491,13 +523,15 @@ impl Channel {
                 for op in tx.acks {
                     self.apply_ack(op)?;
                 }
-                let waiter = Arc::new(CommitOk {
-                    channel: self.id(),
-                    outbox: self.shared.outbox.clone(),
-                });
-                if !(stored && ctx.ops().sync((waiter, 0))) {
-                    self.send(TxCommitOk {});
+                if stored {
+                    // The acknowledgements' records, written after the publishes.
+                    wait.expect(0);
+                    if !ctx.ops().sync((wait.clone(), 0)) {
+                        wait.complete(&[0], true);
+                    }
                 }
+                wait.seal();
+                self.commit = Some(wait);
                 Ok(Outcome::Done)
             }
             Method::TxRollback(_) => {

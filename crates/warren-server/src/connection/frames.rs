@@ -122,6 +122,7 @@ impl Conn {
                 } else {
                     (class_id, method_id)
                 };
+                ch.settle_commit(&ctx);
                 if ch.closing {
                     match method {
                         Method::ChannelCloseOk(_) => {
