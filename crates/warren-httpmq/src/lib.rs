@@ -154,7 +154,15 @@ impl Httpmq {
             None => StateFile::default(),
         };
         let mut maxqueue = HashMap::new();
-        if let Some(v) = node.broker().vhost(&settings.vhost) {
+        let vhost = node.broker().vhost(&settings.vhost);
+        if vhost.is_none() {
+            warn!(
+                vhost = %settings.vhost,
+                "httpmq: the vhost of httpmq.vhost does not exist; every request answers \
+                 HTTPMQ_ERROR until it is created"
+            );
+        }
+        if let Some(v) = vhost {
             for (name, s) in &saved.queues {
                 if let Some(m) = s.maxqueue {
                     maxqueue.insert(name.clone(), m);
@@ -387,6 +395,15 @@ impl Httpmq {
             return Reply::text("HTTPMQ_ERROR");
         }
         let Some(vhost) = self.vhost() else {
+            static MISSING: warren_broker::log_limit::LogLimit =
+                warren_broker::log_limit::LogLimit::new();
+            if let Some(suppressed) = MISSING.admit() {
+                warn!(
+                    vhost = %self.settings.vhost,
+                    suppressed,
+                    "httpmq request refused: the vhost of httpmq.vhost does not exist"
+                );
+            }
             return Reply::text("HTTPMQ_ERROR");
         };
         match opt {
