@@ -14,6 +14,10 @@
 #   ab:      `ab -k -c 1000 -n AB_N` GET puts of 512 B via `data=`, then AB_N gets;
 #   backlog: BACKLOG_N (1,000,000) x 1 KiB POST puts, then as many gets, on a fresh broker;
 #            peak RSS (VmHWM) after each phase;
+#   floor:   FLOOR_ROUNDS (3) interleaved rounds of the same `wrk -t2 -c100` POST puts against
+#            the HTTP floor (examples/http_floor.rs: the same axum/hyper stack answering
+#            HTTPMQ_PUT_OK with no queue work), against Warren, and Warren's `opt=status`
+#            (no store); SKIP_FLOOR=1 leaves them out;
 #   amqp:    warren-perf 1p/1c transient and 1p/1c persistent+confirms(100), DURATION s;
 #            with BASELINE_WARREN=<another warren binary> (e.g. one built from main), the same
 #            rows on it too, alternating, to show what this build costs AMQP.
@@ -29,6 +33,9 @@ HTTP_PORT=${HTTP_PORT:-11218}
 AB_N=${AB_N:-100000}
 BACKLOG_N=${BACKLOG_N:-1000000}
 SKIP_BACKLOG=${SKIP_BACKLOG:-}
+SKIP_FLOOR=${SKIP_FLOOR:-}
+FLOOR_ROUNDS=${FLOOR_ROUNDS:-3}
+FLOOR_PORT=${FLOOR_PORT:-11299}
 BASELINE_WARREN=${BASELINE_WARREN:-}
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 
@@ -38,13 +45,16 @@ done
 log() { echo "[httpmq] $(date +%H:%M:%S) $*" >&2; }
 
 log "building warren-server and warren-perf (release)"
-(cd "$ROOT" && cargo build --release -p warren-server -p warren-perf) >&2
+(cd "$ROOT" && cargo build --release -p warren-server -p warren-perf \
+    && cargo build --release -p warren-httpmq --example http_floor) >&2
 WARREN="$TARGET_DIR/release/warren"
 PERF="$TARGET_DIR/release/warren-perf"
+FLOOR="$TARGET_DIR/release/examples/http_floor"
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/warren-httpmq-bench.XXXXXX")
 BROKER_PID=""
 cleanup() {
     [ -n "$BROKER_PID" ] && kill "$BROKER_PID" 2>/dev/null && wait "$BROKER_PID" 2>/dev/null
+    [ -n "${FLOOR_PID:-}" ] && kill "$FLOOR_PID" 2>/dev/null
     rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -111,6 +121,29 @@ timed() { # out-file cmd...: runs cmd, prints broker and tool CPU % of one core
 
 RESULTS="$WORK/results.md"
 row() { echo "$*" | tee -a "$RESULTS"; }
+
+if [ -z "$SKIP_FLOOR" ]; then
+    for round in $(seq "$FLOOR_ROUNDS"); do
+        log "floor round $round: HTTP floor, Warren put, Warren status"
+        "$FLOOR" "127.0.0.1:$FLOOR_PORT" &
+        FLOOR_PID=$!
+        for _ in $(seq 100); do curl -s "http://127.0.0.1:$FLOOR_PORT/" >/dev/null 2>&1 && break; sleep 0.05; done
+        saved=$BROKER_PID; BROKER_PID=$FLOOR_PID
+        cpu=$(timed "$WORK/floor" wrk -t2 -c100 -d"${DURATION}s" --latency -s "$WORK/put.lua" "http://127.0.0.1:$FLOOR_PORT/?name=f&opt=put")
+        BROKER_PID=$saved
+        kill "$FLOOR_PID"; wait "$FLOOR_PID" 2>/dev/null || true
+        read -r rps p50 p99 <<<"$(wrk_summary "$WORK/floor")"
+        row "| floor round $round: HTTP floor, wrk POST 512 B | $rps req/s | $p50 | $p99 | $cpu |"
+        start_broker
+        cpu=$(timed "$WORK/fput" wrk -t2 -c100 -d"${DURATION}s" --latency -s "$WORK/put.lua" "$URL/?name=floorq&opt=put")
+        read -r rps p50 p99 <<<"$(wrk_summary "$WORK/fput")"
+        row "| floor round $round: Warren put, wrk POST 512 B | $rps req/s ($(putpos floorq) puts) | $p50 | $p99 | $cpu |"
+        cpu=$(timed "$WORK/fstatus" wrk -t2 -c100 -d"${DURATION}s" --latency "$URL/?name=floorq&opt=status")
+        read -r rps p50 p99 <<<"$(wrk_summary "$WORK/fstatus")"
+        row "| floor round $round: Warren status (no store) | $rps req/s | $p50 | $p99 | $cpu |"
+        stop_broker
+    done
+fi
 
 start_broker
 log "wrk puts"
