@@ -1,7 +1,22 @@
 //! Output: tables for people (comfy-table), the server's JSON for scripts (`--json`).
 
-use comfy_table::{presets, Table};
+use comfy_table::Table;
 use serde_json::Value;
+
+/// The tables' look, python rabbitmqadmin's: a border of `-` and `+`, `|` between columns,
+/// and under the header one run of `-` per column, broken by `+` where the columns are:
+///
+/// ```text
+/// +------+----------+
+/// | name | messages |
+/// +------+----------+
+/// | q1   | 2        |
+/// +------+----------+
+/// ```
+///
+/// (comfy-table's `ASCII_FULL_CONDENSED` with the header line's characters changed: that
+/// preset draws it as one unbroken run of `=`.)
+const STYLE: &str = "||--+-++|    ++++++";
 
 /// The value at a dotted path (`queue.name`, `message_stats.publish`), if any.
 pub fn lookup<'a>(v: &'a Value, path: &str) -> Option<&'a Value> {
@@ -27,7 +42,7 @@ pub fn cell(v: Option<&Value>) -> String {
 /// A table of `rows` (JSON objects) with one column per dotted path in `columns`.
 pub fn table(rows: &[Value], columns: &[&str]) -> String {
     let mut t = Table::new();
-    t.load_preset(presets::ASCII_FULL_CONDENSED);
+    t.load_preset(STYLE);
     t.set_header(columns.iter().copied());
     for row in rows {
         t.add_row(columns.iter().map(|c| cell(lookup(row, c))));
@@ -41,7 +56,7 @@ pub fn key_value(v: &Value) -> String {
     let mut rows = Vec::new();
     flatten("", v, &mut rows);
     let mut t = Table::new();
-    t.load_preset(presets::ASCII_FULL_CONDENSED);
+    t.load_preset(STYLE);
     t.set_header(["key", "value"]);
     for (k, v) in rows {
         t.add_row([k, v]);
@@ -114,6 +129,35 @@ mod tests {
             .any(|l| l.contains("name") && l.contains("messages")));
         assert!(lines.iter().any(|l| l.contains("q1") && l.contains('2')));
         assert!(lines.iter().any(|l| l.contains("q2")));
+    }
+
+    #[test]
+    fn header_underline_breaks_where_the_columns_do() {
+        let t = table(
+            &[json!({"name": "q1", "messages": 2})],
+            &["name", "messages"],
+        );
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                "+------+----------+",
+                "| name | messages |",
+                "+------+----------+",
+                "| q1   | 2        |",
+                "+------+----------+",
+            ],
+            "{t}"
+        );
+        // The underline's breaks are where the header's column separators are.
+        let header = lines[1];
+        let under = lines[2];
+        assert_eq!(header.len(), under.len());
+        for (h, u) in header.chars().zip(under.chars()) {
+            assert_eq!(h == '|', u == '+', "{header}\n{under}");
+        }
+        let kv = key_value(&json!({"a": 1}));
+        assert_eq!(kv.lines().nth(2), Some("+-----+-------+"), "{kv}");
     }
 
     #[test]

@@ -176,18 +176,22 @@ async fn run_ctl(args: &[&str], env: &[(&str, &str)], stdin: Option<PathBuf>) ->
     }
 }
 
-/// The rows of a table as `warren ctl` prints it (comfy-table's ASCII preset): the header's
-/// cells are the keys.
+/// The rows of a table as `warren ctl` prints it (python rabbitmqadmin's look: borders and
+/// the header's underline are `+---+---+` lines, rows `| a | b |`): the header's cells are
+/// the keys.
 fn table(text: &str) -> Vec<HashMap<String, String>> {
-    let mut lines = text
-        .lines()
-        .filter(|l| l.starts_with('|') && !l.starts_with("|-") && !l.starts_with("|="))
-        .map(|l| {
-            l.trim_matches('|')
-                .split('|')
-                .map(|c| c.trim().to_string())
-                .collect::<Vec<_>>()
-        });
+    for l in text.lines().filter(|l| l.starts_with('+')) {
+        assert!(
+            l.chars().all(|c| c == '+' || c == '-'),
+            "a border or underline of dash runs: {l}\n{text}"
+        );
+    }
+    let mut lines = text.lines().filter(|l| l.starts_with('|')).map(|l| {
+        l.trim_matches('|')
+            .split('|')
+            .map(|c| c.trim().to_string())
+            .collect::<Vec<_>>()
+    });
     let header = lines.next().unwrap_or_else(|| panic!("no table in {text}"));
     lines
         .map(|row| header.iter().cloned().zip(row).collect())
