@@ -488,8 +488,8 @@ pub fn sessions() -> Vec<(&'static str, Session)> {
             "heartbeat-timeout",
             session(
                 Tune {
-                    channel_max: 0,
-                    frame_max_256: 0,
+                    channel_max: 2047,
+                    frame_max_256: 512,
                     heartbeat: 1,
                 },
                 [open(CH1)]

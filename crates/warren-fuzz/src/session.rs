@@ -1015,8 +1015,9 @@ pub fn handshake_bytes(handshake: &Handshake) -> (Vec<u8>, u32) {
             frame_max: u32::from(frame_max_256) * 256,
             heartbeat: u16::from(heartbeat),
         },
+        // The server's own channel_max: 0 ("no limit") is refused, as by RabbitMQ.
         _ => ConnectionTuneOk {
-            channel_max: 0,
+            channel_max: 2047,
             frame_max: FRAME_MAX,
             heartbeat: 0,
         },

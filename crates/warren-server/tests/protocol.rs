@@ -519,6 +519,84 @@ async fn unknown_vhost_is_not_allowed() {
     stop(b).await;
 }
 
+/// tune-ok values RabbitMQ refuses (rabbit_reader's validate_negotiated_integer_value): 0
+/// ("no limit") and values above the server's for frame_max and channel_max, frame_max
+/// below 4096; each is 530 NOT_ALLOWED naming connection.tune (10, 30).
+#[tokio::test]
+async fn tune_ok_outside_the_servers_limits_is_not_allowed() {
+    let b = broker().await;
+    let cases: [(u16, u32, &str); 6] = [
+        (
+            2047,
+            0,
+            "negotiated frame_max = 0 is higher than the maximum allowed value (131072)",
+        ),
+        (
+            0,
+            131_072,
+            "negotiated channel_max = 0 (no limit) is higher than the maximum allowed value \
+             (2047)",
+        ),
+        (
+            2047,
+            131_073,
+            "negotiated frame_max = 131073 is higher than the maximum allowed value (131072)",
+        ),
+        (
+            2048,
+            131_072,
+            "negotiated channel_max = 2048 is higher than the maximum allowed value (2047)",
+        ),
+        (
+            2047,
+            4095,
+            "negotiated frame_max = 4095 is lower than the minimum allowed value (4096)",
+        ),
+        (
+            2047,
+            1,
+            "negotiated frame_max = 1 is lower than the minimum allowed value (4096)",
+        ),
+    ];
+    for (channel_max, frame_max, text) in cases {
+        let (mut raw, _) = start(b.amqp_addr()).await;
+        start_ok(&mut raw, "PLAIN", plain("guest", "guest")).await;
+        expect_tune(&mut raw).await;
+        let tune_ok = ConnectionTuneOk {
+            channel_max,
+            frame_max: frame_max.max(4096),
+            heartbeat: 0,
+        };
+        raw.frame_max = tune_ok.frame_max;
+        raw.send(
+            0,
+            ConnectionTuneOk {
+                frame_max,
+                ..tune_ok
+            },
+        )
+        .await;
+        match raw.recv_method(0).await {
+            Method::ConnectionClose(c) => {
+                assert_eq!(
+                    (c.reply_code, c.class_id, c.method_id),
+                    (530, 10, 30),
+                    "{c:?}"
+                );
+                assert_eq!(c.reply_text, format!("NOT_ALLOWED - {text}"));
+            }
+            m => panic!("expected connection.close for {channel_max}/{frame_max}, got {m:?}"),
+        }
+        raw.expect_eof().await;
+    }
+    // The limits themselves, and values between, are accepted.
+    for (channel_max, frame_max) in [(2047, 131_072), (1, 4096), (100, 65_536)] {
+        let raw = open_with(b.amqp_addr(), channel_max, frame_max, 0).await;
+        drop(raw);
+    }
+    stop(b).await;
+}
+
 #[tokio::test]
 async fn client_lower_frame_max_wins() {
     let b = broker().await;

@@ -143,6 +143,52 @@ pub(super) struct Session {
     pub(super) mechanism: String,
 }
 
+/// The smallest channel_max a client may ask for (RabbitMQ's `?CHANNEL_MIN`).
+const CHANNEL_MIN: u32 = 1;
+
+/// A tune-ok value checked as RabbitMQ's rabbit_reader checks it
+/// (`validate_negotiated_integer_value`): a non-zero value below `min` is refused, and,
+/// since the server's own value is never 0 (the configuration refuses that), so are 0 ("no
+/// limit") and anything above the server's value. Refusals are 530 NOT_ALLOWED naming
+/// connection.tune, with RabbitMQ's text: `negotiated frame_max = 0 is higher than the
+/// maximum allowed value (131072)`, `negotiated channel_max = 0 (no limit) is higher than
+/// the maximum allowed value (2047)`, `negotiated frame_max = 1024 is lower than the minimum
+/// allowed value (4096)`.
+fn negotiated(field: &str, min: u32, server: u32, client: u32) -> Result<u32, ConnError> {
+    let refuse = |higher: bool, limit: u32| {
+        let detail = if field == "channel_max" && client == 0 {
+            " (no limit)"
+        } else {
+            ""
+        };
+        let (cmp, bound) = if higher {
+            ("higher", "maximum")
+        } else {
+            ("lower", "minimum")
+        };
+        Err(ConnError {
+            class_id: ConnectionTune::CLASS_ID,
+            method_id: ConnectionTune::METHOD_ID,
+            ..ConnError::new(
+                constants::NOT_ALLOWED,
+                format!(
+                    "negotiated {field} = {client}{detail} is {cmp} than the {bound} allowed \
+                     value ({limit})"
+                ),
+            )
+        })
+    };
+    if client != 0 && client < min {
+        refuse(false, min)
+    } else if server != 0 && (client == 0 || client > server) {
+        refuse(true, server)
+    } else if client == 0 {
+        Ok(server)
+    } else {
+        Ok(client)
+    }
+}
+
 pub(super) struct Tuned {
     pub(super) frame_max: u32,
     pub(super) channel_max: u16,
@@ -225,32 +271,20 @@ where
         },
         "connection.tune-ok",
     )?;
-    let frame_max = match tune_ok.frame_max {
-        0 => cfg.frame_max,
-        f if f > cfg.frame_max => {
-            return Err(ConnError::new(
-                constants::NOT_ALLOWED,
-                format!("frame_max={f} > {} max size", cfg.frame_max),
-            ))
-        }
-        f if f < FRAME_MIN_SIZE => {
-            return Err(ConnError::new(
-                constants::NOT_ALLOWED,
-                format!("frame_max={f} < {FRAME_MIN_SIZE} min size"),
-            ))
-        }
-        f => f,
-    };
-    let channel_max = match tune_ok.channel_max {
-        0 => cfg.channel_max,
-        c if c > cfg.channel_max => {
-            return Err(ConnError::new(
-                constants::NOT_ALLOWED,
-                format!("channel_max={c} > {} max", cfg.channel_max),
-            ))
-        }
-        c => c,
-    };
+    let frame_max = negotiated(
+        "frame_max",
+        FRAME_MIN_SIZE,
+        cfg.frame_max,
+        tune_ok.frame_max,
+    )?;
+    let channel_max = negotiated(
+        "channel_max",
+        CHANNEL_MIN,
+        u32::from(cfg.channel_max),
+        u32::from(tune_ok.channel_max),
+    )?;
+    // `negotiated` refused anything above the server's u16 value.
+    let channel_max = u16::try_from(channel_max).unwrap_or(cfg.channel_max);
     let tuned = Tuned {
         frame_max,
         channel_max,
