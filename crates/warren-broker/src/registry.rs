@@ -175,6 +175,103 @@ pub struct QueueStats {
     pub redeliver: AtomicU64,
 }
 
+/// One direction of a connection's socket traffic: bytes and the read or write calls that
+/// moved them, bumped once per call by the one task doing that direction's I/O (Relaxed:
+/// statistics). Aligned so that the reader's and the writer's counters never share a cache
+/// line.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+pub struct Traffic {
+    /// Bytes moved (RabbitMQ's `recv_oct` / `send_oct`).
+    pub octets: AtomicU64,
+    /// Read or write calls that moved bytes (RabbitMQ's `recv_cnt` / `send_cnt`, which count
+    /// the socket's packets; a call is Warren's nearest unit).
+    pub calls: AtomicU64,
+}
+
+impl Traffic {
+    /// Counts one call that moved `n` bytes.
+    #[inline]
+    pub fn count(&self, n: usize) {
+        self.octets.fetch_add(n as u64, Ordering::Relaxed);
+        self.calls.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// What a connection's tasks tell operators while it runs: its socket traffic, and whether
+/// it is held by a resource alarm or by flow control (RabbitMQ's connection `state`).
+/// Made before the handshake, so that the handshake's bytes count too.
+#[derive(Debug, Default)]
+pub struct ConnectionIo {
+    /// Bytes read from the client.
+    pub recv: Traffic,
+    /// Bytes written to the client.
+    pub send: Traffic,
+    /// Not read from because it published while a memory or disk alarm is on.
+    alarm_held: AtomicBool,
+    /// Not read from because a queue it publishes to is over its window (flow control).
+    flow_held: AtomicBool,
+    /// When flow control last let it go, ms since the Unix epoch (0: never held).
+    flow_released_ms: AtomicU64,
+}
+
+/// How long a connection flow control held shows `flow` afterwards, ms (RabbitMQ's 5 s).
+pub const FLOW_STATE_MS: u64 = 5000;
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl ConnectionIo {
+    /// The connection stops (`true`) or resumes (`false`) reading because of a resource
+    /// alarm.
+    pub fn set_alarm_held(&self, held: bool) {
+        self.alarm_held.store(held, Ordering::Relaxed);
+    }
+
+    /// The connection stops (`true`) or resumes (`false`) reading because of flow control.
+    pub fn set_flow_held(&self, held: bool) {
+        self.flow_held.store(held, Ordering::Relaxed);
+        if !held {
+            self.flow_released_ms.store(now_ms(), Ordering::Relaxed);
+        }
+    }
+
+    /// The counts and holds now.
+    pub fn snapshot(&self) -> IoSnapshot {
+        let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let released = l(&self.flow_released_ms);
+        IoSnapshot {
+            recv_oct: l(&self.recv.octets),
+            recv_cnt: l(&self.recv.calls),
+            send_oct: l(&self.send.octets),
+            send_cnt: l(&self.send.calls),
+            alarm_held: self.alarm_held.load(Ordering::Relaxed),
+            flow: self.flow_held.load(Ordering::Relaxed)
+                || (released != 0 && now_ms().saturating_sub(released) < FLOW_STATE_MS),
+        }
+    }
+}
+
+/// A connection's [`ConnectionIo`] at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IoSnapshot {
+    /// Bytes read from the socket.
+    pub recv_oct: u64,
+    /// Reads that returned bytes.
+    pub recv_cnt: u64,
+    /// Bytes written to the socket.
+    pub send_oct: u64,
+    /// Writes that took bytes.
+    pub send_cnt: u64,
+    /// Held by a resource alarm now (it published while the alarm was on).
+    pub alarm_held: bool,
+    /// Held by flow control now or within the last [`FLOW_STATE_MS`].
+    pub flow: bool,
+}
+
 /// What a connection is, fixed when it opens (RabbitMQ's connection details).
 #[derive(Debug, Clone)]
 pub struct ConnectionDetails {
@@ -239,6 +336,33 @@ pub struct ConsumerDetails {
     pub consumer_timeout: Option<u64>,
 }
 
+/// What a channel took from one queue (RabbitMQ's per channel and queue stats, the
+/// `deliveries` of `/api/channels/{name}`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QueueDeliveries {
+    /// The queue's name (in the channel's vhost).
+    pub queue: String,
+    /// Deliveries to consumers that acknowledge.
+    pub deliver: u64,
+    /// Deliveries to no-ack consumers.
+    pub deliver_no_ack: u64,
+    /// basic.get answered with a message, to be acknowledged.
+    pub get: u64,
+    /// basic.get answered with a message, no-ack.
+    pub get_no_ack: u64,
+    /// Deliveries and gets of messages delivered before.
+    pub redeliver: u64,
+    /// Deliveries and gets acknowledged.
+    pub ack: u64,
+}
+
+impl QueueDeliveries {
+    /// Every delivery and get: RabbitMQ's `deliver_get`.
+    pub fn deliver_get(&self) -> u64 {
+        self.deliver + self.deliver_no_ack + self.get + self.get_no_ack
+    }
+}
+
 /// What only the channel itself knows, read when an operator asks (it may lock the channel
 /// briefly; never called on a hot path).
 pub trait ChannelProbe: Send + Sync {
@@ -246,6 +370,10 @@ pub trait ChannelProbe: Send + Sync {
     fn unacked(&self) -> u64;
     /// The channel's consumers.
     fn consumers(&self) -> Vec<ConsumerDetails>;
+    /// What the channel took from each queue that still exists, by queue name.
+    fn deliveries(&self) -> Vec<QueueDeliveries> {
+        Vec::new()
+    }
 }
 
 /// One open channel: its counters and modes.
@@ -370,6 +498,8 @@ impl ChannelSet {
 pub struct ConnectionEntry {
     /// What it is.
     pub details: Arc<ConnectionDetails>,
+    /// Its socket traffic and holds.
+    pub io: Arc<ConnectionIo>,
     channels: Mutex<ChannelSet>,
     control: Arc<dyn ConnectionControl>,
 }
@@ -383,6 +513,8 @@ pub struct ConnectionSnapshot {
     pub channels: usize,
     /// Message counts of its open channels.
     pub stats: MessageStats,
+    /// Its socket traffic and holds.
+    pub io: IoSnapshot,
 }
 
 /// A channel as read by an operator.
@@ -410,6 +542,10 @@ pub struct ChannelSnapshot {
     pub transactional: bool,
     /// Message counts.
     pub stats: MessageStats,
+    /// Messages published to each exchange, by exchange name (sorted).
+    pub exchanges: Vec<(String, ExchangeCounts)>,
+    /// What it took from each queue, by queue name (sorted).
+    pub deliveries: Vec<QueueDeliveries>,
 }
 
 impl ChannelSnapshot {
@@ -521,6 +657,11 @@ impl ConnectionHandle {
     pub fn details(&self) -> &Arc<ConnectionDetails> {
         &self.entry.details
     }
+
+    /// The connection's traffic counters and holds.
+    pub fn io(&self) -> &Arc<ConnectionIo> {
+        &self.entry.io
+    }
 }
 
 /// A channel's place in the [`Registry`] (see [`ConnectionHandle::open_channel`]).
@@ -591,8 +732,20 @@ impl Registry {
         details: ConnectionDetails,
         control: Arc<dyn ConnectionControl>,
     ) -> ConnectionHandle {
+        self.register_with_io(details, control, Arc::default())
+    }
+
+    /// [`Registry::register`] with the connection's traffic counters, counting since before
+    /// the handshake.
+    pub fn register_with_io(
+        self: &Arc<Self>,
+        details: ConnectionDetails,
+        control: Arc<dyn ConnectionControl>,
+        io: Arc<ConnectionIo>,
+    ) -> ConnectionHandle {
         let entry = Arc::new(ConnectionEntry {
             details: Arc::new(details),
+            io,
             channels: Mutex::new(ChannelSet::default()),
             control,
         });
@@ -677,6 +830,7 @@ impl Registry {
                     details: c.details.clone(),
                     channels: channels.len(),
                     stats,
+                    io: c.io.snapshot(),
                 }
             })
             .collect()
@@ -712,6 +866,21 @@ impl Registry {
                     confirm: ch.confirm.load(Ordering::Relaxed),
                     transactional: ch.tx.load(Ordering::Relaxed),
                     stats: ch.counters.snapshot(),
+                    exchanges: {
+                        let mut x: Vec<(String, ExchangeCounts)> = ch
+                            .exchanges
+                            .lock()
+                            .iter()
+                            .map(|(k, v)| (k.clone(), *v))
+                            .collect();
+                        x.sort_by(|a, b| a.0.cmp(&b.0));
+                        x
+                    },
+                    deliveries: probe.as_ref().map_or_else(Vec::new, |p| {
+                        let mut d = p.deliveries();
+                        d.sort_by(|a, b| a.queue.cmp(&b.queue));
+                        d
+                    }),
                 });
             }
         }
@@ -738,6 +907,45 @@ impl Registry {
         for c in self.entries() {
             for ch in c.channels.lock().values() {
                 out.push((ch.id, c.details.clone(), ch.counters.snapshot()));
+            }
+        }
+        out
+    }
+
+    /// Each open connection's traffic as (connection id, traffic), for a rate sampler.
+    pub fn connection_io(&self) -> Vec<(u64, IoSnapshot)> {
+        self.entries()
+            .iter()
+            .map(|c| (c.details.id, c.io.snapshot()))
+            .collect()
+    }
+
+    /// Each open channel's counts per exchange published to, as (channel id, vhost,
+    /// exchange, counts), for a rate sampler (each channel's map locked in turn, briefly).
+    pub fn channel_exchange_counts(&self) -> Vec<(u64, String, String, ExchangeCounts)> {
+        let mut out = Vec::new();
+        for c in self.entries() {
+            for ch in c.channels.lock().values() {
+                for (x, n) in ch.exchanges.lock().iter() {
+                    out.push((ch.id, c.details.vhost.clone(), x.clone(), *n));
+                }
+            }
+        }
+        out
+    }
+
+    /// Each open channel's deliveries per queue as (channel id, vhost, deliveries), for a
+    /// rate sampler (each channel is asked, as for [`Registry::channels`]).
+    pub fn channel_deliveries(&self) -> Vec<(u64, String, QueueDeliveries)> {
+        let mut out = Vec::new();
+        for c in self.entries() {
+            let channels: Vec<Arc<ChannelEntry>> = c.channels.lock().values().cloned().collect();
+            for ch in channels {
+                if let Some(p) = ch.probe() {
+                    for d in p.deliveries() {
+                        out.push((ch.id, c.details.vhost.clone(), d));
+                    }
+                }
             }
         }
         out

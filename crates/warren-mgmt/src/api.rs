@@ -9,6 +9,7 @@ use crate::conns::{self, stats_with_rates};
 use crate::error::ApiError;
 use crate::list;
 use crate::rates::{Key, Ranges};
+use crate::resources::NodeResources;
 use axum::body::Bytes;
 use axum::extract::{ConnectInfo, Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
@@ -371,30 +372,53 @@ pub(crate) fn cluster_name(app: &App) -> String {
         .unwrap_or_else(|| "warren".to_string())
 }
 
-fn resident_memory() -> Option<u64> {
-    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
-    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
-    Some(pages * 4096)
-}
-
-fn node_json(app: &App) -> Value {
+/// A node as `/api/nodes` shows it (rabbit_mgmt_wm_nodes): identity, the resource figures
+/// of `r` (see [`crate::resources`] for each one's unit and source) with the
+/// `<gauge>_details` rates RabbitMQ gives (`mem_used`, `fd_used`, `sockets_used`,
+/// `disk_free`, `proc_used`), the alarms, and `uptime` in ms.
+fn node_json(app: &App, r: &NodeResources) -> Value {
     let n = app.backend.node();
-    json!({
+    let mut out = json!({
         "name": app.node,
         "type": "disc",
         "running": true,
         "being_drained": false,
-        "mem_used": resident_memory(),
+        "mem_used": r.mem_used,
+        "mem_limit": r.mem_limit,
         "mem_alarm": n.memory_alarm(),
+        // How `mem_used` is measured (RabbitMQ's `vm_memory_calculation_strategy`).
+        "mem_calculation_strategy": "rss",
+        "disk_free": r.disk_free,
+        "disk_free_limit": r.disk_free_limit,
         "disk_free_alarm": n.disk_alarm(),
+        "fd_used": r.fd_used,
+        "fd_total": r.fd_total,
+        "sockets_used": r.sockets_used,
+        "sockets_total": r.sockets_total,
+        "proc_used": r.proc_used,
+        "proc_total": r.proc_total,
+        "run_queue": r.run_queue,
+        "processors": r.processors,
         "uptime": app.started.elapsed().as_millis() as u64,
-        "processors": std::thread::available_parallelism().map(|p| p.get()).unwrap_or(1),
         "os_pid": std::process::id().to_string(),
         "partitions": [],
         "rates_mode": "basic",
         "product_name": "Warren",
         "product_version": env!("CARGO_PKG_VERSION"),
-    })
+    });
+    if let Value::Object(m) = &mut out {
+        app.rates.resources(m);
+    }
+    out
+}
+
+/// The node's resource figures, read on a blocking thread (they are `/proc` reads, one per
+/// open descriptor).
+async fn node_resources(app: &Arc<App>) -> NodeResources {
+    let app = app.clone();
+    tokio::task::spawn_blocking(move || NodeResources::read(app.backend.node()))
+        .await
+        .unwrap_or_default()
 }
 
 // ---- handlers ------------------------------------------------------------------------
@@ -503,7 +527,8 @@ async fn whoami(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap) -> R
 
 async fn nodes(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap, q: Q) -> Reply {
     authorize(&app, &headers, peer, Need::Monitor, None)?;
-    listed(vec![node_json(&app)], &q)
+    let r = node_resources(&app).await;
+    listed(vec![node_json(&app, &r)], &q)
 }
 
 async fn node(
@@ -516,7 +541,8 @@ async fn node(
     if name != app.node {
         return Err(ApiError::not_found());
     }
-    ok_json(node_json(&app))
+    let r = node_resources(&app).await;
+    ok_json(node_json(&app, &r))
 }
 
 /// `GET /api/nodes/{node}/memory`: RabbitMQ breaks an Erlang node's memory down by

@@ -28,7 +28,7 @@ pub use warren_store::{HistogramSnapshot, StoreStats};
 
 pub use warren_broker::registry::{
     ChannelSnapshot, Churn, ConnectionDetails, ConnectionSnapshot, ConsumerDetails, ExchangeCounts,
-    MessageStats,
+    IoSnapshot, MessageStats, QueueDeliveries,
 };
 
 /// Vhost limits as RabbitMQ's `vhost-limits` value: `{"max-connections": n, "max-queues": n}`
@@ -82,6 +82,21 @@ pub trait Node: Send + Sync + 'static {
     fn memory_alarm(&self) -> bool;
     /// True while the disk alarm is on.
     fn disk_alarm(&self) -> bool;
+    /// The memory alarm's watermark, bytes (RabbitMQ's `mem_limit`, from
+    /// `vm_memory_high_watermark`); `None` when the embedding server has no memory alarm.
+    fn memory_limit(&self) -> Option<u64> {
+        None
+    }
+    /// Free bytes on the file system of the data directory (RabbitMQ's `disk_free`), `None`
+    /// when unknown.
+    fn disk_free(&self) -> Option<u64> {
+        None
+    }
+    /// The disk alarm's limit, bytes (RabbitMQ's `disk_free_limit`); `None` when the
+    /// embedding server has no disk alarm.
+    fn disk_free_limit(&self) -> Option<u64> {
+        None
+    }
     /// The broker's listeners: (protocol as RabbitMQ names it, e.g. `amqp`, address).
     fn listeners(&self) -> Vec<(String, SocketAddr)>;
     /// Users that may only log in from a loopback address (`[auth] loopback_users`).
@@ -237,6 +252,14 @@ pub struct SampleSources {
     pub exchanges: Vec<((String, String), ExchangeCounts)>,
     /// Connections, channels and queues created and closed since the start.
     pub churn: Churn,
+    /// Each open connection's socket traffic, by connection id.
+    pub connections: Vec<(u64, IoSnapshot)>,
+    /// Each open channel's publishes per exchange: (channel id, vhost, exchange, counts).
+    pub channel_exchanges: Vec<(u64, String, String, ExchangeCounts)>,
+    /// Each open channel's deliveries per queue: (channel id, vhost, counts).
+    pub channel_queues: Vec<(u64, String, QueueDeliveries)>,
+    /// The node's resource use (memory, descriptors, sockets, threads, disk).
+    pub resources: Option<crate::resources::NodeResources>,
 }
 
 /// An exchange as the API shows it.
@@ -645,6 +668,10 @@ impl Backend {
                 .into_iter()
                 .map(|(id, _, s)| (id, s))
                 .collect(),
+            connections: registry.connection_io(),
+            channel_exchanges: registry.channel_exchange_counts(),
+            channel_queues: registry.channel_deliveries(),
+            resources: Some(crate::resources::NodeResources::read(self.node())),
             ..SampleSources::default()
         };
         for v in self.vhost_list(None) {

@@ -10,7 +10,7 @@
 
 use crate::api::{authorize, has, listed, ok_json, require_vhost, App, Need, Peer, Reply, Q, S};
 use crate::backend::{
-    ChannelSnapshot, ConnectionDetails, ConnectionSnapshot, MessageStats, UserInfo,
+    ChannelSnapshot, ConnectionDetails, ConnectionSnapshot, IoSnapshot, MessageStats, UserInfo,
 };
 use crate::error::ApiError;
 use crate::rates::{Key, Ranges};
@@ -56,14 +56,33 @@ pub(crate) fn stats_with_rates(
     v
 }
 
-fn connection_json(app: &App, c: &ConnectionSnapshot) -> Value {
+/// RabbitMQ's connection `state` (rabbit_reader's `i(state, ...)`): `flow` while flow
+/// control holds it (or did within the last 5 s) and no resource alarm is on; `blocked`
+/// while a memory or disk alarm holds it (it published while the alarm was on and is not
+/// read from); `blocking` while an alarm is on and it has not published since (it will be
+/// held at its next publish); `running` otherwise.
+fn connection_state(app: &App, io: &IoSnapshot) -> &'static str {
+    let n = app.backend.node();
+    let alarm = n.memory_alarm() || n.disk_alarm();
+    if io.flow && !alarm {
+        "flow"
+    } else if io.alarm_held {
+        "blocked"
+    } else if alarm {
+        "blocking"
+    } else {
+        "running"
+    }
+}
+
+fn connection_json(app: &App, c: &ConnectionSnapshot, ranges: &Ranges) -> Value {
     let d = &c.details;
     let props = table_to_json(&d.client_properties);
-    json!({
+    let mut out = json!({
         "name": d.name,
         "node": app.node,
         "type": "network",
-        "state": "running",
+        "state": connection_state(app, &c.io),
         "vhost": d.vhost,
         "user": d.user,
         "user_who_performed_action": d.user,
@@ -80,7 +99,17 @@ fn connection_json(app: &App, c: &ConnectionSnapshot) -> Value {
         "channel_max": d.channel_max,
         "frame_max": d.frame_max,
         "timeout": d.heartbeat,
-    })
+        // Socket traffic since the connection was accepted, handshake included: bytes, and
+        // the read and write calls that moved them (RabbitMQ's packet counts).
+        "recv_oct": c.io.recv_oct,
+        "recv_cnt": c.io.recv_cnt,
+        "send_oct": c.io.send_oct,
+        "send_cnt": c.io.send_cnt,
+    });
+    if let Value::Object(m) = &mut out {
+        app.rates.connection(m, d.id, ranges);
+    }
+    out
 }
 
 fn connection_details_json(d: &ConnectionDetails) -> Value {
@@ -190,9 +219,10 @@ pub(crate) async fn connections(
     q: Q,
 ) -> Reply {
     let user = authorize(&app, &headers, peer, Need::Management, None)?;
+    let ranges = Ranges::from_query(&q)?;
     let items = visible_connections(&app, &user, None)
         .iter()
-        .map(|c| connection_json(&app, c))
+        .map(|c| connection_json(&app, c, &ranges))
         .collect();
     listed(items, &q)
 }
@@ -206,9 +236,10 @@ pub(crate) async fn vhost_connections(
 ) -> Reply {
     let user = authorize(&app, &headers, peer, Need::Management, Some(&v))?;
     require_vhost(&app, &v)?;
+    let ranges = Ranges::from_query(&q)?;
     let items = visible_connections(&app, &user, Some(&v))
         .iter()
-        .map(|c| connection_json(&app, c))
+        .map(|c| connection_json(&app, c, &ranges))
         .collect();
     listed(items, &q)
 }
@@ -218,10 +249,11 @@ pub(crate) async fn connection(
     ConnectInfo(peer): Peer,
     headers: HeaderMap,
     Path(name): Path<String>,
+    q: Q,
 ) -> Reply {
     let user = authorize(&app, &headers, peer, Need::Management, None)?;
     let c = find_connection(&app, &user, &name)?;
-    ok_json(connection_json(&app, &c))
+    ok_json(connection_json(&app, &c, &Ranges::from_query(&q)?))
 }
 
 /// `DELETE /api/connections/{name}`: the client gets connection.close 320 CONNECTION_FORCED
@@ -363,6 +395,12 @@ pub(crate) async fn vhost_channels(
     listed(items, &q)
 }
 
+/// `GET /api/channels/{name}`: the channel as the lists show it, and, as RabbitMQ's
+/// channel page reads them, `publishes` (per exchange published to: `exchange` {name,
+/// vhost} and `stats` {publish, publish_details}), `deliveries` (per queue taken from, that
+/// still exists: `queue` {name, vhost} and `stats` with deliver, deliver_no_ack, get,
+/// get_no_ack, deliver_get, redeliver and ack, each with its `_details`) and
+/// `consumer_details` (its consumers in `/api/consumers`' shape).
 pub(crate) async fn channel(
     State(app): S,
     ConnectInfo(peer): Peer,
@@ -382,7 +420,49 @@ pub(crate) async fn channel(
             "User not authorised to access object",
         ));
     }
-    ok_json(channel_json(&app, &c, &Ranges::from_query(&q)?))
+    let ranges = Ranges::from_query(&q)?;
+    let mut out = channel_json(&app, &c, &ranges);
+    let vhost = &c.connection.vhost;
+    let publishes: Vec<Value> = c
+        .exchanges
+        .iter()
+        .map(|(x, n)| {
+            let mut stats = json!({"publish": n.publish_in});
+            app.rates.message_stats(
+                &mut stats,
+                &[(Key::ChannelExchange(c.id, x.clone()), 0)],
+                &ranges,
+            );
+            json!({"exchange": {"name": x, "vhost": vhost}, "stats": stats})
+        })
+        .collect();
+    let deliveries: Vec<Value> = c
+        .deliveries
+        .iter()
+        .map(|d| {
+            let mut stats = json!({
+                "deliver": d.deliver,
+                "deliver_no_ack": d.deliver_no_ack,
+                "get": d.get,
+                "get_no_ack": d.get_no_ack,
+                "deliver_get": d.deliver_get(),
+                "redeliver": d.redeliver,
+                "ack": d.ack,
+            });
+            app.rates.message_stats(
+                &mut stats,
+                &[(Key::ChannelQueue(c.id, d.queue.clone()), 0)],
+                &ranges,
+            );
+            json!({"queue": {"name": d.queue, "vhost": vhost}, "stats": stats})
+        })
+        .collect();
+    // The channel's own consumers, as `/api/consumers` lists them.
+    let consumer_details = consumer_items(&app, std::slice::from_ref(&c));
+    out["publishes"] = Value::Array(publishes);
+    out["deliveries"] = Value::Array(deliveries);
+    out["consumer_details"] = Value::Array(consumer_details);
+    ok_json(out)
 }
 
 /// The consumers on `channels` that `user` may see: all for monitors and administrators,

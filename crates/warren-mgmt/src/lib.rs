@@ -9,7 +9,8 @@
 //!   `admin`: vhost, user and permission writes; `list`: `sort`, `columns`, `page`...;
 //!   `metrics`: the Prometheus text; `error`: RabbitMQ's error bodies; [`console`]: the
 //!   web console's page and assets at `/` and `/console/...`; [`rates`]: the rate sampler
-//!   and the `*_details` objects.
+//!   and the `*_details` objects; [`resources`]: the node's memory, descriptors, sockets,
+//!   threads and disk as `/api/nodes` shows them.
 //!
 //! ```no_run
 //! # async fn demo(node: std::sync::Arc<dyn warren_mgmt::Node>) -> std::io::Result<()> {
@@ -41,6 +42,7 @@ mod list;
 pub mod listener;
 mod metrics;
 pub mod rates;
+pub mod resources;
 
 pub use api::RABBITMQ_VERSION;
 pub use backend::Node;

@@ -181,6 +181,55 @@ pub enum Key {
     Channel(u64),
     /// An exchange: (vhost, name).
     Exchange(String, String),
+    /// The node's resource gauges (memory, descriptors, sockets, disk, threads).
+    Resources,
+    /// A connection's socket traffic, by connection id.
+    Connection(u64),
+    /// A channel's publishes to one exchange: (channel id, exchange name).
+    ChannelExchange(u64, String),
+    /// A channel's deliveries from one queue: (channel id, queue name).
+    ChannelQueue(u64, String),
+}
+
+impl Key {
+    /// Series whose counts only start once the object counts something (channels and
+    /// their per-exchange and per-queue counts, connections): their first sample is
+    /// preceded by a zero at the previous sweep, so that they have a rate at once.
+    fn counts_from_zero(&self) -> bool {
+        matches!(
+            self,
+            Key::Channel(_) | Key::ChannelExchange(..) | Key::ChannelQueue(..) | Key::Connection(_)
+        )
+    }
+}
+
+/// The node's resource gauges, in the order a [`Key::Resources`] sample keeps them.
+pub const RESOURCE_FIELDS: [&str; 5] = [
+    "mem_used",
+    "fd_used",
+    "sockets_used",
+    "disk_free",
+    "proc_used",
+];
+
+fn resource_field(name: &str) -> Option<Slot> {
+    Some(match RESOURCE_FIELDS.iter().position(|f| *f == name)? {
+        0 => |p| p[0],
+        1 => |p| p[1],
+        2 => |p| p[2],
+        3 => |p| p[3],
+        _ => |p| p[4],
+    })
+}
+
+/// A connection's traffic counters, in the order a [`Key::Connection`] sample keeps them.
+pub const CONNECTION_FIELDS: [&str; 2] = ["recv_oct", "send_oct"];
+
+fn connection_field(name: &str) -> Option<Slot> {
+    Some(match CONNECTION_FIELDS.iter().position(|f| *f == name)? {
+        0 => |p| p[0],
+        _ => |p| p[1],
+    })
 }
 
 struct Series {
@@ -202,12 +251,15 @@ struct Run {
 impl Series {
     /// Adds the sample of the sweep at `ts`; `oldest` is the timestamp of the oldest sweep
     /// this series still covers.
-    fn push(&mut self, ident: usize, ts: u64, p: Point, oldest: u64) {
-        let went_back = self.runs.back().is_some_and(|last| {
-            (0..FIELDS)
-                .filter(|i| *i != READY && *i != UNACKED)
-                .any(|i| p[i] < last.point[i])
-        });
+    /// A `gauge` series (the node's resources) may go down; in any other, a counter going
+    /// back starts a new series.
+    fn push(&mut self, ident: usize, ts: u64, p: Point, oldest: u64, gauge: bool) {
+        let went_back = !gauge
+            && self.runs.back().is_some_and(|last| {
+                (0..FIELDS)
+                    .filter(|i| *i != READY && *i != UNACKED)
+                    .any(|i| p[i] < last.point[i])
+            });
         if ident != self.ident || went_back {
             self.runs.clear();
             self.ident = ident;
@@ -259,10 +311,12 @@ pub struct Range {
 pub struct Ranges {
     msg_rates: Option<Range>,
     lengths: Option<Range>,
+    data_rates: Option<Range>,
 }
 
 impl Ranges {
-    /// Reads `msg_rates_age`/`msg_rates_incr` and `lengths_age`/`lengths_incr` (seconds).
+    /// Reads `msg_rates_age`/`msg_rates_incr`, `lengths_age`/`lengths_incr` and
+    /// `data_rates_age`/`data_rates_incr` (connections' traffic), seconds.
     /// Errors: 400 `invalid_range_parameters`, as rabbit_mgmt_util.
     pub fn from_query(q: &HashMap<String, String>) -> Result<Ranges, ApiError> {
         Self::at(q, now_ms())
@@ -272,6 +326,7 @@ impl Ranges {
         Ok(Ranges {
             msg_rates: range(q, "msg_rates", now, false)?,
             lengths: range(q, "lengths", now, true)?,
+            data_rates: range(q, "data_rates", now, false)?,
         })
     }
 }
@@ -398,6 +453,42 @@ impl Rates {
                 OBJECT_WINDOW_MS,
             ));
         }
+        for (id, io) in &src.connections {
+            let mut p = [0; FIELDS];
+            p[0] = io.recv_oct;
+            p[1] = io.send_oct;
+            rows.push((Key::Connection(*id), 0, p, OBJECT_WINDOW_MS));
+        }
+        for (id, _, exchange, c) in &src.channel_exchanges {
+            let mut p = [0; FIELDS];
+            p[PUBLISH] = c.publish_in;
+            rows.push((
+                Key::ChannelExchange(*id, exchange.clone()),
+                0,
+                p,
+                OBJECT_WINDOW_MS,
+            ));
+        }
+        for (id, _, d) in &src.channel_queues {
+            let mut p = [0; FIELDS];
+            p[DELIVER] = d.deliver;
+            p[DELIVER_NO_ACK] = d.deliver_no_ack;
+            p[GET] = d.get;
+            p[GET_NO_ACK] = d.get_no_ack;
+            p[REDELIVER] = d.redeliver;
+            p[ACK] = d.ack;
+            rows.push((
+                Key::ChannelQueue(*id, d.queue.clone()),
+                0,
+                p,
+                OBJECT_WINDOW_MS,
+            ));
+        }
+        if let Some(r) = &src.resources {
+            let mut p = [0; FIELDS];
+            p[..RESOURCE_FIELDS.len()].copy_from_slice(&r.gauges());
+            rows.push((Key::Resources, 0, p, WIDE_WINDOW_MS));
+        }
         let caps: Vec<usize> = rows.iter().map(|r| self.cap(r.3)).collect();
         let widest = self.cap(WIDE_WINDOW_MS);
         let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
@@ -418,12 +509,12 @@ impl Rates {
                 // either way): idle connections' channels cost the store nothing. Its first
                 // counts start from a zero sample at the previous sweep, so that they have a
                 // rate at once.
-                Entry::Vacant(_) if matches!(key, Key::Channel(_)) && p == [0; FIELDS] => {
+                Entry::Vacant(_) if key.counts_from_zero() && p == [0; FIELDS] => {
                     continue;
                 }
                 Entry::Vacant(e) => {
                     let mut runs = VecDeque::with_capacity(1);
-                    if let (Key::Channel(_), Some(t)) = (&key, previous) {
+                    if let (true, Some(t)) = (key.counts_from_zero(), previous) {
                         runs.push_back(Run {
                             first: t,
                             last: t,
@@ -434,7 +525,7 @@ impl Rates {
                     e.insert(Series { ident, runs })
                 }
             };
-            s.push(ident, ts, p, oldest);
+            s.push(ident, ts, p, oldest, key == Key::Resources);
             seen.insert(key);
         }
         series.retain(|k, _| seen.contains(k));
@@ -525,6 +616,27 @@ impl Rates {
         let samples = self.samples(&[(Key::Churn, 0)]);
         self.decorate_with(&mut m, &samples, &CHURN_FIELDS, ranges.lengths, churn_field);
         Value::Object(m)
+    }
+
+    /// Adds `<gauge>_details: {"rate": ...}` (change per second) to the node's resource
+    /// gauges in `obj` (`mem_used`, `fd_used`, `sockets_used`, `disk_free`, `proc_used`),
+    /// from the sampler's samples of them.
+    pub fn resources(&self, obj: &mut Map<String, Value>) {
+        let samples = self.samples(&[(Key::Resources, 0)]);
+        self.decorate_with(obj, &samples, &RESOURCE_FIELDS, None, resource_field);
+    }
+
+    /// Adds `recv_oct_details` and `send_oct_details` (bytes per second, with the
+    /// `data_rates` range) to `obj`, connection `id`'s JSON.
+    pub fn connection(&self, obj: &mut Map<String, Value>, id: u64, ranges: &Ranges) {
+        let samples = self.samples(&[(Key::Connection(id), 0)]);
+        self.decorate_with(
+            obj,
+            &samples,
+            &CONNECTION_FIELDS,
+            ranges.data_rates,
+            connection_field,
+        );
     }
 
     /// Adds `messages_details`, `messages_ready_details` and
@@ -631,6 +743,7 @@ mod tests {
                 queue_deleted: 2 * publish,
                 ..Default::default()
             },
+            ..SampleSources::default()
         }
     }
 

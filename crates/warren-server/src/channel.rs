@@ -39,7 +39,7 @@ use warren_broker::ops::publish::PublishCheck;
 use warren_broker::ops::{DeclaredQueue, PublishGrant};
 use warren_broker::queue::Settlement;
 use warren_broker::registry::{
-    bump, bump_by, ChannelEntry, ChannelHandle, ChannelProbe, ConsumerDetails,
+    bump, bump_by, ChannelEntry, ChannelHandle, ChannelProbe, ConsumerDetails, QueueDeliveries,
 };
 use warren_broker::vhost::log::DurableSink;
 use warren_broker::vhost::{ExchangeDeclare as ExchangeSpec, QueueDeclare as QueueSpec, REPLY_TO};
@@ -187,6 +187,7 @@ impl Channel {
                 replying: false,
                 deferred_cancels: Vec::new(),
                 announcing: None,
+                tallies: Default::default(),
             }),
             stats: registration.entry().clone(),
         });

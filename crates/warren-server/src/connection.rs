@@ -31,11 +31,12 @@ use warren_amqp::generated::*;
 use warren_amqp::table::{FieldTable, FieldValue};
 use warren_amqp::{constants, DecodeError, Method};
 use warren_broker::login::ConnectionSlot;
-use warren_broker::registry::{ConnectionDetails, ConnectionHandle};
+use warren_broker::registry::{ConnectionDetails, ConnectionHandle, ConnectionIo};
 use warren_broker::vhost::log::DurableSink;
 use warren_broker::{Actor, BrokerError, Credentials, LoginSource, VHost};
 
 mod close;
+mod counted;
 mod flow;
 mod frames;
 mod handshake;
@@ -157,8 +158,12 @@ where
     // delivery). Log lines at info and above name the connection themselves.
     let span = tracing::debug_span!("conn", id, %peer);
     let (rd, wr) = tokio::io::split(stream);
+    // Counted from the first byte, the handshake's included (as RabbitMQ's socket stats).
+    let io = Arc::new(ConnectionIo::default());
+    let rd = counted::CountedRead::new(rd, io.clone());
+    let wr = counted::CountedWrite::new(wr, io.clone());
     tracing::Instrument::instrument(
-        run(state, id, rd, wr, peer, local, security, shutdown),
+        run(state, id, rd, wr, peer, local, security, io, shutdown),
         span,
     )
 }
@@ -225,6 +230,7 @@ async fn run<R, W>(
     peer: SocketAddr,
     local: SocketAddr,
     security: TransportSecurity,
+    io: Arc<ConnectionIo>,
     mut shutdown: watch::Receiver<bool>,
 ) where
     R: AsyncRead + Unpin,
@@ -365,7 +371,7 @@ async fn run<R, W>(
     let durable = Arc::new(DurableReplies::new(outbox.clone()));
     // Listed for operators (`/api/connections`) until the connection ends.
     let forced = Arc::new(ForcedClose::default());
-    let registration = state.broker.registry().register(
+    let registration = state.broker.registry().register_with_io(
         ConnectionDetails {
             id,
             name,
@@ -385,6 +391,7 @@ async fn run<R, W>(
             heartbeat: tuned.heartbeat,
         },
         forced.clone(),
+        io.clone(),
     );
     let mut conn = Conn {
         registration,
@@ -496,7 +503,9 @@ async fn run<R, W>(
         // so acknowledge, freeing memory) keep going.
         if std::mem::take(&mut conn.published) && state.publishers_paused() {
             debug!("memory or disk alarm: publisher paused");
-            if let Some(end) = Box::pin(paused(
+            // RabbitMQ's `blocked` state, until the alarm clears or the connection ends.
+            io.set_alarm_held(true);
+            let held = Box::pin(paused(
                 &mut rd,
                 &mut rbuf,
                 &outbox,
@@ -506,8 +515,9 @@ async fn run<R, W>(
                 || state.publishers_paused(),
                 &mut conn,
             ))
-            .await
-            {
+            .await;
+            io.set_alarm_held(false);
+            if let Some(end) = held {
                 break end;
             }
             debug!("alarm cleared: publisher resumed");
@@ -516,7 +526,7 @@ async fn run<R, W>(
         }
         for q in conn.take_pressure() {
             let t = std::time::Instant::now();
-            wait_for_drain(&*q).await;
+            wait_for_drain(&*q, &io).await;
             tracing::trace!(queue = %q.name(), waited_us = t.elapsed().as_micros() as u64, "publisher paused");
         }
         let read = async {

@@ -28,6 +28,15 @@ impl warren_mgmt::Node for Node {
     fn disk_alarm(&self) -> bool {
         self.state.disk_alarm()
     }
+    fn memory_limit(&self) -> Option<u64> {
+        Some(self.state.memory_limit())
+    }
+    fn disk_free(&self) -> Option<u64> {
+        self.state.disk_free()
+    }
+    fn disk_free_limit(&self) -> Option<u64> {
+        Some(self.state.disk_free_limit())
+    }
     fn listeners(&self) -> Vec<(String, SocketAddr)> {
         self.listeners.clone()
     }

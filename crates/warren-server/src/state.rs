@@ -292,6 +292,46 @@ impl ServerState {
         };
     }
 
+    /// The disk alarm's limit in bytes for a file system of `total` bytes.
+    fn disk_limit_bytes(&self, total: u64) -> u64 {
+        let l = *self.disk_limit.lock();
+        if l.memory_relative > 0.0 {
+            (total_memory().unwrap_or(0) as f64 * l.memory_relative) as u64
+        } else {
+            l.limit.bytes(total)
+        }
+    }
+
+    /// The directory whose file system the disk figures are about: the data directory, or
+    /// the working directory for a broker without one (which has no disk alarm).
+    fn disk_dir(&self) -> std::path::PathBuf {
+        self.config
+            .storage
+            .data_dir
+            .clone()
+            .unwrap_or_else(|| std::path::PathBuf::from("."))
+    }
+
+    /// Free bytes on the data directory's file system now (RabbitMQ's `disk_free`), read
+    /// with statvfs; `None` when it cannot be read.
+    pub fn disk_free(&self) -> Option<u64> {
+        disk_space(&self.disk_dir()).ok().map(|(free, _)| free)
+    }
+
+    /// The disk alarm's limit in bytes as it applies now (RabbitMQ's `disk_free_limit`):
+    /// `storage.disk_free_limit` (a percentage of the file system's size when so given), or
+    /// `disk_free_limit_relative` times the machine's memory.
+    pub fn disk_free_limit(&self) -> u64 {
+        let total = disk_space(&self.disk_dir()).map_or(0, |(_, total)| total);
+        self.disk_limit_bytes(total)
+    }
+
+    /// The memory alarm's watermark in bytes (RabbitMQ's `mem_limit`): `[memory]
+    /// high_watermark` applied to the machine's memory, or the absolute limit configured.
+    pub fn memory_limit(&self) -> u64 {
+        self.memory_limit
+    }
+
     /// True while the disk alarm is on (free space below `disk_free_limit`).
     pub fn disk_alarm(&self) -> bool {
         self.disk_alarm.load(Ordering::Relaxed)
@@ -316,12 +356,7 @@ impl ServerState {
                 return self.disk_alarm();
             }
         };
-        let l = *self.disk_limit.lock();
-        let limit = if l.memory_relative > 0.0 {
-            (total_memory().unwrap_or(0) as f64 * l.memory_relative) as u64
-        } else {
-            l.limit.bytes(total)
-        };
+        let limit = self.disk_limit_bytes(total);
         let low = free < limit;
         if self.disk_alarm.swap(low, Ordering::Relaxed) != low {
             if low {

@@ -3720,3 +3720,442 @@ async fn rabbitmq_4_fields_and_errors() {
     );
     h.stop().await;
 }
+
+/// An AMQP connection as admin to `/` whose client properties name it `name` (what
+/// `/api/connections` shows as `client_properties.connection_name`).
+async fn named_connection(h: &Http, name: &str) -> Connection {
+    let addr = h.broker.as_ref().unwrap().amqp_addr();
+    within(
+        "connect",
+        Connection::connect(
+            &format!("amqp://admin:admin-pw@{addr}/%2f"),
+            ConnectionProperties::default().with_connection_name(name.into()),
+        ),
+    )
+    .await
+    .expect("AMQP connection")
+}
+
+/// The connection whose client named it `name`, from `GET /api/connections`.
+fn connection_named(list: &Value, name: &str) -> Option<Value> {
+    list.as_array()?
+        .iter()
+        .find(|c| c["client_properties"]["connection_name"] == name)
+        .cloned()
+}
+
+/// `/api/nodes` and `/api/nodes/{name}` give RabbitMQ's resource figures with real values
+/// (the process's memory, descriptors, sockets, threads, the data directory's free space)
+/// and the alarms' configured limits, with the `_details` rates of the gauges.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_show_resource_figures_and_limits() {
+    let dir = binary_support::tempdir("mgmt-nodes");
+    let data_dir = dir.clone();
+    let h = Http::start_with(move |c| {
+        c.storage.data_dir = Some(data_dir);
+        c.storage.disk_free_limit = warren_server::config::DiskFreeLimit::Bytes(12_345_678);
+        c.memory.high_watermark_bytes = 3 << 30;
+        c.management.collect_statistics_interval = 200;
+    })
+    .await;
+    let _conn = h.amqp().await;
+    let nodes = h.get("/api/nodes").await;
+    let n = &nodes[0];
+    let u = |k: &str| {
+        n[k].as_u64()
+            .unwrap_or_else(|| panic!("{k} is not a number: {n}"))
+    };
+    assert!(u("mem_used") > 1 << 20, "{n}");
+    assert_eq!(u("mem_limit"), 3 << 30);
+    assert_eq!(n["mem_alarm"], false);
+    assert_eq!(n["mem_calculation_strategy"], "rss");
+    assert!(u("disk_free") > 0, "{n}");
+    assert_eq!(u("disk_free_limit"), 12_345_678);
+    assert_eq!(n["disk_free_alarm"], false);
+    assert!(u("fd_used") >= 5, "{n}");
+    assert!(u("fd_total") >= u("fd_used"), "{n}");
+    // The AMQP and HTTP listeners, the AMQP connection both ways, this HTTP request.
+    assert!(u("sockets_used") >= 4, "{n}");
+    assert_eq!(u("sockets_total"), u("fd_total"));
+    assert!(u("proc_used") >= 2, "{n}");
+    assert!(u("proc_total") >= u("proc_used"), "{n}");
+    assert!(u("run_queue") < u("proc_used"), "{n}");
+    assert!(u("processors") >= 1);
+    assert!(u("uptime") > 0);
+    assert_eq!(n["os_pid"], std::process::id().to_string());
+    // Each gauge's rate (per second) once the sampler has two samples of it.
+    let nodes = h
+        .wait_for("/api/nodes", |v| {
+            [
+                "mem_used",
+                "fd_used",
+                "sockets_used",
+                "disk_free",
+                "proc_used",
+            ]
+            .iter()
+            .all(|k| v[0][format!("{k}_details")]["rate"].is_f64())
+        })
+        .await;
+    let name = nodes[0]["name"].as_str().unwrap().to_string();
+    let one = h.get(&format!("/api/nodes/{}", seg(&name))).await;
+    assert_eq!(one["name"], name.as_str());
+    assert!(one["fd_used"].as_u64().unwrap() > 0);
+    assert!(one["mem_used_details"]["rate"].is_f64(), "{one}");
+    // More connections, more sockets.
+    let before = one["sockets_used"].as_u64().unwrap();
+    let more = [h.amqp().await, h.amqp().await, h.amqp().await];
+    let after = h.get("/api/nodes").await[0]["sockets_used"]
+        .as_u64()
+        .unwrap();
+    assert!(after >= before + 3, "{before} then {after}");
+    drop(more);
+    h.stop().await;
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Connection `state` under a resource alarm, as rabbit_reader reports it: `blocking` while
+/// the alarm is on and the connection has not published since, `blocked` once it published
+/// and is held, `running` again when the alarm clears.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_state_follows_the_disk_alarm() {
+    use warren_server::config::DiskFreeLimit;
+    let dir = binary_support::tempdir("mgmt-conn-state");
+    let h = Http::start_in(Some(dir.clone())).await;
+    let publisher = named_connection(&h, "publisher").await;
+    let consumer = named_connection(&h, "consumer").await;
+    let pch = within("channel", publisher.create_channel()).await.unwrap();
+    let _cch = within("channel", consumer.create_channel()).await.unwrap();
+    let states = |v: &Value| {
+        (
+            connection_named(v, "publisher").map(|c| c["state"].clone()),
+            connection_named(v, "consumer").map(|c| c["state"].clone()),
+        )
+    };
+    let running = (Some(json!("running")), Some(json!("running")));
+    h.wait_for("/api/connections", |v| states(v) == running)
+        .await;
+
+    let broker = h.broker.as_ref().unwrap();
+    broker
+        .state()
+        .set_disk_free_limit(DiskFreeLimit::Bytes(u64::MAX / 2), 0.0);
+    let blocking = (Some(json!("blocking")), Some(json!("blocking")));
+    h.wait_for("/api/connections", |v| states(v) == blocking)
+        .await;
+    // The publisher publishes: it is no longer read from (the publish waits).
+    let held = {
+        let pch = pch.clone();
+        tokio::spawn(async move {
+            pch.basic_publish(
+                "".into(),
+                "nowhere".into(),
+                BasicPublishOptions::default(),
+                b"x",
+                BasicProperties::default(),
+            )
+            .await
+        })
+    };
+    let v = h
+        .wait_for("/api/connections", |v| {
+            states(v) == (Some(json!("blocked")), Some(json!("blocking")))
+        })
+        .await;
+    let name = connection_named(&v, "publisher").unwrap()["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let one = h.get(&format!("/api/connections/{}", seg(&name))).await;
+    assert_eq!(one["state"], "blocked", "{one}");
+
+    broker
+        .state()
+        .set_disk_free_limit(DiskFreeLimit::Bytes(0), 0.0);
+    h.wait_for("/api/connections", |v| states(v) == running)
+        .await;
+    within("publish after the alarm", held)
+        .await
+        .unwrap()
+        .unwrap();
+    let one = h.get(&format!("/api/connections/{}", seg(&name))).await;
+    assert_eq!(one["state"], "running", "{one}");
+    drop((publisher, consumer));
+    h.stop().await;
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Connections count their socket traffic both ways, handshake included: `recv_oct`,
+/// `send_oct` (bytes), `recv_cnt`, `send_cnt` (reads and writes), and the byte rates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_count_socket_bytes_and_rates() {
+    use futures_util::StreamExt;
+    use lapin::options::BasicConsumeOptions;
+    let h = Http::start_with(|c| c.management.collect_statistics_interval = 200).await;
+    let conn = named_connection(&h, "io").await;
+    let ch = within("channel", conn.create_channel()).await.unwrap();
+    within(
+        "declare",
+        ch.queue_declare(
+            "io-q".into(),
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .unwrap();
+    let list = h.get("/api/connections").await;
+    let c = connection_named(&list, "io").expect("listed");
+    let n = |c: &Value, k: &str| {
+        c[k].as_u64()
+            .unwrap_or_else(|| panic!("{k} is not a number: {c}"))
+    };
+    // The handshake alone: the protocol header, start-ok, tune-ok, open; start, tune, open-ok.
+    assert!(n(&c, "recv_oct") > 100, "{c}");
+    assert!(n(&c, "send_oct") > 100, "{c}");
+    assert!(n(&c, "recv_cnt") >= 1 && n(&c, "recv_cnt") <= n(&c, "recv_oct"));
+    assert!(n(&c, "send_cnt") >= 1 && n(&c, "send_cnt") <= n(&c, "send_oct"));
+    assert!(c["recv_oct_details"]["rate"].is_f64(), "{c}");
+    assert!(c["send_oct_details"]["rate"].is_f64(), "{c}");
+    let name = c["name"].as_str().unwrap().to_string();
+
+    // 100 messages of 1000 bytes in, then out to a consumer.
+    for _ in 0..100 {
+        within(
+            "publish",
+            ch.basic_publish(
+                "".into(),
+                "io-q".into(),
+                BasicPublishOptions::default(),
+                &[7u8; 1000],
+                BasicProperties::default(),
+            ),
+        )
+        .await
+        .unwrap();
+    }
+    h.wait_ready("io-q", 100).await;
+    let after_in = h.get(&format!("/api/connections/{}", seg(&name))).await;
+    assert!(
+        n(&after_in, "recv_oct") >= n(&c, "recv_oct") + 100_000,
+        "{c}\n{after_in}"
+    );
+    let mut consumer = within(
+        "consume",
+        ch.basic_consume(
+            "io-q".into(),
+            "io-c".into(),
+            BasicConsumeOptions {
+                no_ack: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .unwrap();
+    for _ in 0..100 {
+        within("delivery", consumer.next())
+            .await
+            .expect("a delivery")
+            .expect("delivered");
+    }
+    let after_out = h.get(&format!("/api/connections/{}", seg(&name))).await;
+    assert!(
+        n(&after_out, "send_oct") >= n(&after_in, "send_oct") + 100_000,
+        "{after_in}\n{after_out}"
+    );
+    assert!(n(&after_out, "send_cnt") > n(&c, "send_cnt"));
+    // The bytes show as rates in the samples that saw them (200 ms apart), and in the list.
+    for _ in 0..100 {
+        within(
+            "publish",
+            ch.basic_publish(
+                "".into(),
+                "io-q".into(),
+                BasicPublishOptions::default(),
+                &[7u8; 1000],
+                BasicProperties::default(),
+            ),
+        )
+        .await
+        .unwrap();
+    }
+    h.wait_for("/api/connections", |v| {
+        connection_named(v, "io").is_some_and(|c| {
+            num(&c, &["recv_oct_details", "rate"]) > 0.0
+                && num(&c, &["send_oct_details", "rate"]) > 0.0
+        })
+    })
+    .await;
+    drop(conn);
+    h.stop().await;
+}
+
+/// `GET /api/channels/{name}` lists what the channel published to each exchange
+/// (`publishes`), took from each queue (`deliveries`) and its consumers (`consumer_details`),
+/// with the rates of the counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn channel_details_show_publishes_deliveries_and_consumers() {
+    use futures_util::StreamExt;
+    use lapin::options::{BasicAckOptions, BasicConsumeOptions, QueueBindOptions};
+    let h = Http::start_with(|c| c.management.collect_statistics_interval = 200).await;
+    let conn = h.amqp().await;
+    let ch = within("channel", conn.create_channel()).await.unwrap();
+    for q in ["cd-consumed", "cd-got"] {
+        within(
+            "declare",
+            ch.queue_declare(
+                q.into(),
+                QueueDeclareOptions::default(),
+                FieldTable::default(),
+            ),
+        )
+        .await
+        .unwrap();
+    }
+    within(
+        "bind",
+        ch.queue_bind(
+            "cd-got".into(),
+            "amq.direct".into(),
+            "k".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .unwrap();
+    let publish = |x: &'static str, key: &'static str| {
+        let ch = ch.clone();
+        async move {
+            within(
+                "publish",
+                ch.basic_publish(
+                    x.into(),
+                    key.into(),
+                    BasicPublishOptions::default(),
+                    b"m",
+                    BasicProperties::default(),
+                ),
+            )
+            .await
+            .unwrap();
+        }
+    };
+    for _ in 0..3 {
+        publish("", "cd-consumed").await;
+    }
+    for _ in 0..2 {
+        publish("amq.direct", "k").await;
+    }
+    h.wait_ready("cd-got", 2).await;
+    let mut consumer = within(
+        "consume",
+        ch.basic_consume(
+            "cd-consumed".into(),
+            "cd-tag".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .unwrap();
+    for _ in 0..3 {
+        let d = within("delivery", consumer.next())
+            .await
+            .expect("a delivery")
+            .expect("delivered");
+        within("ack", d.ack(BasicAckOptions::default()))
+            .await
+            .unwrap();
+    }
+    let got = within(
+        "basic.get",
+        ch.basic_get("cd-got".into(), BasicGetOptions { no_ack: true }),
+    )
+    .await
+    .unwrap();
+    assert!(got.is_some());
+
+    let channels = h.get("/api/channels").await;
+    let name = channels[0]["name"].as_str().unwrap().to_string();
+    // The lists do not carry the details, as RabbitMQ's.
+    assert!(channels[0].get("publishes").is_none(), "{channels}");
+    let path = format!("/api/channels/{}", seg(&name));
+    // Acks arrive after the deliveries: wait until the channel counted all three.
+    let v = h
+        .wait_for(&path, |v| {
+            v["deliveries"].as_array().is_some_and(|d| {
+                d.iter()
+                    .any(|e| e["queue"]["name"] == "cd-consumed" && e["stats"]["ack"] == 3)
+            })
+        })
+        .await;
+    let publishes = v["publishes"].as_array().expect("publishes");
+    let by_exchange = |x: &str| {
+        publishes
+            .iter()
+            .find(|p| p["exchange"]["name"] == x)
+            .unwrap_or_else(|| panic!("no publishes to '{x}': {v}"))
+    };
+    let default = by_exchange("");
+    assert_eq!(default["exchange"]["vhost"], "/");
+    assert_eq!(default["stats"]["publish"], 3);
+    assert!(default["stats"]["publish_details"]["rate"].is_f64(), "{v}");
+    assert_eq!(by_exchange("amq.direct")["stats"]["publish"], 2);
+    let deliveries = v["deliveries"].as_array().expect("deliveries");
+    let by_queue = |q: &str| {
+        deliveries
+            .iter()
+            .find(|d| d["queue"]["name"] == q)
+            .unwrap_or_else(|| panic!("no deliveries from '{q}': {v}"))
+    };
+    let consumed = &by_queue("cd-consumed")["stats"];
+    assert_eq!(by_queue("cd-consumed")["queue"]["vhost"], "/");
+    assert_eq!(consumed["deliver"], 3);
+    assert_eq!(consumed["deliver_get"], 3);
+    assert_eq!(consumed["deliver_no_ack"], 0);
+    assert_eq!(consumed["ack"], 3);
+    assert!(consumed["deliver_get_details"]["rate"].is_f64(), "{v}");
+    let got = &by_queue("cd-got")["stats"];
+    assert_eq!(got["get_no_ack"], 1);
+    assert_eq!(got["deliver_get"], 1);
+    assert_eq!(got["deliver"], 0);
+    let consumers = v["consumer_details"].as_array().expect("consumer_details");
+    assert_eq!(consumers.len(), 1, "{v}");
+    assert_eq!(consumers[0]["consumer_tag"], "cd-tag");
+    assert_eq!(consumers[0]["queue"]["name"], "cd-consumed");
+    assert_eq!(consumers[0]["channel_details"]["name"], name.as_str());
+    assert_eq!(consumers[0]["ack_required"], true);
+    // The same object as /api/consumers shows.
+    let all = h.get("/api/consumers").await;
+    assert_eq!(all[0], consumers[0]);
+    // The counts' rates: non-zero in the samples (200 ms apart) that saw them change.
+    for _ in 0..5 {
+        publish("amq.direct", "k").await;
+    }
+    h.wait_for(&path, |v| {
+        v["publishes"].as_array().is_some_and(|p| {
+            p.iter().any(|p| {
+                p["exchange"]["name"] == "amq.direct"
+                    && num(p, &["stats", "publish_details", "rate"]) > 0.0
+            })
+        })
+    })
+    .await;
+    for _ in 0..5 {
+        publish("", "cd-consumed").await;
+    }
+    h.wait_for(&path, |v| {
+        v["deliveries"].as_array().is_some_and(|d| {
+            d.iter().any(|d| {
+                d["queue"]["name"] == "cd-consumed"
+                    && num(d, &["stats", "deliver_get_details", "rate"]) > 0.0
+            })
+        })
+    })
+    .await;
+    drop(conn);
+    h.stop().await;
+}

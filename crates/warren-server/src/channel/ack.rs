@@ -77,6 +77,14 @@ impl Channel {
                 }
             };
             st.unacked_bytes -= body_bytes(&taken);
+            if !rejected {
+                st.tallies.acked(
+                    taken
+                        .iter()
+                        .map(|u| &u.queue)
+                        .chain(paged.iter().map(|p| &p.queue)),
+                );
+            }
             (taken, paged, upto)
         };
         if !rejected {

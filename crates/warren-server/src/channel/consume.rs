@@ -173,6 +173,15 @@ impl Channel {
             bump(&counters.redeliver);
         }
         let mut st = self.shared.st.lock();
+        let tally = st.tallies.of(&q);
+        if m.no_ack {
+            tally.get_no_ack += 1;
+        } else {
+            tally.get += 1;
+        }
+        if msg.redelivered {
+            tally.redeliver += 1;
+        }
         st.next_tag += 1;
         let tag = st.next_tag;
         let method = Method::BasicGetOk(BasicGetOk {

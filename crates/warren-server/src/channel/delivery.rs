@@ -18,6 +18,68 @@ pub(super) struct ConsumerInfo {
     pub(super) details: Option<ConsumerDetails>,
 }
 
+/// What a channel took from one queue: its per-queue stats (RabbitMQ's channel-queue
+/// `deliveries`). Held with a weak reference to the queue, which keeps the queue's
+/// allocation (not its contents) and so its address, the tally's key, from being reused.
+pub(super) struct QueueTally {
+    queue: std::sync::Weak<Queue>,
+    counts: QueueDeliveries,
+}
+
+/// The tallies of a channel by queue address: counted under the channel's lock, which
+/// deliveries, gets and acks hold anyway (a hash lookup of a pointer each).
+#[derive(Default)]
+pub(super) struct Tallies(rustc_hash::FxHashMap<usize, QueueTally>);
+
+impl Tallies {
+    /// The tally of `queue`, made at its first use.
+    #[inline]
+    pub(super) fn of(&mut self, queue: &Arc<Queue>) -> &mut QueueDeliveries {
+        &mut self
+            .0
+            .entry(Arc::as_ptr(queue) as *const () as usize)
+            .or_insert_with(|| QueueTally {
+                queue: Arc::downgrade(queue),
+                counts: QueueDeliveries::default(),
+            })
+            .counts
+    }
+
+    /// Counts `n` acknowledgements of deliveries from `queues` (runs of the same queue are
+    /// looked up once).
+    pub(super) fn acked<'a>(&mut self, queues: impl Iterator<Item = &'a Arc<Queue>>) {
+        let mut run: Option<(&Arc<Queue>, u64)> = None;
+        for q in queues {
+            match &mut run {
+                Some((r, n)) if Arc::ptr_eq(r, q) => *n += 1,
+                _ => {
+                    if let Some((r, n)) = run.take() {
+                        self.of(r).ack += n;
+                    }
+                    run = Some((q, 1));
+                }
+            }
+        }
+        if let Some((r, n)) = run {
+            self.of(r).ack += n;
+        }
+    }
+
+    /// The tallies of the queues that still exist, named.
+    fn named(&self) -> Vec<QueueDeliveries> {
+        self.0
+            .values()
+            .filter_map(|t| {
+                let q = t.queue.upgrade()?;
+                Some(QueueDeliveries {
+                    queue: q.name().to_string(),
+                    ..t.counts.clone()
+                })
+            })
+            .collect()
+    }
+}
+
 pub(super) struct SharedState {
     pub(super) open: bool,
     pub(super) flow: bool,
@@ -38,6 +100,8 @@ pub(super) struct SharedState {
     /// A consumer registered with its queue whose basic.consume-ok is not queued yet: other
     /// tasks must not deliver to it before the client has learned its tag.
     pub(super) announcing: Option<Arc<str>>,
+    /// What the channel took from each queue.
+    pub(super) tallies: Tallies,
 }
 
 /// The part of a channel that queues deliver into.
@@ -80,6 +144,11 @@ impl ChannelProbe for ChannelShared {
             .collect();
         out.sort_by(|a, b| a.tag.cmp(&b.tag));
         out
+    }
+
+    fn deliveries(&self) -> Vec<QueueDeliveries> {
+        let tallies: Vec<QueueDeliveries> = self.st.lock().tallies.named();
+        tallies
     }
 }
 
@@ -197,8 +266,15 @@ impl DeliveryTarget for ChannelShared {
         } else {
             &counters.deliver
         });
+        let tally = st.tallies.of(queue);
+        if no_ack {
+            tally.deliver_no_ack += 1;
+        } else {
+            tally.deliver += 1;
+        }
         if msg.redelivered {
             bump(&counters.redeliver);
+            tally.redeliver += 1;
         }
         st.next_tag = tag;
         if !no_ack {

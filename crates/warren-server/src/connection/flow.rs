@@ -67,15 +67,29 @@ pub(super) async fn paused<R: AsyncRead + Unpin>(
     }
 }
 
+/// Runs `f` when dropped (at the end of a wait, or when the wait's future is dropped).
+fn scopeguard<F: FnMut()>(f: F) -> impl Drop {
+    struct Guard<F: FnMut()>(F);
+    impl<F: FnMut()> Drop for Guard<F> {
+        fn drop(&mut self) {
+            (self.0)();
+        }
+    }
+    Guard(f)
+}
+
 /// Publisher flow control: stops reading from a publisher while a queue it feeds is
 /// pressured, until the queue drains or its consumers stall (no delivery for 250 ms, e.g. all
 /// at their prefetch limit and not acking). A stalled queue takes the backlog on disk instead,
 /// and publishers do not wait for it again until its consumers make progress.
-pub(super) async fn wait_for_drain(q: &warren_broker::Queue) {
+/// While it waits, the connection shows RabbitMQ's `flow` state (`io`), and for 5 s after.
+pub(super) async fn wait_for_drain(q: &warren_broker::Queue, io: &ConnectionIo) {
     let mut last = q.deliveries();
-    if q.stalled_at() == Some(last) {
+    if q.stalled_at() == Some(last) || !q.is_pressured() {
         return;
     }
+    io.set_flow_held(true);
+    let _released = scopeguard(|| io.set_flow_held(false));
     let mut since = tokio::time::Instant::now();
     while q.is_pressured() {
         tokio::time::sleep(Duration::from_millis(1)).await;
