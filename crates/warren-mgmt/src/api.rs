@@ -980,6 +980,24 @@ async fn queue_get(
     ok_json(queue_json(&app, &find_queue(&app, &v, &name)?, &ranges))
 }
 
+/// The longest queue name, bytes: an AMQP 0-9-1 short string.
+const MAX_QUEUE_NAME: usize = 255;
+
+/// Refuses a queue name AMQP clients could not name (longer than a short string) as RabbitMQ
+/// 4's `PUT /api/queues/{vhost}/{name}` does (rabbit_parameter_validation's
+/// `amqp091_queue_name`): 400 `bad_request` with "queue should be less than 255 bytes,
+/// actually was N" and a newline. (RabbitMQ checks exchange names nowhere in its HTTP API,
+/// and neither does Warren.)
+fn check_queue_name(name: &str) -> Result<(), ApiError> {
+    if name.len() > MAX_QUEUE_NAME {
+        return Err(ApiError::bad_request(format!(
+            "queue should be less than 255 bytes, actually was {}\n",
+            name.len()
+        )));
+    }
+    Ok(())
+}
+
 async fn queue_put(
     State(app): S,
     ConnectInfo(peer): Peer,
@@ -989,6 +1007,7 @@ async fn queue_put(
 ) -> Reply {
     let user = authorize(&app, &headers, peer, Need::Management, Some(&v))?;
     require_vhost(&app, &v)?;
+    check_queue_name(&name)?;
     let b = body_json(&body)?;
     // RabbitMQ's default for a left-out `durable`: a transient queue.
     let created = app.backend.declare_queue(

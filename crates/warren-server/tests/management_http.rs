@@ -4159,3 +4159,78 @@ async fn channel_details_show_publishes_deliveries_and_consumers() {
     drop(conn);
     h.stop().await;
 }
+
+/// Queue names longer than an AMQP short string (255 bytes) are refused over HTTP as RabbitMQ
+/// 4 refuses them: 400 `bad_request` with rabbit_parameter_validation's text. Exchange names
+/// are not checked there, by RabbitMQ or Warren.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_names_longer_than_255_bytes_are_refused_over_http() {
+    let h = Http::start().await;
+    let long = "q".repeat(256);
+    let (s, _, v) = h
+        .call(
+            Method::PUT,
+            &format!("/api/queues/%2F/{long}"),
+            Some("admin"),
+            Some(json!({})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    assert_eq!(
+        v,
+        json!({"error": "bad_request",
+               "reason": "queue should be less than 255 bytes, actually was 256\n"})
+    );
+    // Bytes, not characters: 128 two-byte characters are 256 bytes.
+    let wide = "é".repeat(128);
+    let (s, _, v) = h
+        .call(
+            Method::PUT,
+            &format!("/api/queues/%2F/{}", seg(&wide)),
+            Some("admin"),
+            Some(json!({})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    assert_eq!(
+        v["reason"],
+        "queue should be less than 255 bytes, actually was 256\n"
+    );
+    let (s, _, _) = h
+        .call(
+            Method::GET,
+            &format!("/api/queues/%2F/{long}"),
+            Some("admin"),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    // 255 bytes is a name AMQP clients can use.
+    let longest = "q".repeat(255);
+    let (s, _, v) = h
+        .call(
+            Method::PUT,
+            &format!("/api/queues/%2F/{longest}"),
+            Some("admin"),
+            Some(json!({})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let conn = h.amqp().await;
+    let ch = within("channel", conn.create_channel()).await.unwrap();
+    within(
+        "passive declare",
+        ch.queue_declare(
+            longest.as_str().into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .expect("the 255-byte queue is there");
+    drop(conn);
+    h.stop().await;
+}
