@@ -177,10 +177,11 @@ pub struct QueueStats {
 
 /// One direction of a connection's socket traffic: bytes and the read or write calls that
 /// moved them, bumped once per call by the one task doing that direction's I/O (Relaxed:
-/// statistics). Aligned so that the reader's and the writer's counters never share a cache
-/// line.
+/// statistics). A cache line each, so that the reader's and the writer's counters, bumped
+/// from different threads, do not share one (64 bytes, not the 128 of
+/// [`MessageCounters`]: every connection has two, idle ones included).
 #[derive(Debug, Default)]
-#[repr(align(128))]
+#[repr(align(64))]
 pub struct Traffic {
     /// Bytes moved (RabbitMQ's `recv_oct` / `send_oct`).
     pub octets: AtomicU64,

@@ -75,7 +75,7 @@ fn connection_state(app: &App, io: &IoSnapshot) -> &'static str {
     }
 }
 
-fn connection_json(app: &App, c: &ConnectionSnapshot, ranges: &Ranges) -> Value {
+fn connection_json(app: &App, c: &ConnectionSnapshot) -> Value {
     let d = &c.details;
     let props = table_to_json(&d.client_properties);
     let mut out = json!({
@@ -107,7 +107,7 @@ fn connection_json(app: &App, c: &ConnectionSnapshot, ranges: &Ranges) -> Value 
         "send_cnt": c.io.send_cnt,
     });
     if let Value::Object(m) = &mut out {
-        app.rates.connection(m, d.id, ranges);
+        app.rates.connection(m, d.id);
     }
     out
 }
@@ -219,10 +219,9 @@ pub(crate) async fn connections(
     q: Q,
 ) -> Reply {
     let user = authorize(&app, &headers, peer, Need::Management, None)?;
-    let ranges = Ranges::from_query(&q)?;
     let items = visible_connections(&app, &user, None)
         .iter()
-        .map(|c| connection_json(&app, c, &ranges))
+        .map(|c| connection_json(&app, c))
         .collect();
     listed(items, &q)
 }
@@ -236,10 +235,9 @@ pub(crate) async fn vhost_connections(
 ) -> Reply {
     let user = authorize(&app, &headers, peer, Need::Management, Some(&v))?;
     require_vhost(&app, &v)?;
-    let ranges = Ranges::from_query(&q)?;
     let items = visible_connections(&app, &user, Some(&v))
         .iter()
-        .map(|c| connection_json(&app, c, &ranges))
+        .map(|c| connection_json(&app, c))
         .collect();
     listed(items, &q)
 }
@@ -249,11 +247,10 @@ pub(crate) async fn connection(
     ConnectInfo(peer): Peer,
     headers: HeaderMap,
     Path(name): Path<String>,
-    q: Q,
 ) -> Reply {
     let user = authorize(&app, &headers, peer, Need::Management, None)?;
     let c = find_connection(&app, &user, &name)?;
-    ok_json(connection_json(&app, &c, &Ranges::from_query(&q)?))
+    ok_json(connection_json(&app, &c))
 }
 
 /// `DELETE /api/connections/{name}`: the client gets connection.close 320 CONNECTION_FORCED

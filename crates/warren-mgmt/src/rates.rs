@@ -183,8 +183,6 @@ pub enum Key {
     Exchange(String, String),
     /// The node's resource gauges (memory, descriptors, sockets, disk, threads).
     Resources,
-    /// A connection's socket traffic, by connection id.
-    Connection(u64),
     /// A channel's publishes to one exchange: (channel id, exchange name).
     ChannelExchange(u64, String),
     /// A channel's deliveries from one queue: (channel id, queue name).
@@ -193,12 +191,12 @@ pub enum Key {
 
 impl Key {
     /// Series whose counts only start once the object counts something (channels and
-    /// their per-exchange and per-queue counts, connections): their first sample is
-    /// preceded by a zero at the previous sweep, so that they have a rate at once.
+    /// their per-exchange and per-queue counts): their first sample is preceded by a zero
+    /// at the previous sweep, so that they have a rate at once.
     fn counts_from_zero(&self) -> bool {
         matches!(
             self,
-            Key::Channel(_) | Key::ChannelExchange(..) | Key::ChannelQueue(..) | Key::Connection(_)
+            Key::Channel(_) | Key::ChannelExchange(..) | Key::ChannelQueue(..)
         )
     }
 }
@@ -222,14 +220,13 @@ fn resource_field(name: &str) -> Option<Slot> {
     })
 }
 
-/// A connection's traffic counters, in the order a [`Key::Connection`] sample keeps them.
-pub const CONNECTION_FIELDS: [&str; 2] = ["recv_oct", "send_oct"];
-
-fn connection_field(name: &str) -> Option<Slot> {
-    Some(match CONNECTION_FIELDS.iter().position(|f| *f == name)? {
-        0 => |p| p[0],
-        _ => |p| p[1],
-    })
+/// The last two samples of a connection's traffic, each (timestamp ms, `recv_oct`,
+/// `send_oct`): all that is kept per connection (about 70 bytes; a [`Series`] would take
+/// several hundred for every idle connection), so its `_details` have a `rate` only.
+#[derive(Debug, Clone, Copy, Default)]
+struct TrafficSamples {
+    older: (u64, u64, u64),
+    newer: (u64, u64, u64),
 }
 
 struct Series {
@@ -294,6 +291,8 @@ impl Series {
 #[derive(Default)]
 struct Store {
     series: HashMap<Key, Series>,
+    /// Each open connection's last two traffic samples, by connection id.
+    traffic: HashMap<u64, TrafficSamples>,
     /// Every sweep's timestamp (ms, increasing) over the widest window.
     sweeps: VecDeque<u64>,
 }
@@ -311,12 +310,10 @@ pub struct Range {
 pub struct Ranges {
     msg_rates: Option<Range>,
     lengths: Option<Range>,
-    data_rates: Option<Range>,
 }
 
 impl Ranges {
-    /// Reads `msg_rates_age`/`msg_rates_incr`, `lengths_age`/`lengths_incr` and
-    /// `data_rates_age`/`data_rates_incr` (connections' traffic), seconds.
+    /// Reads `msg_rates_age`/`msg_rates_incr` and `lengths_age`/`lengths_incr` (seconds).
     /// Errors: 400 `invalid_range_parameters`, as rabbit_mgmt_util.
     pub fn from_query(q: &HashMap<String, String>) -> Result<Ranges, ApiError> {
         Self::at(q, now_ms())
@@ -326,7 +323,6 @@ impl Ranges {
         Ok(Ranges {
             msg_rates: range(q, "msg_rates", now, false)?,
             lengths: range(q, "lengths", now, true)?,
-            data_rates: range(q, "data_rates", now, false)?,
         })
     }
 }
@@ -453,12 +449,6 @@ impl Rates {
                 OBJECT_WINDOW_MS,
             ));
         }
-        for (id, io) in &src.connections {
-            let mut p = [0; FIELDS];
-            p[0] = io.recv_oct;
-            p[1] = io.send_oct;
-            rows.push((Key::Connection(*id), 0, p, OBJECT_WINDOW_MS));
-        }
         for (id, _, exchange, c) in &src.channel_exchanges {
             let mut p = [0; FIELDS];
             p[PUBLISH] = c.publish_in;
@@ -492,7 +482,11 @@ impl Rates {
         let caps: Vec<usize> = rows.iter().map(|r| self.cap(r.3)).collect();
         let widest = self.cap(WIDE_WINDOW_MS);
         let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
-        let Store { series, sweeps } = &mut *store;
+        let Store {
+            series,
+            sweeps,
+            traffic,
+        } = &mut *store;
         // Timestamps keep increasing even if the wall clock steps back.
         let ts = sweeps.back().map_or(ts, |last| ts.max(last + 1));
         sweeps.push_back(ts);
@@ -529,6 +523,20 @@ impl Rates {
             seen.insert(key);
         }
         series.retain(|k, _| seen.contains(k));
+        // A new connection's traffic counts from zero at the previous sweep (it opened
+        // since), so that it has a rate at once.
+        let mut open = HashSet::with_capacity(src.connections.len());
+        for (id, io) in &src.connections {
+            let now = (ts, io.recv_oct, io.send_oct);
+            let t = traffic.entry(*id).or_insert_with(|| TrafficSamples {
+                older: (previous.unwrap_or(ts), 0, 0),
+                newer: (previous.unwrap_or(ts), 0, 0),
+            });
+            t.older = t.newer;
+            t.newer = now;
+            open.insert(*id);
+        }
+        traffic.retain(|id, _| open.contains(id));
     }
 
     /// The samples of `keys` summed by timestamp (the timestamps every key has), oldest
@@ -626,17 +634,30 @@ impl Rates {
         self.decorate_with(obj, &samples, &RESOURCE_FIELDS, None, resource_field);
     }
 
-    /// Adds `recv_oct_details` and `send_oct_details` (bytes per second, with the
-    /// `data_rates` range) to `obj`, connection `id`'s JSON.
-    pub fn connection(&self, obj: &mut Map<String, Value>, id: u64, ranges: &Ranges) {
-        let samples = self.samples(&[(Key::Connection(id), 0)]);
-        self.decorate_with(
-            obj,
-            &samples,
-            &CONNECTION_FIELDS,
-            ranges.data_rates,
-            connection_field,
-        );
+    /// Adds `recv_oct_details` and `send_oct_details` (`rate`: bytes per second between
+    /// the last two samples, 0.0 once the last is older than two intervals) to `obj`,
+    /// connection `id`'s JSON. Only the last two samples of a connection are kept, so
+    /// RabbitMQ's `data_rates_age` / `data_rates_incr` ranges are not offered.
+    pub fn connection(&self, obj: &mut Map<String, Value>, id: u64) {
+        let t = self
+            .store
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .traffic
+            .get(&id)
+            .copied();
+        let interval = self.interval.as_millis() as u64;
+        let (recv, send) = match t {
+            Some(TrafficSamples { older, newer })
+                if newer.0 > older.0 && now_ms().saturating_sub(newer.0) <= 2 * interval =>
+            {
+                let ms = newer.0 - older.0;
+                (rate(newer.1, older.1, ms), rate(newer.2, older.2, ms))
+            }
+            _ => (0.0, 0.0),
+        };
+        obj.insert("recv_oct_details".into(), json!({ "rate": recv }));
+        obj.insert("send_oct_details".into(), json!({ "rate": send }));
     }
 
     /// Adds `messages_details`, `messages_ready_details` and
@@ -774,6 +795,37 @@ mod tests {
             rate_of(&rates, Key::Channel(7), 0)["publish_details"]["rate"],
             500.0
         );
+    }
+
+    #[test]
+    fn connection_traffic_rates_from_the_last_two_samples() {
+        let rates = Rates::new(Duration::from_millis(1000));
+        let now = now_ms();
+        let io = |recv, send| crate::backend::IoSnapshot {
+            recv_oct: recv,
+            send_oct: send,
+            ..Default::default()
+        };
+        let mut src = sources(0, 0, 1);
+        rates.record(now - 2000, src.clone());
+        // Opened since the last sweep: counted from zero at it.
+        src.connections = vec![(3, io(1000, 500))];
+        rates.record(now - 1000, src.clone());
+        let mut m = Map::new();
+        rates.connection(&mut m, 3);
+        assert_eq!(m["recv_oct_details"]["rate"], 1000.0, "{m:?}");
+        assert_eq!(m["send_oct_details"]["rate"], 500.0, "{m:?}");
+        src.connections = vec![(3, io(3000, 4500))];
+        rates.record(now, src.clone());
+        rates.connection(&mut m, 3);
+        assert_eq!(m["recv_oct_details"]["rate"], 2000.0);
+        assert_eq!(m["send_oct_details"]["rate"], 4000.0);
+        // Gone: forgotten at the next sweep.
+        src.connections.clear();
+        rates.record(now + 1, src);
+        assert!(rates.store.lock().unwrap().traffic.is_empty());
+        rates.connection(&mut m, 3);
+        assert_eq!(m["recv_oct_details"]["rate"], 0.0);
     }
 
     #[test]

@@ -27,22 +27,51 @@ pub(super) struct QueueTally {
 }
 
 /// The tallies of a channel by queue address: counted under the channel's lock, which
-/// deliveries, gets and acks hold anyway (a hash lookup of a pointer each).
+/// deliveries, gets and acks hold anyway (a hash lookup of a pointer each). The tallies of
+/// deleted queues are dropped whenever the map has doubled since the last sweep of it, so
+/// that a channel that consumes from one short-lived queue after another (a reply queue
+/// per request) keeps only the live ones.
 #[derive(Default)]
-pub(super) struct Tallies(rustc_hash::FxHashMap<usize, QueueTally>);
+pub(super) struct Tallies {
+    map: rustc_hash::FxHashMap<usize, QueueTally>,
+    /// The size at which a new tally makes the next use drop those of deleted queues.
+    sweep_at: usize,
+    /// A sweep is due at the next use.
+    sweep_due: bool,
+}
+
+/// The fewest tallies a channel keeps before it looks for deleted queues' ones.
+const TALLY_SWEEP_MIN: usize = 16;
 
 impl Tallies {
     /// The tally of `queue`, made at its first use.
     #[inline]
     pub(super) fn of(&mut self, queue: &Arc<Queue>) -> &mut QueueDeliveries {
+        if self.sweep_due {
+            self.sweep();
+        }
+        let due = &mut self.sweep_due;
+        let at = self.sweep_at.max(TALLY_SWEEP_MIN);
+        let len = self.map.len();
         &mut self
-            .0
+            .map
             .entry(Arc::as_ptr(queue) as *const () as usize)
-            .or_insert_with(|| QueueTally {
-                queue: Arc::downgrade(queue),
-                counts: QueueDeliveries::default(),
+            .or_insert_with(|| {
+                *due = len + 1 >= at;
+                QueueTally {
+                    queue: Arc::downgrade(queue),
+                    counts: QueueDeliveries::default(),
+                }
             })
             .counts
+    }
+
+    /// Drops the tallies of deleted queues.
+    #[cold]
+    fn sweep(&mut self) {
+        self.map.retain(|_, t| t.queue.strong_count() > 0);
+        self.sweep_at = 2 * self.map.len();
+        self.sweep_due = false;
     }
 
     /// Counts `n` acknowledgements of deliveries from `queues` (runs of the same queue are
@@ -67,7 +96,7 @@ impl Tallies {
 
     /// The tallies of the queues that still exist, named.
     fn named(&self) -> Vec<QueueDeliveries> {
-        self.0
+        self.map
             .values()
             .filter_map(|t| {
                 let q = t.queue.upgrade()?;
@@ -327,4 +356,40 @@ pub(super) fn hold(
             message: msg,
         },
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use warren_amqp::table::FieldTable;
+
+    fn queue(name: &str) -> Arc<Queue> {
+        Arc::new(warren_broker::ClassicQueue::new(
+            name,
+            "/",
+            false,
+            None,
+            false,
+            FieldTable::new(),
+        ))
+    }
+
+    #[test]
+    fn tallies_count_per_queue_and_forget_deleted_queues() {
+        let mut t = Tallies::default();
+        let kept = queue("kept");
+        t.of(&kept).deliver += 2;
+        t.acked([&kept, &kept].into_iter());
+        // A reply queue per request: each used once, then deleted.
+        for i in 0..1000 {
+            let q = queue(&format!("reply-{i}"));
+            t.of(&q).get += 1;
+            t.of(&kept).deliver += 1;
+        }
+        assert!(t.map.len() <= 2 * TALLY_SWEEP_MIN, "{}", t.map.len());
+        let named = t.named();
+        assert_eq!(named.len(), 1);
+        assert_eq!(named[0].queue, "kept");
+        assert_eq!((named[0].deliver, named[0].ack), (1002, 2));
+    }
 }
