@@ -177,11 +177,11 @@ pub struct QueueStats {
 
 /// One direction of a connection's socket traffic: bytes and the read or write calls that
 /// moved them, bumped once per call by the one task doing that direction's I/O (Relaxed:
-/// statistics). A cache line each, so that the reader's and the writer's counters, bumped
-/// from different threads, do not share one (64 bytes, not the 128 of
-/// [`MessageCounters`]: every connection has two, idle ones included).
+/// statistics). Not padded to a cache line of its own, unlike [`MessageCounters`]: every
+/// connection, idle ones included, has its [`ConnectionIo`] (padding both directions took
+/// 250 bytes more per connection), and the reader and the writer bump theirs once per
+/// system call, not per message.
 #[derive(Debug, Default)]
-#[repr(align(64))]
 pub struct Traffic {
     /// Bytes moved (RabbitMQ's `recv_oct` / `send_oct`).
     pub octets: AtomicU64,

@@ -525,7 +525,7 @@ impl Rates {
         series.retain(|k, _| seen.contains(k));
         // A new connection's traffic counts from zero at the previous sweep (it opened
         // since), so that it has a rate at once.
-        let mut open = HashSet::with_capacity(src.connections.len());
+        traffic.reserve(src.connections.len().saturating_sub(traffic.len()));
         for (id, io) in &src.connections {
             let now = (ts, io.recv_oct, io.send_oct);
             let t = traffic.entry(*id).or_insert_with(|| TrafficSamples {
@@ -534,9 +534,9 @@ impl Rates {
             });
             t.older = t.newer;
             t.newer = now;
-            open.insert(*id);
         }
-        traffic.retain(|id, _| open.contains(id));
+        // Those not sampled now are closed.
+        traffic.retain(|_, t| t.newer.0 == ts);
     }
 
     /// The samples of `keys` summed by timestamp (the timestamps every key has), oldest
