@@ -103,7 +103,9 @@ impl QueueBackend for QuorumQueue {
         _seq: u64,
         waiter: Option<Waiter>,
     ) -> (bool, Vec<DeadLetter>) {
-        if self.deleted.load(Ordering::Acquire) {
+        // Deleted, or this node's log cannot write (a full disk): refused at once, as the
+        // message store refuses classic queues' publishes meanwhile.
+        if self.deleted.load(Ordering::Acquire) || self.node.log_failed() {
             if let Some((sink, token)) = waiter {
                 sink.complete(&[token], false);
             }
