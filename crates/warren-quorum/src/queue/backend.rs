@@ -407,6 +407,12 @@ impl QueueBackend for QuorumQueue {
                 .is_some_and(|e| self.clock.now_ms() >= last.saturating_add(e))
     }
 
+    fn needs_sweep(&self) -> bool {
+        !self.deleted.load(Ordering::Acquire)
+    }
+    fn sweep_mark(&self) -> &AtomicBool {
+        &self.sweep_mark
+    }
     fn recover(&self, _entries: &mut dyn Iterator<Item = SpillEntry>) {}
 
     fn counts(&self) -> QueueCounts {
