@@ -93,7 +93,6 @@ pub struct VHost {
 
 /// Every this many sweeps (10 s at the broker's 50 ms), the sweep visits every queue, not
 /// only those in the sweep set: a bound on how late anything missed by the set is seen.
-
 const FULL_SWEEP_EVERY: u64 = 200;
 
 /// The exchanges every vhost has from the start: they do not count against the exchange
