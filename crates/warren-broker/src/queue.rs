@@ -44,6 +44,7 @@ mod expiry;
 mod limits;
 mod paging;
 mod positions;
+mod sweeps;
 mod view;
 
 pub use backend::{
@@ -52,6 +53,7 @@ pub use backend::{
 };
 use paging::{entry_key, Spilled};
 pub use positions::Positions;
+pub use sweeps::SweepSet;
 
 /// The side of a channel that receives deliveries from queues.
 ///
@@ -230,6 +232,10 @@ pub struct ClassicQueue {
     /// [`Queue::enqueue_order`]), so that this queue enqueues its messages in id order.
     enqueue_order: Mutex<()>,
     state: Mutex<State>,
+    /// The vhost's sweep set, joined when the queue gets something to sweep.
+    sweeps: Weak<SweepSet>,
+    /// Set while the queue is in its vhost's sweep set.
+    sweep_mark: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]
@@ -256,6 +262,9 @@ struct State {
     /// Messages enqueued since the queue was created or its positions reset (see
     /// [`Positions`]).
     put_pos: u64,
+    /// A message with a deadline (TTL) was enqueued, or messages were recovered: the sweep
+    /// must look at the head while the queue holds messages.
+    has_deadlines: bool,
 }
 
 impl Spilled {
@@ -368,6 +377,8 @@ impl ClassicQueue {
                 priority: args.max_priority,
                 ..State::default()
             }),
+            sweeps: Weak::new(),
+            sweep_mark: std::sync::atomic::AtomicBool::new(false),
             overflow_declared: arguments.contains_key("x-overflow"),
             limited: std::sync::atomic::AtomicBool::new(has_length_limit(&args)),
             effective: parking_lot::RwLock::new(Arc::new(args.clone())),
@@ -424,6 +435,7 @@ impl ClassicQueue {
         )
         .with_clock(spec.clock)
         .with_dead_letter_sink(spec.dead_letters);
+        q.sweeps = spec.sweeps;
         if let Some(b) = spec.backing {
             q = q.with_backing(b);
         }
@@ -607,15 +619,56 @@ impl ClassicQueue {
         }
         self.dispatch_from(this, &mut st, Some(seq));
         if expires_at.is_some() {
+            st.has_deadlines = true;
             // A message whose TTL ran out before a consumer could take it (TTL 0) goes now.
             self.expire_head(&mut st, None);
         }
         self.enforce_max_length(&mut st);
-        let pressured = !st.consumers.is_empty()
-            && (st.spilled() > 0 || st.ready.len() >= self.pressure_limit());
+        let spilled = st.spilled() > 0;
+        let pressured =
+            !st.consumers.is_empty() && (spilled || st.ready.len() >= self.pressure_limit());
+        let sweep = expires_at.is_some() || (spilled && Self::paging_stalled(&st));
         let dead = self.flush_dead(&mut st);
         drop(st);
+        if sweep {
+            self.join_sweeps(this);
+        }
         (pressured, dead)
+    }
+
+    /// Joins the vhost's sweep set (nothing when the queue is in it already).
+    fn join_sweeps(&self, this: &Arc<Queue>) {
+        if self.sweep_mark.load(std::sync::atomic::Ordering::Acquire) {
+            return;
+        }
+        if let Some(set) = self.sweeps.upgrade() {
+            set.add(this);
+        }
+    }
+
+    /// True while paging waits for the disk: spill writes it refused, or messages held in
+    /// memory behind a spill.
+    fn paging_stalled(st: &State) -> bool {
+        st.spills
+            .iter()
+            .flatten()
+            .any(|s| s.file.is_stalled() || !s.held.is_empty())
+    }
+
+    /// See [`QueueBackend::needs_sweep`]: a TTL or `x-expires` applies, messages that may
+    /// have deadlines wait, dead letters or paging wait.
+    pub fn needs_sweep(&self) -> bool {
+        {
+            let args = self.settings();
+            if args.expires.is_some() || args.message_ttl.is_some() {
+                return true;
+            }
+        }
+        let st = self.state.lock();
+        !st.deleted
+            && ((st.has_deadlines && st.ready_count() > 0)
+                || !st.dead.is_empty()
+                || Self::paging_stalled(&st))
     }
 
     /// Messages delivered to consumers so far (to tell a stalled consumer from a slow one).

@@ -25,7 +25,7 @@ use crate::limits::Limits;
 use crate::log_limit::LogLimit;
 use crate::message::Message;
 use crate::persist::{get_bool, get_str, get_table, s, Persistence};
-use crate::queue::{Backing, ClassicQueue, Queue, QueueKind};
+use crate::queue::{Backing, ClassicQueue, Queue, QueueKind, SweepSet};
 use crate::sender_selected::SenderKeys;
 use log::TopologyCommand;
 use parking_lot::RwLock;
@@ -85,7 +85,15 @@ pub struct VHost {
     queue_kinds: RwLock<HashMap<String, Arc<dyn QueueKind>>>,
     /// Where queues created and deleted are counted (the broker's registry's).
     churn: Arc<crate::registry::ChurnCounters>,
+    /// The queues the sweep visits: those with something to do (see [`SweepSet`]).
+    sweeps: Arc<SweepSet>,
+    /// Sweeps so far; every [`FULL_SWEEP_EVERY`]th visits every queue.
+    sweep_rounds: AtomicU64,
 }
+
+/// Every this many sweeps (10 s at the broker's 50 ms), the sweep visits every queue, not
+/// only those in the sweep set: a bound on how late anything missed by the set is seen.
+const FULL_SWEEP_EVERY: u64 = 200;
 
 /// The exchanges every vhost has from the start: they do not count against the exchange
 /// limit and cannot be deleted.
@@ -134,6 +142,8 @@ impl VHost {
             removed: std::sync::atomic::AtomicBool::new(false),
             queue_kinds: RwLock::new(HashMap::new()),
             churn: Arc::default(),
+            sweeps: Arc::default(),
+            sweep_rounds: AtomicU64::new(0),
         }
     }
 
@@ -194,14 +204,30 @@ impl VHost {
     /// Periodic housekeeping: retries a failed save of the durable definitions (at most once a
     /// second), routes the delayed messages whose delay is over, expires messages at the head
     /// of each queue and deletes the queues unused for longer than their `x-expires`.
+    ///
+    /// Only the queues with something to sweep are visited (see [`SweepSet`]), and every
+    /// [`FULL_SWEEP_EVERY`]th time all of them: a vhost with many idle queues does next to
+    /// nothing here.
     pub fn sweep(&self) {
         self.retry_save();
         self.release_delayed();
-        for q in self.queues() {
+        let round = self.sweep_rounds.fetch_add(1, Ordering::Relaxed);
+        let queues = if round % FULL_SWEEP_EVERY == FULL_SWEEP_EVERY - 1 {
+            self.queues()
+        } else {
+            self.sweeps.snapshot()
+        };
+        for q in queues {
             if q.sweep() {
                 self.remove_queue(&q);
             }
+            self.sweeps.settle(&q);
         }
+    }
+
+    /// How many queues the sweep visits now (the others have nothing to sweep).
+    pub fn swept_queues(&self) -> usize {
+        self.sweeps.len()
     }
 
     /// A fresh message id, increasing across the broker.

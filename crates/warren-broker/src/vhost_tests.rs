@@ -999,3 +999,57 @@ fn policy_commands_round_trip_as_tables() {
         remove
     );
 }
+
+#[test]
+fn the_sweep_visits_only_queues_with_something_to_sweep() {
+    let (clock, v) = clocked();
+    for i in 0..100 {
+        declare_with(&v, &format!("idle{i}"), &[]);
+    }
+    let ttl = declare_with(&v, "ttl", &[("x-message-ttl", FieldValue::I32(1000))]);
+    declare_with(&v, "exp", &[("x-expires", FieldValue::I32(60_000))]);
+    let per_message = declare_with(&v, "pm", &[]);
+    assert_eq!(v.swept_queues(), 103, "every new queue is visited once");
+    v.sweep();
+    assert_eq!(
+        v.swept_queues(),
+        2,
+        "only the TTL and x-expires queues stay"
+    );
+    // A message with its own expiration brings its queue back, until it is gone.
+    let m = Message::new(
+        String::new(),
+        "pm".into(),
+        warren_amqp::properties::BasicProperties {
+            expiration: Some("500".into()),
+            ..Default::default()
+        },
+        bytes::Bytes::from_static(b"x"),
+    );
+    v.publish(Arc::new(m), None).unwrap();
+    assert_eq!(v.swept_queues(), 3);
+    clock.advance(499);
+    v.sweep();
+    assert_eq!(per_message.counts().ready, 1);
+    assert_eq!(v.swept_queues(), 3);
+    clock.advance(1);
+    v.sweep();
+    assert_eq!(per_message.counts().ready, 0, "expired by the sweep");
+    v.sweep();
+    assert_eq!(v.swept_queues(), 2);
+    send(&v, "ttl", b"a");
+    clock.advance(1000);
+    v.sweep();
+    assert_eq!(ttl.counts().ready, 0);
+    // A policy that gives the idle queues an x-expires brings them back at once.
+    v.set_policy(
+        false,
+        policy("gone", "^idle", serde_json::json!({"expires": 100})),
+    )
+    .unwrap();
+    assert_eq!(v.swept_queues(), 102);
+    clock.advance(100);
+    v.sweep();
+    assert!(v.queue("idle7", 1).is_err(), "expired under the policy");
+    assert_eq!(v.swept_queues(), 2);
+}

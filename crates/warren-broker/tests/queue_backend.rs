@@ -35,6 +35,7 @@ struct RecordingQueue {
     stats: QueueStats,
     order: Mutex<()>,
     state: Mutex<Recorded>,
+    sweep_mark: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]
@@ -232,6 +233,12 @@ impl QueueBackend for RecordingQueue {
     fn sweep(&self) -> bool {
         false
     }
+    fn needs_sweep(&self) -> bool {
+        false
+    }
+    fn sweep_mark(&self) -> &std::sync::atomic::AtomicBool {
+        &self.sweep_mark
+    }
     fn recover(&self, _entries: &mut dyn Iterator<Item = SpillEntry>) {}
     fn counts(&self) -> QueueCounts {
         let st = self.state.lock();
@@ -297,6 +304,7 @@ impl QueueKind for Recording {
             stats: QueueStats::default(),
             order: Mutex::new(()),
             state: Mutex::new(Recorded::default()),
+            sweep_mark: Default::default(),
         });
         self.built.lock().push(q.clone());
         q

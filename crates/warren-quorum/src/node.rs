@@ -329,6 +329,12 @@ impl QuorumNode {
         Arc::new(cfg.validate().expect("valid raft settings"))
     }
 
+    /// True while the shared log's writes fail (a full disk) and its writer retries: the
+    /// node's quorum queues refuse publishes meanwhile, and resume once a retry succeeds.
+    pub fn log_failed(&self) -> bool {
+        matches!(self.log.get(), Some(Ok(log)) if log.is_failed())
+    }
+
     /// Closes the connections to the other nodes, writes what is pending and stops the
     /// shared log's writer.
     pub fn close(&self) {

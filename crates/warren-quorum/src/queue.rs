@@ -155,6 +155,9 @@ pub struct QuorumQueue {
     last_used: AtomicU64,
     deliveries: AtomicU64,
     deleted: AtomicBool,
+    /// Set while the queue is in its vhost's sweep set (a quorum queue stays in it: its
+    /// sweep is what expires messages and the queue).
+    sweep_mark: AtomicBool,
 }
 
 impl std::fmt::Debug for QuorumQueue {
@@ -273,6 +276,7 @@ impl QuorumQueue {
             last_used: AtomicU64::new(now),
             deliveries: AtomicU64::new(0),
             deleted: AtomicBool::new(false),
+            sweep_mark: AtomicBool::new(false),
         });
         // Claimed now, so that the node's end of recovery does not take it for an orphan.
         let recovered = node.take_recovered(&q.key);

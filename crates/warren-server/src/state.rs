@@ -424,7 +424,10 @@ impl ServerState {
             );
         }
         let disk = self.check_disk();
-        let failed = memory || disk || self.broker.store().is_some_and(|s| s.is_failed());
+        let failed = memory
+            || disk
+            || self.broker.store().is_some_and(|s| s.is_failed())
+            || self.quorum.log_failed();
         if self.blocked.swap(failed, Ordering::Relaxed) == failed {
             return;
         }

@@ -37,9 +37,14 @@
 //! check out (a torn write at a crash) ends the log there: its file is cut at that offset and
 //! later segments are deleted. Nothing after it had been reported durable.
 //!
-//! A write error fails the log for good: callbacks get `false` and later appends are refused
-//! at once (the node's quorum queues then stop confirming, and their replicas on other nodes
-//! carry on).
+//! A write error (a full disk) does not fail the log: the batch is kept, with its callbacks,
+//! and written again every second until a retry succeeds; what is appended meanwhile goes
+//! after it. Nothing is reported durable before it is, so the groups simply wait: their Raft
+//! state stays as it was (openraft treats a failed log write as fatal for the group, which
+//! would stop the node's quorum queues until a restart). [`RaftLog::is_failed`] tells the
+//! queues to refuse new publishes meanwhile, so that only the groups' own small records pile
+//! up. A torn write of the failed batch is overwritten by the retry, or cut off by recovery
+//! if the broker stops first.
 
 use bytes::{BufMut, Bytes, BytesMut};
 use parking_lot::{Condvar, Mutex};
@@ -47,8 +52,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use tracing::{error, warn};
+use std::time::{Duration, Instant};
+use tracing::{error, info, warn};
 
 /// Runs once the records appended before it are durable (`true`), or could not be written.
 pub type Flushed = Box<dyn FnOnce(bool) + Send>;
@@ -111,6 +118,9 @@ const MARK_PURGE: u8 = 3;
 /// Position in the log: (segment, offset).
 type LogPos = (u32, u64);
 
+/// Bytes to write at a position: (segment, offset, framed records).
+type Chunk = (u32, u64, BytesMut);
+
 #[derive(Default)]
 struct Seg {
     /// Entries in this segment not yet purged, truncated, replaced or dropped.
@@ -145,6 +155,8 @@ struct State {
 struct Inner {
     cfg: RaftLogConfig,
     state: Mutex<State>,
+    /// A write failed and no retry has succeeded yet (read without the lock, per publish).
+    failing: AtomicBool,
     wake_writer: Condvar,
     wake_appenders: Condvar,
 }
@@ -251,6 +263,7 @@ impl RaftLog {
         let inner = Arc::new(Inner {
             cfg,
             state: Mutex::new(state),
+            failing: AtomicBool::new(false),
             wake_writer: Condvar::new(),
             wake_appenders: Condvar::new(),
         });
@@ -273,7 +286,7 @@ impl RaftLog {
         }
         let r = f(&mut st, inner.cfg.segment_size);
         if let Some(cb) = flushed {
-            if st.failed.is_some() || st.shutdown {
+            if st.shutdown {
                 drop(st);
                 cb(false);
                 return r;
@@ -379,6 +392,12 @@ impl RaftLog {
         self.with_state(Some(flushed), |_, _| ())
     }
 
+    /// True from a failed write until a retry succeeds: the log is not losing anything, but
+    /// nothing appended meanwhile becomes durable either.
+    pub fn is_failed(&self) -> bool {
+        self.inner.failing.load(Ordering::Relaxed)
+    }
+
     /// Number of segment files on disk.
     pub fn segment_count(&self) -> usize {
         segment_numbers(&self.inner.cfg.dir).len()
@@ -413,43 +432,79 @@ fn segment_numbers(dir: &Path) -> Vec<u32> {
 
 fn writer_loop(inner: Arc<Inner>) {
     let mut files: BTreeMap<u32, File> = BTreeMap::new();
+    // A batch whose write failed, with its callbacks: written again, before anything newer.
+    let mut retry: Option<(Vec<Chunk>, Vec<Flushed>)> = None;
     loop {
         let (batch, waiters) = {
             let mut st = inner.state.lock();
-            while st.pending.is_empty() && st.waiters.is_empty() && !st.shutdown {
-                inner.wake_writer.wait(&mut st);
+            match retry.take() {
+                Some((mut batch, mut waiters)) => {
+                    // Appends wake the writer; the retry still waits its second.
+                    let deadline = Instant::now() + Duration::from_secs(1);
+                    while !st.shutdown && Instant::now() < deadline {
+                        let _ = inner.wake_writer.wait_until(&mut st, deadline);
+                    }
+                    batch.append(&mut st.pending);
+                    waiters.append(&mut st.waiters);
+                    st.pending_bytes = 0;
+                    (batch, waiters)
+                }
+                None => {
+                    while st.pending.is_empty() && st.waiters.is_empty() && !st.shutdown {
+                        inner.wake_writer.wait(&mut st);
+                    }
+                    if st.pending.is_empty() && st.waiters.is_empty() && st.shutdown {
+                        return;
+                    }
+                    st.pending_bytes = 0;
+                    let batch = std::mem::take(&mut st.pending);
+                    let waiters = std::mem::take(&mut st.waiters);
+                    (batch, waiters)
+                }
             }
-            if st.pending.is_empty() && st.waiters.is_empty() && st.shutdown {
-                return;
-            }
-            st.pending_bytes = 0;
-            let batch = std::mem::take(&mut st.pending);
-            let waiters = std::mem::take(&mut st.waiters);
-            (batch, waiters)
         };
         inner.wake_appenders.notify_all();
         let end = batch.last().map(|(s, o, b)| (*s, *o + b.len() as u64));
-        let result = write_batch(&inner.cfg.dir, &mut files, &batch);
-        let ok = result.is_ok();
-        {
-            let mut st = inner.state.lock();
-            match result {
-                Ok(()) => {
+        match write_batch(&inner.cfg.dir, &mut files, &batch) {
+            Ok(()) => {
+                {
+                    let mut st = inner.state.lock();
                     if let Some(end) = end {
                         st.durable = end;
                     }
+                    if st.failed.take().is_some() {
+                        inner.failing.store(false, Ordering::Relaxed);
+                        info!(dir = %inner.cfg.dir.display(), "raft log writes succeed again; the node's quorum queues resume");
+                    }
                 }
-                Err(e) => {
-                    error!(error = %e, dir = %inner.cfg.dir.display(), "raft log write failed; the node's quorum queues stop accepting writes");
-                    st.failed = Some(e.to_string());
+                for w in waiters {
+                    w(true);
                 }
+                reclaim(&inner, &mut files);
             }
-        }
-        for w in waiters {
-            w(ok);
-        }
-        if ok {
-            reclaim(&inner, &mut files);
+            Err(e) => {
+                let shutdown = {
+                    let mut st = inner.state.lock();
+                    if st.failed.is_none() {
+                        error!(error = %e, dir = %inner.cfg.dir.display(), "raft log write failed; the node's quorum queues refuse publishes and retry the write every second");
+                    }
+                    st.failed = Some(e.to_string());
+                    inner.failing.store(true, Ordering::Relaxed);
+                    st.shutdown
+                };
+                if shutdown {
+                    // Stopping with the disk still failing: nothing more will be written.
+                    for w in waiters {
+                        w(false);
+                    }
+                    let mut st = inner.state.lock();
+                    for w in std::mem::take(&mut st.waiters) {
+                        w(false);
+                    }
+                    return;
+                }
+                retry = Some((batch, waiters));
+            }
         }
     }
 }

@@ -254,6 +254,15 @@ pub trait QueueBackend: Send + Sync + std::fmt::Debug {
     /// queue has been unused for its `x-expires` and should be deleted.
     fn sweep(&self) -> bool;
 
+    /// Whether [`QueueBackend::sweep`] still has something to do: a TTL or `x-expires`
+    /// applies, messages with a deadline wait, or paging waits for the disk. The vhost's
+    /// sweep stops visiting a queue that answers false until it is added again (see
+    /// [`super::SweepSet`]).
+    fn needs_sweep(&self) -> bool;
+
+    /// The queue's mark in its vhost's [`super::SweepSet`]: set while the sweep visits it.
+    fn sweep_mark(&self) -> &std::sync::atomic::AtomicBool;
+
     /// Adds messages recovered from the store at start, in id order, as ready.
     fn recover(&self, entries: &mut dyn Iterator<Item = SpillEntry>);
 
@@ -362,6 +371,8 @@ pub struct QueueSpec {
     pub dead_letters: Weak<dyn DeadLetterSink>,
     /// The message store and paging bounds, when the broker has a data directory.
     pub backing: Option<super::Backing>,
+    /// The vhost's sweep set, which the queue joins when it gets something to sweep.
+    pub sweeps: Weak<super::SweepSet>,
 }
 
 /// A kind of queue other than classic, chosen by `x-queue-type` (see

@@ -116,6 +116,12 @@ impl QueueBackend for ClassicQueue {
     fn sweep(&self) -> bool {
         ClassicQueue::sweep(self)
     }
+    fn needs_sweep(&self) -> bool {
+        ClassicQueue::needs_sweep(self)
+    }
+    fn sweep_mark(&self) -> &std::sync::atomic::AtomicBool {
+        &self.sweep_mark
+    }
     fn recover(&self, entries: &mut dyn Iterator<Item = SpillEntry>) {
         ClassicQueue::recover(self, entries)
     }

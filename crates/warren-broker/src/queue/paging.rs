@@ -30,6 +30,8 @@ impl ClassicQueue {
             return;
         };
         let mut st = self.state.lock();
+        // Recovered messages may have deadlines (read when they reach the head).
+        st.has_deadlines = true;
         for e in entries {
             let level = st.level(e.priority);
             let e = if !Self::window_full(&st, b) && st.spilled_at(level) == 0 {

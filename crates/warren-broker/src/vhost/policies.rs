@@ -47,6 +47,8 @@ impl VHost {
         let saved = self.save(&mut topo, vec![command], undo, what);
         drop(topo);
         for q in changed {
+            // A TTL or x-expires may apply now.
+            self.sweeps.add(&q);
             q.enforce_limits();
         }
         saved
@@ -75,6 +77,8 @@ impl VHost {
         self.save(&mut topo, vec![command], undo, what)?;
         drop(topo);
         for q in changed {
+            // A TTL or x-expires may apply now.
+            self.sweeps.add(&q);
             q.enforce_limits();
         }
         Ok(true)

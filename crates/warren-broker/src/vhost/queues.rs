@@ -56,11 +56,15 @@ impl VHost {
             clock: self.clock.clone(),
             dead_letters: self.me.clone(),
             backing: self.backing(),
+            sweeps: Arc::downgrade(&self.sweeps),
         };
-        match self.queue_kind(&spec.arguments) {
+        let q = match self.queue_kind(&spec.arguments) {
             Some(kind) => kind.build(spec),
             None => Arc::new(ClassicQueue::from_spec(spec)),
-        }
+        };
+        // Visited once: the first sweep drops it if it has nothing to sweep.
+        self.sweeps.add(&q);
+        q
     }
 
     /// The registered kind of queue `arguments` ask for, `None` for a classic queue.

@@ -103,7 +103,9 @@ impl QueueBackend for QuorumQueue {
         _seq: u64,
         waiter: Option<Waiter>,
     ) -> (bool, Vec<DeadLetter>) {
-        if self.deleted.load(Ordering::Acquire) {
+        // Deleted, or this node's log cannot write (a full disk): refused at once, as the
+        // message store refuses classic queues' publishes meanwhile.
+        if self.deleted.load(Ordering::Acquire) || self.node.log_failed() {
             if let Some((sink, token)) = waiter {
                 sink.complete(&[token], false);
             }
@@ -405,6 +407,12 @@ impl QueueBackend for QuorumQueue {
                 .is_some_and(|e| self.clock.now_ms() >= last.saturating_add(e))
     }
 
+    fn needs_sweep(&self) -> bool {
+        !self.deleted.load(Ordering::Acquire)
+    }
+    fn sweep_mark(&self) -> &AtomicBool {
+        &self.sweep_mark
+    }
     fn recover(&self, _entries: &mut dyn Iterator<Item = SpillEntry>) {}
 
     fn counts(&self) -> QueueCounts {
