@@ -518,7 +518,9 @@ impl Backend {
         })
     }
 
-    /// Creates (true) or updates (false) vhost `name`.
+    /// Creates (true) or updates (false) vhost `name`; a new vhost gives its creator full
+    /// permissions on it, as RabbitMQ does. Errors: 400 for a `default_queue_type` other than
+    /// classic, quorum or stream.
     pub fn put_vhost(
         &self,
         user: &UserInfo,
@@ -535,10 +537,24 @@ impl Backend {
         if let Some(t) = tags {
             record.tags = t;
         }
-        if default_queue_type.is_some() {
+        if let Some(t) = &default_queue_type {
+            // RabbitMQ's queue types (rabbit_vhost:default_queue_type validation).
+            if !matches!(t.as_str(), "classic" | "quorum" | "stream") {
+                return Err(ApiError::bad_request(format!(
+                    "unsupported default queue type '{t}' (classic, quorum or stream)"
+                )));
+            }
             record.default_queue_type = default_queue_type;
         }
-        self.admin(user, |a| a.put_vhost(record))
+        let created = self.admin(user, |a| a.put_vhost(record))?;
+        if created {
+            // As RabbitMQ (rabbit_vhost:put_vhost, maybe_grant_full_permissions): the user who
+            // created the vhost may use it at once.
+            let full = Permissions::new(".*", ".*", ".*")
+                .map_err(|e| ApiError::internal(e.to_string()))?;
+            self.admin(user, |a| a.set_permissions(&user.name, name, full))?;
+        }
+        Ok(created)
     }
 
     /// Deletes vhost `name` with everything in it, closing its connections.

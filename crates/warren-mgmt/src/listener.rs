@@ -11,7 +11,8 @@
 //! - [`Bounded`] accepts while fewer than `max_connections` connections are open; one more is
 //!   closed at once (its descriptor is freed immediately, as the AMQP listener does beyond
 //!   `amqp.max_connections`).
-//! - [`TimedIo`] ends a connection that sends nothing for `idle_timeout` between requests,
+//! - [`TimedIo`] ends a new connection that sends nothing for [`FIRST_REQUEST_TIMEOUT`]
+//!   (10 s), one that sends nothing for `idle_timeout` between requests,
 //!   or that takes longer than `request_timeout` from the first byte of a request to the end
 //!   of its headers (a slow client sending a byte now and then is not idle, but is cut off
 //!   here).
@@ -113,6 +114,10 @@ impl axum::serve::Listener for Bounded {
     }
 }
 
+/// How long a new connection may wait before the first byte of its first request (at most
+/// `request_timeout`), as the AMQP listener's handshake timeout bounds a silent socket.
+pub const FIRST_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Where a connection is in its request cycle, for its deadline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
@@ -138,7 +143,9 @@ pub struct TimedIo {
 
 impl TimedIo {
     fn new(stream: TcpStream, limits: ListenerLimits, open: Arc<AtomicUsize>) -> Self {
-        let deadline = Instant::now() + limits.idle_timeout;
+        // A new connection owes its first request sooner than a kept-alive one its next:
+        // silent sockets must not hold the listener's slots for the whole idle timeout.
+        let deadline = Instant::now() + limits.request_timeout.min(FIRST_REQUEST_TIMEOUT);
         TimedIo {
             stream,
             limits,

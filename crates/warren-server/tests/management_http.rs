@@ -1804,6 +1804,77 @@ async fn management_listener_is_bounded() {
     h.stop().await;
 }
 
+/// A new connection that sends nothing is closed after `request_timeout` (at most 10 s),
+/// not the long idle timeout of a kept-alive one: silent sockets cannot hold the listener.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_new_management_connections_are_closed_early() {
+    let h = Http::start_with(|c| {
+        c.management.idle_timeout = 600;
+        c.management.request_timeout = 1;
+    })
+    .await;
+    let addr = h.broker.as_ref().unwrap().management_addrs()[0];
+    let mut silent = within("connect", tokio::net::TcpStream::connect(addr))
+        .await
+        .expect("TCP connect");
+    let started = std::time::Instant::now();
+    closed_by_server(&mut silent).await;
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "closed after {:?}",
+        started.elapsed()
+    );
+    h.stop().await;
+}
+
+/// A vhost created over HTTP gives its creator full permissions on it (RabbitMQ's
+/// rabbit_vhost:put_vhost), so that the creator can use it at once; an unknown
+/// default_queue_type is refused.
+#[tokio::test]
+async fn a_new_vhost_is_usable_by_its_creator() {
+    let h = Http::start().await;
+    let (s, _, _) = h
+        .call(
+            Method::PUT,
+            "/api/vhosts/made",
+            Some("admin"),
+            Some(json!({})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED);
+    let (s, _, p) = h
+        .call(
+            Method::GET,
+            "/api/permissions/made/admin",
+            Some("admin"),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{p}");
+    assert_eq!(p["configure"], ".*");
+    assert_eq!(p["write"], ".*");
+    assert_eq!(p["read"], ".*");
+    let (s, _, v) = h
+        .call(
+            Method::PUT,
+            "/api/queues/made/q1",
+            Some("admin"),
+            Some(json!({"durable": true})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let (s, _, v) = h
+        .call(
+            Method::PUT,
+            "/api/vhosts/bogus",
+            Some("admin"),
+            Some(json!({"default_queue_type": "bogus"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    h.stop().await;
+}
+
 /// The parts of an export an import must reproduce (sorted, without version fields and
 /// password hashes: the configuration's users get fresh salts at every start).
 fn topology(defs: &Value) -> Vec<(String, Vec<String>)> {
