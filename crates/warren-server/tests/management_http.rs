@@ -1875,6 +1875,55 @@ async fn a_new_vhost_is_usable_by_its_creator() {
     h.stop().await;
 }
 
+/// An import over HTTP with a binding to a quorum queue declared in the same file works, and
+/// a stream queue (a type Warren lacks) is left out with its bindings instead of failing the
+/// file.
+#[tokio::test]
+async fn imports_bind_quorum_queues_and_leave_out_streams_with_their_bindings() {
+    let h = Http::start().await;
+    let defs = json!({
+        "queues": [
+            {"name": "orders", "vhost": "/", "durable": true, "auto_delete": false,
+             "arguments": {"x-queue-type": "quorum"}},
+            {"name": "events", "vhost": "/", "durable": true, "auto_delete": false,
+             "arguments": {"x-queue-type": "stream"}}
+        ],
+        "exchanges": [
+            {"name": "ox", "vhost": "/", "type": "direct", "durable": true,
+             "auto_delete": false, "internal": false, "arguments": {}}
+        ],
+        "bindings": [
+            {"source": "ox", "vhost": "/", "destination": "orders",
+             "destination_type": "queue", "routing_key": "o", "arguments": {}},
+            {"source": "ox", "vhost": "/", "destination": "events",
+             "destination_type": "queue", "routing_key": "e", "arguments": {}}
+        ]
+    });
+    let (s, _, v) = h
+        .call(Method::POST, "/api/definitions", Some("admin"), Some(defs))
+        .await;
+    assert_eq!(s, StatusCode::NO_CONTENT, "{v}");
+    let (s, _, q) = h
+        .call(Method::GET, "/api/queues/%2F/orders", Some("admin"), None)
+        .await;
+    assert_eq!(s, StatusCode::OK, "{q}");
+    assert_eq!(q["type"], "quorum");
+    let (_, _, b) = h
+        .call(
+            Method::GET,
+            "/api/bindings/%2F/e/ox/q/orders",
+            Some("admin"),
+            None,
+        )
+        .await;
+    assert_eq!(b.as_array().map(Vec::len), Some(1), "{b}");
+    let (s, _, _) = h
+        .call(Method::GET, "/api/queues/%2F/events", Some("admin"), None)
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    h.stop().await;
+}
+
 /// The parts of an export an import must reproduce (sorted, without version fields and
 /// password hashes: the configuration's users get fresh salts at every start).
 fn topology(defs: &Value) -> Vec<(String, Vec<String>)> {

@@ -84,13 +84,20 @@ impl Broker {
                 .collect(),
             ..Default::default()
         };
+        // Queues left out (a type this broker lacks): bindings to them are left out too.
+        let mut left_out = std::collections::HashSet::new();
         for change in plan.changes.iter() {
-            self.apply_change(change, &mut done)?;
+            self.apply_change(change, &mut done, &mut left_out)?;
         }
         Ok(done)
     }
 
-    fn apply_change(&self, change: &Change, done: &mut AppliedImport) -> Result<(), ApplyError> {
+    fn apply_change(
+        &self,
+        change: &Change,
+        done: &mut AppliedImport,
+        left_out: &mut std::collections::HashSet<(String, String)>,
+    ) -> Result<(), ApplyError> {
         let access_err = |what: String| move |source| ApplyError::Access { what, source };
         let vhost = |name: &str, what: &dyn Fn() -> String| {
             self.vhost(name).ok_or_else(|| ApplyError::Broker {
@@ -152,6 +159,7 @@ impl Broker {
                         );
                         done.skipped
                             .push(format!("{}: unsupported queue type '{t}'", what()));
+                        left_out.insert((q.vhost.clone(), q.name.clone()));
                         return Ok(());
                     }
                     if !arguments.contains_key("x-queue-type") {
@@ -190,6 +198,18 @@ impl Broker {
                     )
                 };
                 let vh = vhost(&b.vhost, &what)?;
+                if b.destination_type == DestinationType::Queue
+                    && left_out.contains(&(b.vhost.clone(), b.destination.clone()))
+                {
+                    warn!(
+                        vhost = %b.vhost,
+                        queue = %b.destination,
+                        "definitions: binding to a queue not imported; binding not imported"
+                    );
+                    done.skipped
+                        .push(format!("{}: its queue was not imported", what()));
+                    return Ok(());
+                }
                 let destination = match b.destination_type {
                     DestinationType::Queue => Destination::Queue(b.destination.clone()),
                     DestinationType::Exchange => Destination::Exchange(b.destination.clone()),

@@ -483,10 +483,9 @@ impl<'a> Admin<'a> {
                     if !vhosts.contains(&q.vhost) {
                         return refuse(no_vhost("queue", &q.name, &q.vhost));
                     }
-                    // Queues of types Warren lacks are skipped when applied.
-                    if matches!(q.queue_type.as_deref(), None | Some("classic")) {
-                        queues.insert((q.vhost.clone(), q.name.clone()));
-                    }
+                    // Every type counts here: quorum queues are declared, and queues of types
+                    // Warren lacks are skipped when applied, with the bindings to them.
+                    queues.insert((q.vhost.clone(), q.name.clone()));
                 }
                 Change::Bind(b) => {
                     let what = format!(
