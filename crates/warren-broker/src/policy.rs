@@ -23,8 +23,9 @@ use crate::args::{Overflow, QueueArgs};
 use regex::Regex;
 use serde_json::Value;
 
-/// The keys a policy may set.
-pub const POLICY_KEYS: [&str; 10] = [
+/// The keys a policy may set. The last seven are accepted (so that RabbitMQ 4's policies and
+/// exports load) and have no effect yet: see [`NO_EFFECT_KEYS`].
+pub const POLICY_KEYS: [&str; 16] = [
     "alternate-exchange",
     "consumer-timeout",
     "dead-letter-exchange",
@@ -35,6 +36,27 @@ pub const POLICY_KEYS: [&str; 10] = [
     "message-ttl",
     "overflow",
     "queue-mode",
+    "delivery-limit",
+    "dead-letter-strategy",
+    "queue-leader-locator",
+    "queue-version",
+    "max-age",
+    "initial-cluster-size",
+];
+
+/// Policy keys Warren accepts and does not act on: `queue-mode` (every classic queue pages
+/// to disk), the quorum queue keys `delivery-limit` and `dead-letter-strategy` (a quorum
+/// queue takes them from its arguments at declaration), `queue-leader-locator`,
+/// `queue-version` (classic queue storage version) and the stream keys `max-age` and
+/// `initial-cluster-size`.
+pub const NO_EFFECT_KEYS: [&str; 7] = [
+    "queue-mode",
+    "delivery-limit",
+    "dead-letter-strategy",
+    "queue-leader-locator",
+    "queue-version",
+    "max-age",
+    "initial-cluster-size",
 ];
 
 /// The keys an operator policy may set (the limits an operator imposes).
@@ -232,6 +254,32 @@ fn validate_value(key: &str, v: &Value) -> Result<PolicyValue, String> {
         "queue-mode" => match text {
             Some(s @ ("default" | "lazy")) => Ok(PolicyValue::Text(s.into())),
             _ => bad("queue-mode value"),
+        },
+        "delivery-limit" => match int {
+            Some(n) if n >= -1 => Ok(PolicyValue::Int(n)),
+            _ => bad("delivery limit"),
+        },
+        "queue-version" => match int {
+            Some(n @ (1 | 2)) => Ok(PolicyValue::Int(n)),
+            _ => bad("queue version"),
+        },
+        "initial-cluster-size" => match int {
+            Some(n) if n >= 1 => Ok(PolicyValue::Int(n)),
+            _ => bad("initial cluster size"),
+        },
+        "dead-letter-strategy" => match text {
+            Some(s @ ("at-most-once" | "at-least-once")) => Ok(PolicyValue::Text(s.into())),
+            _ => bad("dead letter strategy"),
+        },
+        "queue-leader-locator" => match text {
+            Some(s @ ("client-local" | "balanced" | "random" | "least-leaders")) => {
+                Ok(PolicyValue::Text(s.into()))
+            }
+            _ => bad("queue leader locator"),
+        },
+        "max-age" => match text {
+            Some(s) if !s.is_empty() => Ok(PolicyValue::Text(s.into())),
+            _ => bad("max age"),
         },
         _ => Err(format!(
             "[{{<<\"{key}\">>,{}}}] are not recognised policy settings",

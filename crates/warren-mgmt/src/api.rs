@@ -1494,5 +1494,11 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/metrics/per-object", get(metrics_per_object))
         .fallback(not_found)
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(app)
 }
+
+/// Largest request body the API reads, bytes: RabbitMQ's `management.http.max_body_size`
+/// default (20 MB), so that large definitions files import as they do there. A larger body
+/// is refused with 413.
+pub const MAX_BODY_BYTES: usize = 20_000_000;

@@ -1924,6 +1924,31 @@ async fn imports_bind_quorum_queues_and_leave_out_streams_with_their_bindings() 
     h.stop().await;
 }
 
+/// Request bodies up to RabbitMQ's default `management.http.max_body_size` (20 MB) are read:
+/// a 3 MB definitions file imports; a larger body than that is refused with 413.
+#[tokio::test]
+async fn large_definitions_files_import() {
+    let h = Http::start().await;
+    let defs = json!({
+        "vhosts": [{"name": "big", "description": "d".repeat(3_000_000)}]
+    });
+    let (s, _, v) = h
+        .call(Method::POST, "/api/definitions", Some("admin"), Some(defs))
+        .await;
+    assert_eq!(s, StatusCode::NO_CONTENT, "{v}");
+    let too_big = json!({"vhosts": [{"name": "huge", "description": "d".repeat(21_000_000)}]});
+    let (s, _, _) = h
+        .call(
+            Method::POST,
+            "/api/definitions",
+            Some("admin"),
+            Some(too_big),
+        )
+        .await;
+    assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE);
+    h.stop().await;
+}
+
 /// The parts of an export an import must reproduce (sorted, without version fields and
 /// password hashes: the configuration's users get fresh salts at every start).
 fn topology(defs: &Value) -> Vec<(String, Vec<String>)> {
