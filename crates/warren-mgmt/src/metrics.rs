@@ -302,6 +302,56 @@ pub fn render(app: &App, per_object: bool) -> Result<String, String> {
             rss as f64,
         )?;
     }
+    // The node's resources, as rabbitmq_prometheus names them (the same figures as
+    // /api/nodes; a limit that is not known is left out).
+    let res = crate::resources::NodeResources::read(n);
+    let optional: [(&str, &str, Option<u64>); 3] = [
+        (
+            "rabbitmq_resident_memory_limit_bytes",
+            "Memory high watermark in bytes",
+            res.mem_limit,
+        ),
+        (
+            "rabbitmq_disk_space_available_bytes",
+            "Disk space available in bytes",
+            res.disk_free,
+        ),
+        (
+            "rabbitmq_disk_space_available_limit_bytes",
+            "Free disk space low watermark in bytes",
+            res.disk_free_limit,
+        ),
+    ];
+    for (name, help, value) in optional {
+        if let Some(v) = value {
+            gauge(&r, name, help, v as f64)?;
+        }
+    }
+    let counts: [(&str, &str, u64); 4] = [
+        (
+            "rabbitmq_process_open_fds",
+            "Open file descriptors",
+            res.fd_used,
+        ),
+        (
+            "rabbitmq_process_max_fds",
+            "Open file descriptors limit",
+            res.fd_total,
+        ),
+        (
+            "rabbitmq_process_open_tcp_sockets",
+            "Open TCP sockets",
+            res.sockets_used,
+        ),
+        (
+            "rabbitmq_process_max_tcp_sockets",
+            "Open TCP sockets limit",
+            res.sockets_total,
+        ),
+    ];
+    for (name, help, value) in counts {
+        gauge(&r, name, help, value as f64)?;
+    }
     type Series = (&'static str, &'static str, fn(&QueueInfo) -> u64);
     let series: [Series; 7] = [
         (

@@ -905,6 +905,22 @@ async fn definitions_and_metrics() {
         assert!(agg.lines().any(|l| l == line), "{line} missing in:\n{agg}");
     }
     assert!(agg.contains("rabbitmq_identity_info{"), "{agg}");
+    // The node's resources under rabbitmq_prometheus's names, with real values.
+    for name in [
+        "rabbitmq_resident_memory_limit_bytes",
+        "rabbitmq_process_open_fds",
+        "rabbitmq_process_max_fds",
+        "rabbitmq_process_open_tcp_sockets",
+        "rabbitmq_process_max_tcp_sockets",
+    ] {
+        let v: f64 = agg
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("{name} missing in:\n{agg}"))
+            .parse()
+            .unwrap();
+        assert!(v > 0.0, "{name} {v}");
+    }
     // Nothing paged out; no message store in memory, so no store families.
     assert!(
         agg.lines()
