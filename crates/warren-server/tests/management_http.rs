@@ -1965,6 +1965,53 @@ async fn large_definitions_files_import() {
     h.stop().await;
 }
 
+/// A vhost's `default_queue_type` quorum makes a new durable, non-exclusive queue declared
+/// without `x-queue-type` a quorum queue, as RabbitMQ 4; a transient one stays classic.
+#[tokio::test]
+async fn the_vhost_default_queue_type_applies_to_new_queues() {
+    let h = Http::start().await;
+    let (s, _, _) = h
+        .call(
+            Method::PUT,
+            "/api/vhosts/prod",
+            Some("admin"),
+            Some(json!({"default_queue_type": "quorum"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED);
+    for (name, durable, kind) in [("dq", true, "quorum"), ("tq", false, "classic")] {
+        let (s, _, v) = h
+            .call(
+                Method::PUT,
+                &format!("/api/queues/prod/{name}"),
+                Some("admin"),
+                Some(json!({"durable": durable})),
+            )
+            .await;
+        assert_eq!(s, StatusCode::CREATED, "{v}");
+        let (_, _, q) = h
+            .call(
+                Method::GET,
+                &format!("/api/queues/prod/{name}"),
+                Some("admin"),
+                None,
+            )
+            .await;
+        assert_eq!(q["type"], kind, "{name}: {q}");
+    }
+    // Declaring it again the same way is not an inequivalent x-queue-type.
+    let (s, _, v) = h
+        .call(
+            Method::PUT,
+            "/api/queues/prod/dq",
+            Some("admin"),
+            Some(json!({"durable": true})),
+        )
+        .await;
+    assert!(s.is_success(), "{s} {v}");
+    h.stop().await;
+}
+
 /// The parts of an export an import must reproduce (sorted, without version fields and
 /// password hashes: the configuration's users get fresh salts at every start).
 fn topology(defs: &Value) -> Vec<(String, Vec<String>)> {

@@ -372,6 +372,19 @@ impl<'a> Ops<'a> {
         }
         self.vhost.check_server_named(d)?;
         let name = decide_queue_name(&d.name)?;
+        let with_default;
+        let d = match self.default_queue_type(d, &name) {
+            Some(t) => {
+                let mut c = d.clone();
+                c.arguments.insert(
+                    "x-queue-type",
+                    warren_amqp::table::FieldValue::LongString(bytes::Bytes::from(t)),
+                );
+                with_default = c;
+                &with_default
+            }
+            None => d,
+        };
         self.authorize(&Operation::QueueDeclare {
             queue: &name,
             passive: false,
@@ -399,6 +412,33 @@ impl<'a> Ops<'a> {
             counts,
             queue: Some(q),
         })
+    }
+
+    /// The vhost's `default_queue_type` for a new queue declared without `x-queue-type`, as
+    /// RabbitMQ 4 applies it (`rabbit_amqqueue:augment_declare_args`): only where that type
+    /// suits the declare (a quorum queue is durable, not exclusive, not auto-delete) and this
+    /// broker has it, or where the queue exists with that type. `None`: the declare stays as
+    /// it is.
+    fn default_queue_type(&self, d: &QueueDeclare, name: &str) -> Option<String> {
+        if d.arguments.contains_key("x-queue-type") {
+            return None;
+        }
+        let t = self
+            .broker
+            .access()
+            .vhost(&self.actor.vhost)?
+            .default_queue_type
+            .clone()?;
+        if let Ok(q) = self.vhost.queue(name, self.actor.connection_id) {
+            // Declared again: as the queue it is when it already has that type (so that the
+            // default is equivalent to it), else as declared.
+            return (q.kind() == t).then_some(t);
+        }
+        let suits = match t.as_str() {
+            "quorum" => d.durable && !d.exclusive && !d.auto_delete,
+            _ => false,
+        };
+        (suits && self.vhost.has_queue_kind(&t)).then_some(t)
     }
 
     /// queue.delete: configure permission on the queue, then [`VHost::delete_queue`]. Returns
