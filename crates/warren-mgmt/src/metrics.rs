@@ -227,7 +227,39 @@ pub fn render(app: &App, per_object: bool) -> Result<String, String> {
     }
     // rabbitmq_prometheus's global counters (protocol label as it sets it for AMQP 0-9-1).
     let g = b.global_stats();
-    let globals: [(&str, &str, u64); 7] = [
+    let globals: [(&str, &str, u64); 13] = [
+        (
+            "rabbitmq_global_messages_get_empty_total",
+            "Total number of times basic.get operations fetched no message",
+            g.get_empty,
+        ),
+        (
+            "rabbitmq_global_messages_routed_total",
+            "Total number of messages routed to queues or streams",
+            g.publish
+                .saturating_sub(g.drop_unroutable)
+                .saturating_sub(g.return_unroutable),
+        ),
+        (
+            "rabbitmq_global_messages_unroutable_dropped_total",
+            "Total number of messages published as non-mandatory into an exchange and dropped as unroutable",
+            g.drop_unroutable,
+        ),
+        (
+            "rabbitmq_global_messages_delivered_consume_manual_ack_total",
+            "Total number of messages delivered to consumers using manual acknowledgement mode",
+            g.deliver,
+        ),
+        (
+            "rabbitmq_global_messages_delivered_consume_auto_ack_total",
+            "Total number of messages delivered to consumers using automatic acknowledgement mode",
+            g.deliver_no_ack,
+        ),
+        (
+            "rabbitmq_global_messages_delivered_get_auto_ack_total",
+            "Total number of messages delivered to consumers using basic.get with automatic acknowledgment mode",
+            g.get_no_ack,
+        ),
         (
             "rabbitmq_global_messages_received_total",
             "Total number of messages received from publishers",

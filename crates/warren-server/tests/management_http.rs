@@ -905,6 +905,14 @@ async fn definitions_and_metrics() {
         assert!(agg.lines().any(|l| l == line), "{line} missing in:\n{agg}");
     }
     assert!(agg.contains("rabbitmq_identity_info{"), "{agg}");
+    for family in [
+        "rabbitmq_global_messages_routed_total{protocol=\"amqp091\"}",
+        "rabbitmq_global_messages_unroutable_dropped_total{protocol=\"amqp091\"}",
+        "rabbitmq_global_messages_get_empty_total{protocol=\"amqp091\"}",
+        "rabbitmq_global_messages_delivered_consume_auto_ack_total{protocol=\"amqp091\"}",
+    ] {
+        assert!(agg.contains(family), "{family} missing in:\n{agg}");
+    }
     // The node's resources under rabbitmq_prometheus's names, with real values.
     for name in [
         "rabbitmq_resident_memory_limit_bytes",
