@@ -17,7 +17,7 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use std::collections::HashSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 const N: usize = 300;
@@ -86,23 +86,20 @@ async fn wait_for_member(server: &Server, q: &str) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn leader_killed_no_confirmed_message_lost() {
-    let root = tempdir("quorum-cluster");
+/// A fresh directory for a 3-node cluster, its shared secret file and three free ports.
+fn cluster(name: &str) -> (PathBuf, PathBuf, [u16; 3]) {
+    let root = tempdir(name);
     let secret = root.join("secret");
-    std::fs::write(&secret, "a-test-cluster-secret-of-some-length\n").unwrap();
-    let ports = [free_port(), free_port(), free_port()];
-    let node1 = start_node(1, &ports, &secret, &root);
-    let node2 = start_node(2, &ports, &secret, &root);
-    let node3 = start_node(3, &ports, &secret, &root);
+    std::fs::write(&secret, format!("{name}-test-cluster-secret\n")).unwrap();
+    (root, secret, [free_port(), free_port(), free_port()])
+}
 
-    // Declared on node 1, which initializes the group and leads it.
-    let conn = node1.connect().await;
-    let ch = conn.create_channel().await.expect("channel");
+/// Declares quorum queue `q` on `ch` and waits until each of `members` has its member.
+async fn declare_replicated(ch: &lapin::Channel, q: &str, members: &[&Server]) {
     within(
         "queue.declare",
         ch.queue_declare(
-            "qc".into(),
+            q.into(),
             QueueDeclareOptions {
                 durable: true,
                 ..Default::default()
@@ -112,8 +109,22 @@ async fn leader_killed_no_confirmed_message_lost() {
     )
     .await
     .expect("quorum queue declared");
-    wait_for_member(&node2, "qc").await;
-    wait_for_member(&node3, "qc").await;
+    for m in members {
+        wait_for_member(m, q).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_killed_no_confirmed_message_lost() {
+    let (root, secret, ports) = cluster("quorum-cluster");
+    let node1 = start_node(1, &ports, &secret, &root);
+    let node2 = start_node(2, &ports, &secret, &root);
+    let node3 = start_node(3, &ports, &secret, &root);
+
+    // Declared on node 1, which initializes the group and leads it.
+    let conn = node1.connect().await;
+    let ch = conn.create_channel().await.expect("channel");
+    declare_replicated(&ch, "qc", &[&node2, &node3]).await;
 
     ch.confirm_select(ConfirmSelectOptions::default())
         .await
@@ -213,30 +224,13 @@ async fn count_on(server: &Server, q: &str) -> Option<u32> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn member_catches_up_and_delete_reaches_members() {
-    let root = tempdir("quorum-cluster-catchup");
-    let secret = root.join("secret");
-    std::fs::write(&secret, "another-test-cluster-secret\n").unwrap();
-    let ports = [free_port(), free_port(), free_port()];
+    let (root, secret, ports) = cluster("quorum-cluster-catchup");
     let node1 = start_node(1, &ports, &secret, &root);
     let node2 = start_node(2, &ports, &secret, &root);
     let node3 = start_node(3, &ports, &secret, &root);
     let conn = node1.connect().await;
     let ch = conn.create_channel().await.expect("channel");
-    within(
-        "queue.declare",
-        ch.queue_declare(
-            "qm".into(),
-            QueueDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            quorum_args(),
-        ),
-    )
-    .await
-    .expect("quorum queue declared");
-    wait_for_member(&node2, "qm").await;
-    wait_for_member(&node3, "qm").await;
+    declare_replicated(&ch, "qm", &[&node2, &node3]).await;
 
     // Node 3 is down while the others commit N publishes (a majority of two).
     node3.kill();
@@ -386,30 +380,13 @@ async fn take(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paused_leader_rejoins_as_follower() {
-    let root = tempdir("quorum-cluster-pause");
-    let secret = root.join("secret");
-    std::fs::write(&secret, "paused-leader-cluster-secret\n").unwrap();
-    let ports = [free_port(), free_port(), free_port()];
+    let (root, secret, ports) = cluster("quorum-cluster-pause");
     let node1 = start_node(1, &ports, &secret, &root);
     let node2 = start_node(2, &ports, &secret, &root);
     let node3 = start_node(3, &ports, &secret, &root);
     let conn1 = node1.connect().await;
     let ch1 = conn1.create_channel().await.expect("channel");
-    within(
-        "queue.declare",
-        ch1.queue_declare(
-            "qp".into(),
-            QueueDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            quorum_args(),
-        ),
-    )
-    .await
-    .expect("quorum queue declared");
-    wait_for_member(&node2, "qp").await;
-    wait_for_member(&node3, "qp").await;
+    declare_replicated(&ch1, "qp", &[&node2, &node3]).await;
     ch1.confirm_select(ConfirmSelectOptions::default())
         .await
         .expect("confirm.select");
@@ -480,30 +457,13 @@ async fn paused_leader_rejoins_as_follower() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn whole_cluster_killed_and_restarted() {
-    let root = tempdir("quorum-cluster-restart");
-    let secret = root.join("secret");
-    std::fs::write(&secret, "restarted-cluster-secret-1234\n").unwrap();
-    let ports = [free_port(), free_port(), free_port()];
+    let (root, secret, ports) = cluster("quorum-cluster-restart");
     let node1 = start_node(1, &ports, &secret, &root);
     let node2 = start_node(2, &ports, &secret, &root);
     let node3 = start_node(3, &ports, &secret, &root);
     let conn = node1.connect().await;
     let ch = conn.create_channel().await.expect("channel");
-    within(
-        "queue.declare",
-        ch.queue_declare(
-            "qr".into(),
-            QueueDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            quorum_args(),
-        ),
-    )
-    .await
-    .expect("quorum queue declared");
-    wait_for_member(&node2, "qr").await;
-    wait_for_member(&node3, "qr").await;
+    declare_replicated(&ch, "qr", &[&node2, &node3]).await;
     ch.confirm_select(ConfirmSelectOptions::default())
         .await
         .expect("confirm.select");
