@@ -69,6 +69,11 @@ pub enum Command {
         epoch: u64,
         /// The messages' keys.
         keys: Vec<u64>,
+        /// Each message's delivery count when it was delivered (same length as `keys`), so
+        /// that a checkout applied after the delivery's own return (a settlement forwarded
+        /// by another node can overtake the leader's checkout) is ignored. Empty in entries
+        /// written before counts were recorded: then every key is checked out.
+        counts: Vec<u32>,
     },
     /// Messages left the queue.
     Settle {
@@ -104,6 +109,7 @@ mod tag {
     pub const RETURN: u8 = 4;
     pub const HORIZON: u8 = 5;
     pub const LEAD: u8 = 6;
+    pub const CHECKOUT_COUNTED: u8 = 7;
 }
 
 fn put_keys(buf: &mut BytesMut, keys: &[u64]) {
@@ -138,7 +144,19 @@ impl Batch {
                         put_message(buf, m);
                     }
                 }
-                Command::Checkout { epoch, keys } => {
+                Command::Checkout {
+                    epoch,
+                    keys,
+                    counts,
+                } if counts.len() == keys.len() && !keys.is_empty() => {
+                    buf.put_u8(tag::CHECKOUT_COUNTED);
+                    buf.put_u64(*epoch);
+                    put_keys(buf, keys);
+                    for c in counts {
+                        buf.put_u32(*c);
+                    }
+                }
+                Command::Checkout { epoch, keys, .. } => {
                     buf.put_u8(tag::CHECKOUT);
                     buf.put_u64(*epoch);
                     put_keys(buf, keys);
@@ -192,6 +210,22 @@ impl Batch {
                     Command::Checkout {
                         epoch,
                         keys: read_keys(&mut d)?,
+                        counts: Vec::new(),
+                    }
+                }
+                tag::CHECKOUT_COUNTED => {
+                    let epoch = d.read_u64()?;
+                    let keys = read_keys(&mut d)?;
+                    if keys.len() > d.remaining() / 4 {
+                        return Err(DecodeError("count beyond the payload".into()));
+                    }
+                    let counts = (0..keys.len())
+                        .map(|_| Ok(d.read_u32()?))
+                        .collect::<Result<Vec<u32>, DecodeError>>()?;
+                    Command::Checkout {
+                        epoch,
+                        keys,
+                        counts,
                     }
                 }
                 tag::SETTLE => {
@@ -256,21 +290,37 @@ impl serde::Serialize for Batch {
 
 impl<'de> serde::Deserialize<'de> for Batch {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw: RawBytes = serde::Deserialize::deserialize(d)?;
+        Batch::decode(&Bytes::from(raw.0)).map_err(serde::de::Error::custom)
+    }
+}
+
+/// Bytes as serde gives them (a byte string, or a sequence of u8).
+pub(crate) struct RawBytes(pub Vec<u8>);
+
+impl<'de> serde::Deserialize<'de> for RawBytes {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct V;
         impl<'de> serde::de::Visitor<'de> for V {
-            type Value = Batch;
+            type Value = RawBytes;
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("an encoded quorum queue batch")
+                f.write_str("bytes")
             }
-            fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<Batch, E> {
-                Batch::decode(&Bytes::copy_from_slice(v)).map_err(E::custom)
+            fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<RawBytes, E> {
+                Ok(RawBytes(v.to_vec()))
             }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut a: A) -> Result<Batch, A::Error> {
+            fn visit_byte_buf<E: serde::de::Error>(self, v: Vec<u8>) -> Result<RawBytes, E> {
+                Ok(RawBytes(v))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut a: A,
+            ) -> Result<RawBytes, A::Error> {
                 let mut v = Vec::new();
                 while let Some(b) = a.next_element::<u8>()? {
                     v.push(b);
                 }
-                self.visit_bytes(&v)
+                Ok(RawBytes(v))
             }
         }
         d.deserialize_bytes(V)
@@ -299,6 +349,7 @@ mod tests {
             Command::Checkout {
                 epoch: 3,
                 keys: vec![1, 2],
+                counts: vec![0, 4],
             },
             Command::Settle {
                 reason: SettleReason::Rejected,
@@ -318,6 +369,24 @@ mod tests {
         assert_eq!(msgs[0].0.properties, props);
         assert_eq!(msgs[0].0.routing_key, "rk");
         assert!(matches!(back.0[4], Command::Horizon(1000)));
+        let Command::Checkout { keys, counts, .. } = &back.0[1] else {
+            panic!("checkout expected")
+        };
+        assert_eq!(
+            (keys.as_slice(), counts.as_slice()),
+            (&[1, 2][..], &[0, 4][..])
+        );
         assert!(Batch::decode(&bytes.slice(..bytes.len() - 1)).is_err());
+        // A checkout written without counts (older logs) still decodes.
+        let old = Batch(vec![Command::Checkout {
+            epoch: 3,
+            keys: vec![5],
+            counts: vec![],
+        }]);
+        let Command::Checkout { keys, counts, .. } = &Batch::decode(&old.to_bytes()).unwrap().0[0]
+        else {
+            panic!("checkout expected")
+        };
+        assert_eq!((keys.len(), counts.len()), (1, 0));
     }
 }

@@ -15,7 +15,8 @@
 //! In a cluster ([`QuorumNode::clustered`]) a queue's group has members on several nodes: the
 //! declaring node asks the others to start their member, then initializes the group; the
 //! groups of all queues reach the other nodes over one authenticated connection per node pair
-//! ([`transport`]). Members that do not lead forward their clients' publishes to the leader.
+//! ([`transport`]). Members that do not lead forward their clients' publishes to the leader,
+//! and their clients consume through the leader ([`remote`]).
 //!
 //! Modules: [`command`] (log entry payloads and their encoding), [`state`] (the replicated,
 //! deterministic queue state), [`storage`] (openraft's log storage on the shared log),
@@ -30,6 +31,7 @@ pub mod machine;
 pub mod network;
 pub mod node;
 pub mod queue;
+pub mod remote;
 pub mod state;
 pub mod storage;
 pub mod transport;

@@ -47,6 +47,7 @@ use warren_store::{Completion, Location, Store};
 
 mod backend;
 mod dispatch;
+mod remote;
 
 type NodeId = u64;
 type Waiter = (Arc<dyn Completion>, u64);
@@ -73,6 +74,11 @@ struct QConsumer {
     c: Consumer,
     priority: i64,
     in_flight: u32,
+    /// A consumer of this node's clients: its id (unique in the queue, from 1), which the
+    /// leader's node knows it by when another node leads. 0 for a remote consumer.
+    id: u64,
+    /// A consumer of another node's client (node, its id there), kept while this node leads.
+    remote: Option<(NodeId, u64)>,
 }
 
 impl QConsumer {
@@ -82,12 +88,30 @@ impl QConsumer {
 }
 
 /// Who a message handed out by this leader went to.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Out {
-    /// Delivered to consumer tag hash on a channel (or taken by basic.get).
+    /// Delivered to a consumer of this node (or taken by basic.get here).
     Delivered,
+    /// Delivered to consumer `consumer` of node `node` (0: taken by basic.get there).
+    Remote { node: NodeId, consumer: u64 },
+    /// Proposed to be returned, its remote holder gone.
+    Returning,
     /// Proposed to be dropped (expired, over the length limit, purged).
     Dropping,
+}
+
+/// A member's consumers as told to the leader's node (see [`crate::remote`]).
+#[derive(Debug, Default)]
+struct Subscription {
+    /// The leader, its term, the connection generation and the list version the leader's
+    /// node last accepted.
+    sent: Option<(NodeId, u64, u64, u64)>,
+    /// The leader and term deliveries are taken from (set when a list is sent).
+    target: Option<(NodeId, u64)>,
+    /// A list is on its way.
+    pending: bool,
+    /// Grows with each change of this node's consumers.
+    version: u64,
 }
 
 struct Inner {
@@ -103,6 +127,12 @@ struct Inner {
     my_epoch: Option<u64>,
     horizon_asked: u64,
     deleted: bool,
+    /// The id the next consumer of this node's clients gets.
+    next_consumer_id: u64,
+    /// Deliveries from the leader's node that a consumer's channel could not take yet
+    /// (consumer id, message), in order; offered again when its channel settles something.
+    parked: Vec<(u64, QueuedMessage)>,
+    subscription: Subscription,
 }
 
 impl Inner {
@@ -124,7 +154,8 @@ impl Inner {
 /// Commands to propose, gathered under the lock and sent after.
 #[derive(Default)]
 struct Proposals {
-    checkout: Vec<u64>,
+    /// Delivered messages: key and delivery count.
+    checkout: Vec<(u64, u32)>,
     acked: Vec<u64>,
     rejected: Vec<u64>,
     returned: Vec<u64>,
@@ -158,6 +189,8 @@ pub struct QuorumQueue {
     /// Set while the queue is in its vhost's sweep set (a quorum queue stays in it: its
     /// sweep is what expires messages and the queue).
     sweep_mark: AtomicBool,
+    /// The queue itself, for the tasks its `&self` methods start.
+    myself: Weak<QuorumQueue>,
 }
 
 impl std::fmt::Debug for QuorumQueue {
@@ -245,7 +278,8 @@ impl QuorumQueue {
         let declared = parse_args(&spec.arguments);
         let limit = delivery_limit(&spec.arguments);
         let now = spec.clock.now_ms();
-        let q = Arc::new(QuorumQueue {
+        let q = Arc::new_cyclic(|myself| QuorumQueue {
+            myself: myself.clone(),
             name: spec.name,
             vhost: spec.vhost,
             key,
@@ -270,6 +304,9 @@ impl QuorumQueue {
                 my_epoch: None,
                 horizon_asked: 0,
                 deleted: false,
+                next_consumer_id: 1,
+                parked: Vec::new(),
+                subscription: Subscription::default(),
             }),
             submit: tx,
             raft: OnceLock::new(),
@@ -334,6 +371,8 @@ impl QuorumQueue {
         .map_err(|e| e.to_string())?;
         if let Some(c) = node.cluster() {
             c.register_group(&self.key, raft.clone());
+            let server: Arc<dyn crate::remote::GroupServer> = self.clone();
+            c.register_server(&self.key, Arc::downgrade(&server));
         }
         if fresh && !joining && !raft.is_initialized().await.map_err(|e| e.to_string())? {
             let size = self.initial_group_size();
@@ -394,6 +433,7 @@ impl QuorumQueue {
                 (m.current_leader == Some(me) && m.state.is_leader()).then_some(m.current_term)
             };
             self.set_leadership(term);
+            self.sync_subscription();
             if metrics.changed().await.is_err() || self.deleted.load(Ordering::Acquire) {
                 return;
             }
@@ -420,6 +460,11 @@ impl QuorumQueue {
             st.leader_term = term;
             st.horizon_asked = st.qs.horizon();
             st.out.clear();
+            // Other nodes' consumers subscribe again with the new term; deliveries parked
+            // from the previous leader are returned by the new leadership's Lead.
+            st.consumers.retain(|c| c.remote.is_none());
+            st.parked.clear();
+            st.subscription.target = None;
             for c in &mut st.consumers {
                 c.in_flight = 0;
             }
@@ -518,9 +563,11 @@ impl QuorumQueue {
         }
         if !p.checkout.is_empty() {
             let epoch = self.inner.lock().qs.epoch();
+            let (keys, counts) = p.checkout.into_iter().unzip();
             self.send(Command::Checkout {
                 epoch,
-                keys: p.checkout,
+                keys,
+                counts,
             });
         }
         for (reason, keys) in [
@@ -602,7 +649,12 @@ impl QuorumQueue {
                     }
                 }
                 for k in fx.settled.iter().chain(&fx.returned) {
-                    st.out.remove(k);
+                    if let Some(Out::Remote { node, consumer }) = st.out.remove(k) {
+                        let holder = Some((node, consumer));
+                        if let Some(c) = st.consumers.iter_mut().find(|c| c.remote == holder) {
+                            c.in_flight = c.in_flight.saturating_sub(1);
+                        }
+                    }
                 }
                 enqueued |= fx.enqueued;
                 if st.leading() {

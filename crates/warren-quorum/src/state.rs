@@ -189,12 +189,20 @@ impl QueueState {
                 }
                 fx.enqueued |= !msgs.is_empty();
             }
-            Command::Checkout { epoch, keys } => {
+            Command::Checkout {
+                epoch,
+                keys,
+                counts,
+            } => {
                 if *epoch != self.epoch {
                     return;
                 }
-                for k in keys {
+                for (i, k) in keys.iter().enumerate() {
                     if let Some(m) = self.msgs.get_mut(k) {
+                        // Returned since this delivery (its return overtook it): stays ready.
+                        if counts.get(i).is_some_and(|c| *c != m.delivery_count) {
+                            continue;
+                        }
                         m.checked_out = true;
                         if self.ready.remove(k) {
                             self.ready_bytes -= m.message.body.len() as u64;
@@ -338,6 +346,7 @@ mod tests {
                 &Command::Checkout {
                     epoch: 1,
                     keys: vec![1],
+                    counts: vec![round - 1],
                 },
                 &mut fx,
             );
@@ -365,6 +374,7 @@ mod tests {
             &Command::Checkout {
                 epoch: 1,
                 keys: vec![1],
+                counts: vec![],
             },
             &mut fx,
         );
@@ -373,6 +383,7 @@ mod tests {
             &Command::Checkout {
                 epoch: 0,
                 keys: vec![2],
+                counts: vec![],
             },
             &mut fx,
         );
@@ -391,6 +402,35 @@ mod tests {
         assert_eq!(back.epoch(), 2);
         assert_eq!(back.get(1).unwrap().delivery_count, 1);
         assert_eq!(back.ready_bytes(), 15);
+    }
+
+    #[test]
+    fn a_checkout_overtaken_by_its_return_is_ignored() {
+        let mut s = QueueState::new(None);
+        let mut fx = Effects::default();
+        s.begin_epoch(1, &mut fx);
+        enqueue(&mut s, 1);
+        // Delivered with count 0; the return (forwarded by another node) applies first.
+        s.apply(&Command::Return { keys: vec![1] }, &mut fx);
+        s.apply(
+            &Command::Checkout {
+                epoch: 1,
+                keys: vec![1],
+                counts: vec![0],
+            },
+            &mut fx,
+        );
+        assert_eq!(s.ready().len(), 1, "the message stays ready");
+        // The next delivery, with count 1, is checked out.
+        s.apply(
+            &Command::Checkout {
+                epoch: 1,
+                keys: vec![1],
+                counts: vec![1],
+            },
+            &mut fx,
+        );
+        assert!(s.ready().is_empty());
     }
 
     #[test]

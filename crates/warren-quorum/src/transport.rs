@@ -1,6 +1,7 @@
 //! The inter-node transport of a cluster: one TCP connection per pair of nodes, carrying the
-//! Raft RPCs of every quorum queue group (multiplexed by group key) and the requests that
-//! start and delete a group's members.
+//! Raft RPCs of every quorum queue group (multiplexed by group key), the requests that
+//! start and delete a group's members, and what lets clients of any member consume: their
+//! consumers' subscriptions, the deliveries to them and their basic.get ([`crate::remote`]).
 //!
 //! Connections: of two nodes, the one with the lower id dials the other (at its
 //! `[cluster] listen` address from the seed list) and redials with backoff (100 ms doubling
@@ -22,6 +23,7 @@
 //! Liveness: each side pings every 2 s; a connection that carried nothing for 10 s (a peer
 //! paused, or a machine gone without a reset) is closed, and redialed by its dialer.
 
+use crate::remote::{Cast, GroupServer, RemoteConsumer, RemoteMessage};
 use crate::TypeConfig;
 use bytes::{BufMut, Bytes, BytesMut};
 use hmac::{Hmac, Mac};
@@ -36,7 +38,7 @@ use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
@@ -164,6 +166,23 @@ pub enum Request {
         /// The commands to propose as one entry.
         batch: crate::command::Batch,
     },
+    /// The sender's consumers of group `group`, for the answering node to deliver to while it
+    /// leads in Raft term `term` (see [`crate::remote`]). Handled in arrival order.
+    Subscribe {
+        /// The group's key.
+        group: String,
+        /// The term the sender saw the answering node lead in.
+        term: u64,
+        /// Every consumer the sender's clients have on the queue now.
+        consumers: Vec<RemoteConsumer>,
+    },
+    /// basic.get on group `group`'s queue for a client of the sender.
+    Get {
+        /// The group's key.
+        group: String,
+        /// basic.get's no-ack.
+        no_ack: bool,
+    },
 }
 
 /// The answer to a [`Request`].
@@ -186,6 +205,10 @@ pub enum Response {
     Done(Result<(), String>),
     /// Result of a forwarded proposal: committed and applied, or why not.
     Proposed(Result<(), String>),
+    /// Result of a [`Request::Subscribe`].
+    Subscribed(Result<(), String>),
+    /// Result of a [`Request::Get`]: a message and the ready messages left, or none.
+    Got(Result<Option<(RemoteMessage, u32)>, String>),
 }
 
 /// A frame after the handshake.
@@ -199,6 +222,8 @@ enum Wire {
         id: u64,
         body: Response,
     },
+    /// A one-way message.
+    Cast(Cast),
     /// Sent every [`PING_EVERY`], so that a peer that stopped answering is noticed.
     Ping,
 }
@@ -223,6 +248,8 @@ pub enum CallError {
 /// One authenticated connection to a peer.
 struct Conn {
     peer: NodeId,
+    /// Which connection to the peer this is (a new one gets a higher number).
+    generation: u64,
     out: mpsc::UnboundedSender<Bytes>,
     pending: Mutex<HashMap<u64, oneshot::Sender<Response>>>,
     next: AtomicU64,
@@ -256,6 +283,8 @@ pub struct Cluster {
     conns: Mutex<HashMap<NodeId, Arc<Conn>>>,
     attached: watch::Sender<u64>,
     groups: Mutex<HashMap<String, Raft<TypeConfig>>>,
+    servers: Mutex<HashMap<String, Weak<dyn GroupServer>>>,
+    generations: AtomicU64,
     joining: Mutex<HashSet<String>>,
     leaving: Mutex<HashSet<String>>,
     host: OnceLock<Arc<dyn MemberHost>>,
@@ -358,6 +387,8 @@ impl Cluster {
             conns: Mutex::new(HashMap::new()),
             attached,
             groups: Mutex::new(HashMap::new()),
+            servers: Mutex::new(HashMap::new()),
+            generations: AtomicU64::new(0),
             joining: Mutex::new(HashSet::new()),
             leaving: Mutex::new(HashSet::new()),
             host: OnceLock::new(),
@@ -416,6 +447,49 @@ impl Cluster {
 
     pub(crate) fn unregister_group(&self, key: &str) {
         self.groups.lock().remove(key);
+        self.servers.lock().remove(key);
+    }
+
+    /// Sets what serves group `key`'s subscriptions, deliveries and remote gets.
+    pub(crate) fn register_server(&self, key: &str, server: Weak<dyn GroupServer>) {
+        self.servers.lock().insert(key.to_string(), server);
+    }
+
+    fn server(&self, key: &str) -> Option<Arc<dyn GroupServer>> {
+        self.servers.lock().get(key).and_then(Weak::upgrade)
+    }
+
+    /// Which connection to `peer` is up (a number that grows with each new one), or none.
+    pub fn generation(&self, peer: NodeId) -> Option<u64> {
+        self.conns.lock().get(&peer).map(|c| c.generation)
+    }
+
+    /// Sends `cast` to `peer` over the connection up now, without an answer. False when
+    /// there is none (or the message cannot be encoded).
+    pub fn cast(&self, peer: NodeId, cast: Cast) -> bool {
+        let Some(conn) = self.conns.lock().get(&peer).cloned() else {
+            return false;
+        };
+        match encode_frame(&Wire::Cast(cast), MAX_FRAME) {
+            Ok(f) => conn.out.send(f).is_ok(),
+            Err(e) => {
+                warn!(peer, error = %e, "cluster message not sent");
+                false
+            }
+        }
+    }
+
+    /// Tells every group server that the connection to `peer` is gone.
+    fn peer_lost(&self, peer: NodeId) {
+        let servers: Vec<Arc<dyn GroupServer>> = self
+            .servers
+            .lock()
+            .values()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for s in servers {
+            s.peer_lost(peer);
+        }
     }
 
     /// Whether group `key` is being started here at another node's request (taken once).
@@ -622,33 +696,42 @@ impl Cluster {
         let (closed, _) = watch::channel(false);
         let conn = Arc::new(Conn {
             peer,
+            generation: self.generations.fetch_add(1, Ordering::Relaxed) + 1,
             out,
             pending: Mutex::new(HashMap::new()),
             next: AtomicU64::new(1),
             closed,
             tasks: Mutex::new(Vec::new()),
         });
+        // The old connection's subscriptions end before the new one reads anything.
+        let old = self.conns.lock().insert(peer, conn.clone());
+        if let Some(old) = old {
+            old.close();
+            self.peer_lost(peer);
+        }
         let writer = tokio::spawn(Self::write_loop(wr, rx, conn.clone(), self.clone()));
         let reader = tokio::spawn(self.clone().read_loop(rd, conn.clone()));
         conn.tasks
             .lock()
             .extend([writer.abort_handle(), reader.abort_handle()]);
-        if let Some(old) = self.conns.lock().insert(peer, conn.clone()) {
-            old.close();
-        }
         self.attached.send_modify(|n| *n += 1);
         debug!(peer, "cluster connection up");
         conn
     }
 
     fn detach(&self, conn: &Arc<Conn>) {
-        {
+        let current = {
             let mut conns = self.conns.lock();
-            if conns.get(&conn.peer).is_some_and(|c| Arc::ptr_eq(c, conn)) {
+            let current = conns.get(&conn.peer).is_some_and(|c| Arc::ptr_eq(c, conn));
+            if current {
                 conns.remove(&conn.peer);
             }
-        }
+            current
+        };
         conn.close();
+        if current {
+            self.peer_lost(conn.peer);
+        }
     }
 
     async fn write_loop(
@@ -728,6 +811,43 @@ impl Cluster {
                         conn.answer(id, body);
                     });
                 }
+                // Handled here, in arrival order: a subscription replaces the one before, and
+                // deliveries keep the leader's order.
+                Wire::Cast(Cast::Deliver {
+                    group,
+                    term,
+                    consumer,
+                    delivery,
+                }) => {
+                    if let Some(s) = self.server(&group) {
+                        s.deliver(conn.peer, term, consumer, delivery);
+                    }
+                }
+                Wire::Request {
+                    id,
+                    body:
+                        Request::Subscribe {
+                            group,
+                            term,
+                            consumers,
+                        },
+                } => {
+                    let r = match self.server(&group) {
+                        Some(s) => s.subscribe(conn.peer, term, consumers),
+                        None => Err("no such quorum queue on this node".into()),
+                    };
+                    conn.answer(id, Response::Subscribed(r));
+                }
+                Wire::Request {
+                    id,
+                    body: Request::Get { group, no_ack },
+                } => {
+                    let r = match self.server(&group) {
+                        Some(s) => s.get(conn.peer, no_ack),
+                        None => Err("no such quorum queue on this node".into()),
+                    };
+                    conn.answer(id, Response::Got(r));
+                }
                 Wire::Request { id, body } => {
                     let me = self.clone();
                     let conn = conn.clone();
@@ -787,6 +907,8 @@ impl Cluster {
                 Response::Started(r)
             }
             Request::Propose { .. } => Response::Proposed(Err("not proposed".into())),
+            Request::Subscribe { .. } => Response::Subscribed(Err("not handled".into())),
+            Request::Get { .. } => Response::Got(Err("not handled".into())),
             Request::DeleteMember { vhost, name } => {
                 let Some(host) = self.host.get().cloned() else {
                     return Response::Done(Err("the node is starting".into()));

@@ -4,8 +4,9 @@
 //! consumer gets every confirmed message. A member that was down catches up when it comes
 //! back, a leader paused (SIGSTOP) past the election timeout rejoins as a follower with the
 //! new leader's state, a publish on a member that does not lead is forwarded to the leader,
-//! a queue deleted on one node is deleted on its other members, and confirmed messages survive
-//! a kill -9 of every node.
+//! a queue deleted on one node is deleted on its other members, confirmed messages survive
+//! a kill -9 of every node, and clients of nodes that do not lead consume and get through the
+//! leader's node.
 
 mod binary_support;
 
@@ -508,5 +509,177 @@ async fn whole_cluster_killed_and_restarted() {
         let _ = c.close(200, "bye".into()).await;
     }
     drop(nodes);
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// The next delivery of `consumer` (bounded): body and redelivered flag; acked unless
+/// `ack` is false.
+async fn next_delivery(consumer: &mut lapin::Consumer, ack: bool) -> (String, bool) {
+    let d = match tokio::time::timeout(Duration::from_secs(15), consumer.next()).await {
+        Ok(Some(Ok(d))) => d,
+        Ok(other) => panic!("consumer ended: {other:?}"),
+        Err(_) => panic!("no delivery within 15 s"),
+    };
+    if ack {
+        d.ack(BasicAckOptions::default()).await.expect("ack");
+    }
+    (String::from_utf8(d.data.clone()).unwrap(), d.redelivered)
+}
+
+/// Waits (bounded) until `server` reports `want` messages in `q`.
+async fn wait_count(server: &Server, q: &str, want: u32) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let n = count_on(server, q).await;
+        if n == Some(want) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{q} on port {} holds {n:?} messages, not {want}",
+            server.port
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumers_and_gets_on_nodes_that_do_not_lead() {
+    let (root, secret, ports) = cluster("quorum-cluster-anynode");
+    let node1 = start_node(1, &ports, &secret, &root);
+    let node2 = start_node(2, &ports, &secret, &root);
+    let node3 = start_node(3, &ports, &secret, &root);
+    let q = "anynode";
+    // Declared on node 1, which leads.
+    let c1 = node1.connect().await;
+    let ch1 = c1.create_channel().await.expect("channel");
+    declare_replicated(&ch1, q, &[&node2, &node3]).await;
+
+    // A consumer on node 3 and a publisher on node 2: neither node leads.
+    let c3 = node3.connect().await;
+    let ch3 = c3.create_channel().await.expect("channel");
+    ch3.basic_qos(10, BasicQosOptions::default())
+        .await
+        .expect("qos");
+    let mut cons3 = ch3
+        .basic_consume(
+            q.into(),
+            "on-node-3".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("basic.consume on a follower");
+    let c2 = node2.connect().await;
+    let ch2 = c2.create_channel().await.expect("channel");
+    ch2.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirm.select");
+    publish_confirmed(&ch2, q, (0..100).map(|i| format!("m{i}"))).await;
+    for i in 0..100 {
+        let (body, redelivered) = next_delivery(&mut cons3, true).await;
+        assert_eq!(body, format!("m{i}"), "in order");
+        assert!(!redelivered, "{body} was not delivered before");
+    }
+    // The acks went to the leader: nothing is left anywhere.
+    wait_count(&node1, q, 0).await;
+    wait_count(&node3, q, 0).await;
+
+    // Unacknowledged deliveries of a follower's consumer come back when its channel closes.
+    publish_confirmed(&ch2, q, (0..5).map(|i| format!("u{i}"))).await;
+    for i in 0..5 {
+        assert_eq!(next_delivery(&mut cons3, false).await.0, format!("u{i}"));
+    }
+    ch3.close(200, "bye".into()).await.expect("channel.close");
+    drop(cons3);
+
+    // basic.get on node 2 (a follower) takes them from the leader, flagged redelivered.
+    let ch2g = c2.create_channel().await.expect("channel");
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while seen.len() < 5 {
+        match ch2g
+            .basic_get(q.into(), lapin::options::BasicGetOptions::default())
+            .await
+            .expect("basic.get on a follower")
+        {
+            Some(m) => {
+                assert!(m.delivery.redelivered, "returned message flagged");
+                seen.push(String::from_utf8(m.delivery.data.clone()).unwrap());
+                m.delivery
+                    .ack(BasicAckOptions::default())
+                    .await
+                    .expect("ack");
+            }
+            None => {
+                assert!(Instant::now() < deadline, "got only {seen:?}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    assert_eq!(seen, (0..5).map(|i| format!("u{i}")).collect::<Vec<_>>());
+    assert!(ch2g
+        .basic_get(q.into(), lapin::options::BasicGetOptions::default())
+        .await
+        .expect("basic.get")
+        .is_none());
+    wait_count(&node1, q, 0).await;
+
+    // The leader's node dies: a consumer on node 2 keeps receiving what is published on
+    // node 3, from whichever survivor leads now.
+    let ch2c = c2.create_channel().await.expect("channel");
+    let mut cons2 = ch2c
+        .basic_consume(
+            q.into(),
+            "on-node-2".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("basic.consume");
+    drop(ch1);
+    drop(c1);
+    node1.kill();
+    let c3 = node3.connect().await;
+    let ch3 = c3.create_channel().await.expect("channel");
+    ch3.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirm.select");
+    // Publishes are refused until a new leader is elected (a refused one may still arrive).
+    let mut confirmed = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for attempt in 0.. {
+        if confirmed.len() == 20 {
+            break;
+        }
+        let body = format!("f{attempt}");
+        let pc = ch3
+            .basic_publish(
+                "".into(),
+                q.into(),
+                BasicPublishOptions::default(),
+                body.as_bytes(),
+                persistent(),
+            )
+            .await
+            .expect("publish");
+        if within("confirm", pc).await.expect("confirm").is_ack() {
+            confirmed.push(body);
+        } else {
+            assert!(Instant::now() < deadline, "no leader elected");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let mut got = Vec::new();
+    while !got.ends_with(&confirmed[confirmed.len() - 1..]) {
+        got.push(next_delivery(&mut cons2, true).await.0);
+    }
+    got.retain(|b| confirmed.contains(b));
+    assert_eq!(got, confirmed, "every confirmed message, in order");
+    drop(cons2);
+    let _ = c2.close(200, "bye".into()).await;
+    let _ = c3.close(200, "bye".into()).await;
+    drop(node2);
+    drop(node3);
     let _ = std::fs::remove_dir_all(&root);
 }

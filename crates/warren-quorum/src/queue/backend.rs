@@ -163,22 +163,47 @@ impl QueueBackend for QuorumQueue {
             .get("x-priority")
             .and_then(|v| v.as_i64())
             .unwrap_or(0);
+        let id = st.next_consumer_id;
+        st.next_consumer_id += 1;
         st.consumers.push(QConsumer {
             c: consumer,
             priority,
             in_flight: 0,
+            id,
+            remote: None,
         });
+        st.subscription.version += 1;
         drop(st);
         self.touch();
+        self.sync_subscription();
         Ok(())
     }
 
     fn remove_consumer(&self, channel_key: u64, tag: &str) -> bool {
-        let mut st = self.inner.lock();
-        st.consumers
-            .retain(|c| !(c.c.target.channel_key() == channel_key && &*c.c.tag == tag));
-        drop(st);
+        let mut props = Proposals::default();
+        {
+            let mut st = self.inner.lock();
+            let gone: Vec<u64> = st
+                .consumers
+                .iter()
+                .filter(|c| c.c.target.channel_key() == channel_key && &*c.c.tag == tag)
+                .map(|c| c.id)
+                .collect();
+            st.consumers
+                .retain(|c| !(c.c.target.channel_key() == channel_key && &*c.c.tag == tag));
+            // Deliveries from the leader's node its channel had not taken go back.
+            st.parked.retain(|(id, qm)| {
+                let keep = !gone.contains(id);
+                if !keep {
+                    props.returned.push(qm.seq);
+                }
+                keep
+            });
+            st.subscription.version += 1;
+        }
+        self.propose(props);
         self.touch();
+        self.sync_subscription();
         false
     }
 
@@ -197,52 +222,11 @@ impl QueueBackend for QuorumQueue {
 
     fn get(&self, no_ack: bool) -> Option<(QueuedMessage, u32)> {
         self.touch();
-        let mut props = Proposals::default();
-        let got = {
-            let mut st = self.inner.lock();
-            if !st.leading() {
-                return None;
-            }
-            let now = self.clock.now_ms();
-            let mut from = 0;
-            let mut got = None;
-            while let Some(key) = Self::next_ready(&st, from) {
-                from = key + 1;
-                match self.may_hand_out(&mut st, key, now, &mut props) {
-                    None => break,
-                    Some(false) => continue,
-                    Some(true) => {}
-                }
-                let m = st.qs.get(key).expect("ready key is held");
-                let qm = QueuedMessage {
-                    seq: key,
-                    message: with_delivery_count(m),
-                    redelivered: m.redelivered,
-                    stored: None,
-                    expires_at: self.deadline(m),
-                };
-                if qm.redelivered {
-                    self.stats.redeliver.fetch_add(1, Ordering::Relaxed);
-                }
-                st.out.insert(key, Out::Delivered);
-                if no_ack {
-                    props.acked.push(key);
-                } else {
-                    props.checkout.push(key);
-                }
-                let left = st.ready_count() as u32;
-                got = Some((qm, left));
-                break;
-            }
-            Self::keep_horizon_ahead(&mut st, &mut props);
-            got
-        };
-        self.propose(props);
-        if got.is_some() {
-            self.stats.get.fetch_add(1, Ordering::Relaxed);
-            self.deliveries.fetch_add(1, Ordering::Relaxed);
+        match self.take_one(no_ack, Out::Delivered) {
+            Some(got) => got,
+            // Another node leads: it hands out the message.
+            None => self.get_from_leader(no_ack),
         }
-        got
     }
 
     fn settle_with(&self, this: &Arc<Queue>, channel_key: u64, settlements: Vec<Settlement>) {
@@ -270,6 +254,7 @@ impl QueueBackend for QuorumQueue {
                 }
             }
             self.dispatch_locked(&mut st, this, &mut props);
+            self.offer_parked(&mut st, this, &mut props);
         }
         self.propose(props);
     }
@@ -376,6 +361,7 @@ impl QueueBackend for QuorumQueue {
 
     fn sweep(&self) -> bool {
         let mut props = Proposals::default();
+        let sync;
         let unused = {
             let mut st = self.inner.lock();
             if st.deleted {
@@ -396,9 +382,26 @@ impl QueueBackend for QuorumQueue {
                     props.expired.push(key);
                 }
             }
+            if !st.parked.is_empty() {
+                if let Some(me) = self.myself() {
+                    let this: Arc<Queue> = me;
+                    self.offer_parked(&mut st, &this, &mut props);
+                }
+            }
+            // Retried here until the leader's node takes the list (or the connection to it
+            // is new): while there are consumers, or an empty list is still to be told.
+            sync = !st.leading()
+                && (st.consumers.iter().any(|c| c.remote.is_none())
+                    || st
+                        .subscription
+                        .sent
+                        .is_some_and(|s| s.3 != st.subscription.version));
             st.consumers.is_empty() && st.leading()
         };
         self.propose(props);
+        if sync {
+            self.sync_subscription();
+        }
         let last = self.last_used.load(Ordering::Relaxed);
         unused
             && self

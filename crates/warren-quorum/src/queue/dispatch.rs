@@ -154,7 +154,12 @@ impl QuorumQueue {
                     expires_at: self.deadline(m),
                 };
                 let redelivered = m.redelivered;
+                let count = m.delivery_count;
                 let c = &mut st.consumers[i];
+                let holder = match c.remote {
+                    Some((node, consumer)) => Out::Remote { node, consumer },
+                    None => Out::Delivered,
+                };
                 let no_ack = c.c.no_ack;
                 match c.c.target.deliver(this, &c.c.tag, no_ack, qm) {
                     Ok(()) => {
@@ -162,11 +167,11 @@ impl QuorumQueue {
                             c.in_flight += 1;
                         }
                         st.next_consumer = (i + 1) % n;
-                        st.out.insert(key, Out::Delivered);
+                        st.out.insert(key, holder);
                         if no_ack {
                             props.acked.push(key);
                         } else {
-                            props.checkout.push(key);
+                            props.checkout.push((key, count));
                         }
                         self.deliveries.fetch_add(1, Ordering::Relaxed);
                         if redelivered {
