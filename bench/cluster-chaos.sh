@@ -119,6 +119,7 @@ trap 'exit 130' INT TERM
 for i in 1 2 3; do
     "$DIR/start-node.sh" "$i" &
     echo $! > "$DIR/node$i.pid"
+    disown  # no "Killed" notice from bash when the fault loop kills it
 done
 for i in 1 2 3; do
     amqp=${PORTS[$((i + 2))]}

@@ -281,6 +281,7 @@ class Publisher(threading.Thread):
         self.stop_deadline = None
         self.why = "?"
         self.cur = node
+        self.session_nacks = 0
         try:
             self.conn = pika.SelectConnection(
                 params(node),
@@ -295,7 +296,10 @@ class Publisher(threading.Thread):
         self.unknown.update(lost)
         self.closes[self.why] += 1
         if not stop_pub.is_set() or lost:
-            log(f"publisher {self.q}: session on node {node} ended ({self.why}); {len(lost)} unconfirmed")
+            log(f"publisher {self.q}: session on node {node} ended ({self.why}); "
+                f"{self.session_nacks} nacked, {len(lost)} unconfirmed")
+        if self.why == "nack":
+            time.sleep(0.5)
 
     def close(self, why):
         self.why = why
@@ -352,8 +356,9 @@ class Publisher(threading.Thread):
             self.sent_at.pop(t, None)
             (self.confirmed if ack else self.nacked).add(mid)
         if not ack:
-            log(f"publisher {self.q}: nack from node {self.cur} for {len(tags)} message(s)")
-            self.close("nack")
+            self.session_nacks += len(tags)
+            if self.why == "?":
+                self.close("nack")
 
     def tick(self):
         if not self.conn.is_open or self.ch is None or not self.ch.is_open:
@@ -501,7 +506,7 @@ def declare():
 
 def leadership_lines():
     """Per node: the lines in which it took or lost the leadership of a queue, and error lines."""
-    leads, errors = {}, {}
+    leads, errors, network = {}, {}, collections.Counter()
     for n in IDS:
         leads[n], errors[n] = [], []
         try:
@@ -509,11 +514,16 @@ def leadership_lines():
                 for line in f:
                     if "leads the quorum queue" in line:
                         leads[n].append(line.rstrip())
-                    if " ERROR " in line or "panicked" in line:
+                    # openraft logs every RPC to an unreachable node at ERROR: expected while
+                    # a node is down, counted apart.
+                    if ("did not answer in time" in line or "NetworkError" in line
+                            or "Unreachable" in line):
+                        network[n] += 1
+                    elif " ERROR " in line or "panicked" in line:
                         errors[n].append(line.rstrip())
         except OSError:
             pass
-    return leads, errors
+    return leads, errors, network
 
 
 def main():
@@ -595,7 +605,7 @@ def main():
     unknown = set().union(*(p.unknown for p in publishers)) - confirmed - nacked
     sent = sum(p.sent for p in publishers)
     kinds = collections.Counter(f["kind"] for f in faults)
-    leads, errors = leadership_lines()
+    leads, errors, network = leadership_lines()
     ok = not lost and not dup_no_red and not stray
 
     with open(os.path.join(WORKDIR, "deliveries.tsv"), "w") as f:
@@ -645,8 +655,10 @@ def main():
         f"| confirms for unknown delivery tags | {sum(p.stray_confirms for p in publishers)} |",
         "| leadership taken (log lines, per node) | "
         + ", ".join(f"{n}: {sum(1 for l in leads[n] if 'this node leads' in l)}" for n in IDS) + " |",
-        "| ERROR / panic log lines (per node) | "
+        "| ERROR / panic log lines, network errors apart (per node) | "
         + ", ".join(f"{n}: {len(errors[n])}" for n in IDS) + " |",
+        "| raft network-error log lines (per node) | "
+        + ", ".join(f"{n}: {network[n]}" for n in IDS) + " |",
         "",
         "Deliveries per consumer node: " + ", ".join(
             f"node {n}: {sum(1 for d in deliveries if d[2] == n)}" for n in IDS),
