@@ -473,7 +473,7 @@ def queue_stats():
             try:
                 _, body = mgmt_get(n, f"/api/queues/%2F/{q}")
                 j = json.loads(body)
-                out[(n, q)] = {k: j.get(k) for k in ("messages", "messages_ready", "messages_unacknowledged", "leader", "consumers")}
+                out[(n, q)] = {k: j.get(k) for k in ("messages", "messages_ready", "messages_unacknowledged", "consumers")}
             except Exception as e:  # noqa: BLE001
                 out[(n, q)] = {"error": repr(e)}
     return out
@@ -607,6 +607,13 @@ def main():
     kinds = collections.Counter(f["kind"] for f in faults)
     leads, errors, network = leadership_lines()
     ok = not lost and not dup_no_red and not stray
+    # Unavailability as the consumers saw it: gaps of more than a second between deliveries
+    # of a queue while publishing went on.
+    gaps = {}
+    for q in QNAMES:
+        ts = sorted(t for mid, _r, _n, t, ph in deliveries if ph == "run" and mid.startswith(q + "."))
+        g = [b - a for a, b in zip(ts, ts[1:]) if b - a > 1.0]
+        gaps[q] = (len(g), sum(g), max(g, default=0.0))
 
     with open(os.path.join(WORKDIR, "deliveries.tsv"), "w") as f:
         for mid, red, node, t, ph in deliveries:
@@ -646,6 +653,8 @@ def main():
         f"| consumed but never published (must be 0) | {len(stray)} |",
         f"| unconfirmed but present | {len(unconfirmed_present)} |",
         f"| found by basic.get after the consumers closed | {got} |",
+        "| delivery gaps over 1 s (count, total, longest) | "
+        + "; ".join(f"{q}: {c}, {tot:.1f} s, {mx:.1f} s" for q, (c, tot, mx) in gaps.items()) + " |",
         f"| faults | {len(faults)}: kill -9 {kinds['kill']}, SIGSTOP {kinds['stop']} |",
         f"| nodes that exited without a kill | {len(cluster.crashes)} |",
         f"| publishing time | {pub_secs:.0f} s |",
