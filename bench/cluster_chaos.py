@@ -620,6 +620,8 @@ def main():
             f.write(f"{mid}\t{int(red)}\t{node}\t{t:.3f}\t{ph}\n")
     with open(os.path.join(WORKDIR, "confirmed.txt"), "w") as f:
         f.write("\n".join(sorted(confirmed)) + "\n")
+    with open(os.path.join(WORKDIR, "nacked.txt"), "w") as f:
+        f.write("\n".join(sorted(nacked)) + "\n")
 
     rate = len(confirmed) / pub_secs if pub_secs else 0
     summary = (
@@ -652,6 +654,7 @@ def main():
         f"| lost: confirmed, never consumed (must be 0) | {len(lost)} |",
         f"| consumed but never published (must be 0) | {len(stray)} |",
         f"| unconfirmed but present | {len(unconfirmed_present)} |",
+        f"| of which nacked | {len(unconfirmed_present & nacked)} |",
         f"| found by basic.get after the consumers closed | {got} |",
         "| delivery gaps over 1 s (count, total, longest) | "
         + "; ".join(f"{q}: {c}, {tot:.1f} s, {mx:.1f} s" for q, (c, tot, mx) in gaps.items()) + " |",
