@@ -60,7 +60,8 @@ const MAX_ENTRY_BYTES: usize = 4 * 1024 * 1024;
 const MAX_IN_FLIGHT: usize = 8;
 /// How long a member waits for the leader's node to apply a proposal it forwarded.
 const FORWARD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
-/// How long a new group's first member waits for the first leader before it proposes.
+/// How long a new group's first member waits for the first leader before it proposes, and
+/// how long proposals wait for the outcome of an election.
 const LEADER_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// What connections hand the proposer.
@@ -510,7 +511,17 @@ impl QuorumQueue {
             // A member that does not lead forwards to the leader's node what its clients
             // submitted (in order, over the one connection to that node).
             let cluster = self.node.cluster();
-            let leader = cluster.and_then(|_| raft.metrics().borrow().current_leader);
+            let mut leader = cluster.and_then(|_| raft.metrics().borrow().current_leader);
+            if cluster.is_some() && leader.is_none() {
+                // An election is under way: its outcome is waited for (publishers see their
+                // confirms delayed, as with RabbitMQ's quorum queues, rather than nacks).
+                leader = raft
+                    .wait(Some(LEADER_WAIT))
+                    .metrics(|m| m.current_leader.is_some(), "a leader")
+                    .await
+                    .ok()
+                    .and_then(|m| m.current_leader);
+            }
             if let (Some(cluster), Some(leader)) = (cluster, leader) {
                 if leader != self.node.cfg.node_id {
                     let req = Request::Propose {

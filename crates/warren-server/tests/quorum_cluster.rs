@@ -645,7 +645,7 @@ async fn consumers_and_gets_on_nodes_that_do_not_lead() {
     ch3.confirm_select(ConfirmSelectOptions::default())
         .await
         .expect("confirm.select");
-    // Publishes are refused until a new leader is elected (a refused one may still arrive).
+    // Publishes wait for the election (one nacked meanwhile may still arrive).
     let mut confirmed = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(20);
     for attempt in 0.. {
