@@ -7,6 +7,13 @@
 //! start the queue loads it before its Raft instance replays the log entries after it.
 //!
 //! File format: `WQSNAP1\n`, `u32` length + JSON metadata, then the state.
+//!
+//! A snapshot file that cannot be written (a full disk) is written again every second until
+//! it is: openraft stops a group for good on a state machine error, which would leave the
+//! queue refusing every publish until the broker restarts. A snapshot this member builds is
+//! written in the background and the group carries on meanwhile (its log is purged only
+//! once the snapshot is durable); one received from the leader holds up the member's state
+//! machine until it is written.
 
 use crate::queue::QuorumQueue;
 use crate::TypeConfig;
@@ -19,11 +26,17 @@ use openraft::{
 use std::io::{Cursor, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Weak;
+use std::time::Duration;
+use tracing::{info, warn};
+use warren_broker::queue::QueueBackend;
 
 type NodeId = u64;
 type Meta = SnapshotMeta<NodeId, BasicNode>;
 
 const MAGIC: &[u8] = b"WQSNAP1\n";
+
+/// How long a snapshot whose file could not be written waits before it is written again.
+const SNAPSHOT_RETRY: Duration = Duration::from_secs(1);
 
 fn io_err(e: impl std::fmt::Display) -> StorageError<NodeId> {
     StorageIOError::write(&std::io::Error::other(e.to_string())).into()
@@ -56,16 +69,56 @@ pub fn decode_snapshot(b: &Bytes) -> Result<(Meta, Bytes), String> {
     Ok((meta, b.slice(start + n..)))
 }
 
-/// Writes `data` to `path` durably (temporary file, fsync, rename, directory fsync).
+/// Writes `data` to `path` durably (temporary file, fsync, rename, directory fsync). On a
+/// failure the temporary file is removed, so that a partial copy does not hold the space.
 pub fn write_file(path: &Path, data: &[u8]) -> std::io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
     let tmp = path.with_extension("tmp");
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(data)?;
-    f.sync_all()?;
+    let written = std::fs::File::create(&tmp).and_then(|mut f| {
+        f.write_all(data)?;
+        f.sync_all()
+    });
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
     std::fs::rename(&tmp, path)?;
     std::fs::File::open(dir)?.sync_all()
+}
+
+/// Writes the snapshot file of `queue`, again every [`SNAPSHOT_RETRY`] until it succeeds;
+/// gives up (with the error) only once the queue is gone or deleted.
+async fn write_snapshot(
+    queue: &Weak<QuorumQueue>,
+    path: &Path,
+    data: Bytes,
+) -> Result<(), StorageError<NodeId>> {
+    let mut failing = false;
+    loop {
+        let (p, d) = (path.to_path_buf(), data.clone());
+        let res = tokio::task::spawn_blocking(move || write_file(&p, &d))
+            .await
+            .map_err(io_err)?;
+        match res {
+            Ok(()) => {
+                if failing {
+                    info!(path = %path.display(), "quorum queue snapshot written");
+                }
+                return Ok(());
+            }
+            Err(e) => {
+                if queue.upgrade().is_none_or(|q| q.is_deleted()) {
+                    return Err(io_err(e));
+                }
+                if !failing {
+                    warn!(path = %path.display(), error = %e, "cannot write quorum queue snapshot; writing it again every second");
+                    failing = true;
+                }
+                tokio::time::sleep(SNAPSHOT_RETRY).await;
+            }
+        }
+    }
 }
 
 /// The state machine openraft drives: the queue itself.
@@ -101,13 +154,9 @@ impl RaftSnapshotBuilder<TypeConfig> for Builder {
             last_membership: membership,
             snapshot_id: id,
         };
+        drop(q);
         let data = encode_snapshot(&meta, &state);
-        let path = self.path.clone();
-        let written = data.clone();
-        tokio::task::spawn_blocking(move || write_file(&path, &written))
-            .await
-            .map_err(io_err)?
-            .map_err(io_err)?;
+        write_snapshot(&self.queue, &self.path, data).await?;
         Ok(Snapshot {
             meta,
             snapshot: Box::new(Cursor::new(state.to_vec())),
@@ -157,11 +206,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let bytes = Bytes::from(snapshot.into_inner());
         let state = crate::state::QueueState::decode(&bytes).map_err(io_err)?;
         let data = encode_snapshot(meta, &bytes);
-        let path = self.path.clone();
-        tokio::task::spawn_blocking(move || write_file(&path, &data))
-            .await
-            .map_err(io_err)?
-            .map_err(io_err)?;
+        write_snapshot(&self.queue, &self.path, data).await?;
         self.queue.upgrade().ok_or_else(gone)?.install_state(
             state,
             meta.last_log_id,
