@@ -66,7 +66,7 @@ pub use login::{Authenticated, Credentials, LoginRefused, LoginSource, Sessions}
 pub use message::{Message, QueuedMessage};
 pub use ops::{Actor, Ops};
 pub use persist::StorageOptions;
-pub use queue::{ClassicQueue, Consumer, DeliveryTarget, Queue, QueueBackend};
+pub use queue::{ClassicQueue, Consumer, DeliveryTarget, Queue, QueueBackend, Replicas};
 pub use registry::Registry;
 pub use vhost::{ExchangeSnapshot, PublishError, Published, VHost};
 pub use warren_store::{once as completion_once, Completion, RecoveryReport};

@@ -334,6 +334,18 @@ pub struct QueueCounts {
     pub consumers: u32,
 }
 
+/// Where a replicated queue's replicas are (RabbitMQ's `leader`, `members` and `online`
+/// of a quorum queue), by cluster node id (`[cluster] node_id`; 1 without a cluster).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Replicas {
+    /// The node whose member leads, when one is known.
+    pub leader: Option<u64>,
+    /// The nodes that hold a member (voters of the queue's Raft group), in id order.
+    pub members: Vec<u64>,
+    /// The members whose node is reachable from this one (this node included).
+    pub online: Vec<u64>,
+}
+
 impl std::fmt::Debug for ClassicQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ClassicQueue")

@@ -119,6 +119,30 @@ pub enum Command {
     /// Run a health check; exit status 1 when it fails, with its reason.
     #[command(subcommand)]
     HealthCheck(HealthCheck),
+    /// The cluster's nodes.
+    #[command(subcommand)]
+    Cluster(Cluster),
+    /// A quorum queue's replicas (RabbitMQ's `rabbitmq-queues`).
+    #[command(subcommand)]
+    Quorum(Quorum),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Cluster {
+    /// Every node of the cluster and whether it runs (GET /api/nodes).
+    Status,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Quorum {
+    /// Adds a member of QUEUE on NODE (`warren-<id>@<host>`, as `cluster status` names it):
+    /// POST /api/queues/quorum/VHOST/QUEUE/replicas/add.
+    AddMember { queue: String, node: String },
+    /// Removes the member of QUEUE on NODE: DELETE
+    /// /api/queues/quorum/VHOST/QUEUE/replicas/delete.
+    DeleteMember { queue: String, node: String },
+    /// Where QUEUE's members are: leader, members and those online.
+    Members { queue: String },
 }
 
 /// What `list` lists.
@@ -642,6 +666,15 @@ impl Ctx<'_> {
                     .call(Method::POST, "/api/definitions", Some(&defs), &[])?;
                 self.done(&reply, "imported definitions")
             }
+            Command::Cluster(Cluster::Status) => {
+                let reply = self.client.get("/api/nodes")?;
+                if self.json {
+                    return self.print_json(&reply);
+                }
+                let rows = output::rows(&reply);
+                self.print(&output::table(&rows, &["name", "running", "uptime"]))
+            }
+            Command::Quorum(q) => self.quorum(q),
             Command::Overview => {
                 let o = self.client.get("/api/overview")?;
                 if self.json {
@@ -679,6 +712,58 @@ impl Ctx<'_> {
                 };
                 let reply = self.client.get(&path)?;
                 self.done(&reply, "ok")
+            }
+        }
+    }
+
+    fn quorum(&mut self, q: &Quorum) -> Result<(), CtlError> {
+        let path = |queue: &str, what: &str| {
+            format!(
+                "/api/queues/quorum/{}/{}/replicas/{what}",
+                self.v(),
+                seg(queue)
+            )
+        };
+        match q {
+            Quorum::AddMember { queue, node } => {
+                let body = serde_json::json!({ "node": node });
+                let reply =
+                    self.client
+                        .call(Method::POST, &path(queue, "add"), Some(&body), &[])?;
+                self.done(&reply, &format!("member of {queue} added on {node}"))
+            }
+            Quorum::DeleteMember { queue, node } => {
+                let body = serde_json::json!({ "node": node });
+                let reply =
+                    self.client
+                        .call(Method::DELETE, &path(queue, "delete"), Some(&body), &[])?;
+                self.done(&reply, &format!("member of {queue} on {node} removed"))
+            }
+            Quorum::Members { queue } => {
+                let q = self
+                    .client
+                    .get(&format!("/api/queues/{}/{}", self.v(), seg(queue)))?;
+                if self.json {
+                    return self.print_json(&q);
+                }
+                let list = |k: &str| {
+                    q.get(k)
+                        .and_then(Value::as_array)
+                        .map(|a| {
+                            a.iter()
+                                .filter_map(Value::as_str)
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        })
+                        .unwrap_or_default()
+                };
+                let leader = q.get("leader").and_then(Value::as_str).unwrap_or("");
+                let text = format!(
+                    "leader: {leader}\nmembers: {}\nonline: {}",
+                    list("members"),
+                    list("online")
+                );
+                self.print(&text)
             }
         }
     }

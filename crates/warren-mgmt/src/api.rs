@@ -14,7 +14,7 @@ use axum::body::Bytes;
 use axum::extract::{ConnectInfo, Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use base64::Engine;
 use serde_json::{json, Map, Value};
@@ -293,6 +293,9 @@ fn queue_json(app: &App, q: &QueueInfo, ranges: &Ranges) -> Value {
         "effective_policy_definition": definition_json(&q.policy.definition),
         "exclusive_consumer_tag": null,
     });
+    if let Some(r) = &q.replicas {
+        crate::cluster::replicas_json(app, r, &mut v);
+    }
     app.rates.lengths(&mut v, &key, ranges);
     v
 }
@@ -525,10 +528,32 @@ async fn whoami(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap) -> R
     ok_json(json!({"name": user.name, "tags": user.tags, "is_internal_user": true}))
 }
 
+/// Another node of the cluster, as RabbitMQ lists a node it cannot read the figures of:
+/// name, type and whether it runs (its inter-node connection with this node is up).
+fn other_node_json(n: &crate::ClusterNode) -> Value {
+    json!({
+        "name": n.name,
+        "type": "disc",
+        "running": n.running,
+        "being_drained": false,
+        "partitions": [],
+    })
+}
+
+/// `GET /api/nodes`: this node with its figures, then (in a cluster) the other nodes.
 async fn nodes(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap, q: Q) -> Reply {
     authorize(&app, &headers, peer, Need::Monitor, None)?;
     let r = node_resources(&app).await;
-    listed(vec![node_json(&app, &r)], &q)
+    let mut all = vec![node_json(&app, &r)];
+    all.extend(
+        app.backend
+            .node()
+            .cluster_nodes()
+            .iter()
+            .filter(|n| !n.this)
+            .map(other_node_json),
+    );
+    listed(all, &q)
 }
 
 async fn node(
@@ -539,7 +564,11 @@ async fn node(
 ) -> Reply {
     authorize(&app, &headers, peer, Need::Monitor, None)?;
     if name != app.node {
-        return Err(ApiError::not_found());
+        let others = app.backend.node().cluster_nodes();
+        return match others.iter().find(|n| !n.this && n.name == name) {
+            Some(n) => ok_json(other_node_json(n)),
+            None => Err(ApiError::not_found()),
+        };
     }
     let r = node_resources(&app).await;
     ok_json(node_json(&app, &r))
@@ -1453,6 +1482,14 @@ pub fn router(app: Arc<App>) -> Router {
             axum::routing::delete(queue_purge),
         )
         .route("/api/queues/{v}/{name}/get", post(queue_get_messages))
+        .route(
+            "/api/queues/quorum/{v}/{name}/replicas/add",
+            post(crate::cluster::replica_add),
+        )
+        .route(
+            "/api/queues/quorum/{v}/{name}/replicas/delete",
+            delete(crate::cluster::replica_delete),
+        )
         .route("/api/queues/{v}/{name}/bindings", get(queue_bindings))
         .route("/api/bindings", get(bindings_all))
         .route("/api/bindings/{v}", get(bindings_vhost))

@@ -71,6 +71,30 @@ fn queue_stats(q: &warren_broker::Queue) -> MessageStats {
     }
 }
 
+/// A node of the cluster as the management API lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterNode {
+    /// Its `[cluster] node_id`.
+    pub id: u64,
+    /// Its name in `node` fields: `warren-<id>@<host of its inter-node address>`.
+    pub name: String,
+    /// It is the node answering.
+    pub this: bool,
+    /// It is this node, or its inter-node connection with this node is up.
+    pub running: bool,
+}
+
+impl ClusterNode {
+    /// The name of node `id` whose inter-node address is `addr` (`HOST:PORT`).
+    pub fn name_of(id: u64, addr: &str) -> String {
+        let host = addr
+            .rsplit_once(':')
+            .map_or(addr, |(h, _)| h)
+            .trim_matches(|c| c == '[' || c == ']');
+        format!("warren-{id}@{host}")
+    }
+}
+
 /// What the server that embeds the management API tells it besides the broker model: its
 /// connections, alarms and listeners. Implemented by `warren-server` for its shared state.
 pub trait Node: Send + Sync + 'static {
@@ -99,6 +123,25 @@ pub trait Node: Send + Sync + 'static {
     }
     /// The broker's listeners: (protocol as RabbitMQ names it, e.g. `amqp`, address).
     fn listeners(&self) -> Vec<(String, SocketAddr)>;
+    /// The nodes of this node's cluster, this one included, in id order; empty when the node
+    /// runs alone (no `[cluster]`).
+    fn cluster_nodes(&self) -> Vec<ClusterNode> {
+        Vec::new()
+    }
+    /// Adds (`add`) or removes the member on cluster node `node` (its id) of quorum queue
+    /// `name` of `vhost` (RabbitMQ's `rabbitmq-queues add_member` / `delete_member`).
+    /// Errors: why not, as text (not in a cluster, a member already or not one, the last
+    /// member, no leader, a node that does not answer).
+    fn change_quorum_member(
+        &self,
+        vhost: &str,
+        name: &str,
+        node: u64,
+        add: bool,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>> {
+        let _ = (vhost, name, node, add);
+        Box::pin(async { Err("this node is not in a cluster".to_string()) })
+    }
     /// Users that may only log in from a loopback address (`[auth] loopback_users`).
     fn loopback_users(&self) -> Vec<String>;
     /// The deepest field-table nesting AMQP clients may send (`amqp.max_table_depth`): HTTP
@@ -218,6 +261,8 @@ pub struct QueueInfo {
     /// Tells this queue from another one declared later under the same name (its
     /// address, while it lives): what its rate samples are kept under.
     pub ident: usize,
+    /// Where its replicas are (quorum queues).
+    pub replicas: Option<warren_broker::Replicas>,
 }
 
 /// A queue's counters and lengths for the rate sampler.
@@ -1508,5 +1553,6 @@ fn queue_info(q: &Arc<warren_broker::Queue>) -> QueueInfo {
         policy: q.applied_policy(),
         memory: q.memory(),
         ident: Arc::as_ptr(q) as *const () as usize,
+        replicas: q.replicas(),
     }
 }

@@ -10,7 +10,8 @@
 //!   `metrics`: the Prometheus text; `error`: RabbitMQ's error bodies; [`console`]: the
 //!   web console's page and assets at `/` and `/console/...`; [`rates`]: the rate sampler
 //!   and the `*_details` objects; [`resources`]: the node's memory, descriptors, sockets,
-//!   threads and disk as `/api/nodes` shows them.
+//!   threads and disk as `/api/nodes` shows them; `cluster`: node names and quorum queue
+//!   replicas.
 //!
 //! ```no_run
 //! # async fn demo(node: std::sync::Arc<dyn warren_mgmt::Node>) -> std::io::Result<()> {
@@ -35,6 +36,7 @@
 mod admin;
 mod api;
 pub mod backend;
+mod cluster;
 mod conns;
 pub mod console;
 mod error;
@@ -45,7 +47,7 @@ pub mod rates;
 pub mod resources;
 
 pub use api::RABBITMQ_VERSION;
-pub use backend::Node;
+pub use backend::{ClusterNode, Node};
 pub use error::ApiError;
 pub use listener::ListenerLimits;
 
@@ -53,7 +55,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// The node name shown in `node` fields: `warren@<host name>`.
+/// The node name shown in `node` fields of a node that runs alone: `warren@<host name>`
+/// (in a cluster: [`ClusterNode::name`]).
 pub fn node_name() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
@@ -74,10 +77,16 @@ impl Management {
     /// The API of `node`, sampling message rates every `interval` (RabbitMQ's
     /// `collect_statistics_interval`, 5 s by default) once [`Management::sample`] runs.
     pub fn new(node: Arc<dyn Node>, interval: std::time::Duration) -> Self {
+        // In a cluster each node is named after its id, so that nodes on one host differ.
+        let name = node
+            .cluster_nodes()
+            .into_iter()
+            .find(|n| n.this)
+            .map_or_else(node_name, |n| n.name);
         Management {
             app: Arc::new(api::App {
                 backend: backend::Backend::new(node),
-                node: node_name(),
+                node: name,
                 started: Instant::now(),
                 rates: rates::Rates::new(interval),
             }),

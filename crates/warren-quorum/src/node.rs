@@ -70,6 +70,8 @@ pub struct QuorumNode {
     /// The nodes a new queue's group may have members on (node id -> inter-node address):
     /// every node of the cluster, or this node alone without one.
     pub(crate) members: Mutex<BTreeMap<u64, String>>,
+    /// This node's quorum queues by group key.
+    queues: Mutex<HashMap<String, std::sync::Weak<crate::QuorumQueue>>>,
 }
 
 impl std::fmt::Debug for QuorumNode {
@@ -127,6 +129,7 @@ impl QuorumNode {
             dropping: Mutex::new(HashMap::new()),
             network,
             members: Mutex::new(members),
+            queues: Mutex::new(HashMap::new()),
         })
     }
 
@@ -245,6 +248,40 @@ impl QuorumNode {
                 }
             });
         }
+    }
+
+    /// Notes queue `q` (group `key`) as this node's member of that group.
+    pub(crate) fn register_queue(&self, key: &str, q: &Arc<crate::QuorumQueue>) {
+        self.queues
+            .lock()
+            .insert(key.to_string(), Arc::downgrade(q));
+    }
+
+    /// Forgets queue `q` of group `key` (unless another queue took the key since).
+    pub(crate) fn unregister_queue(&self, key: &str, q: *const crate::QuorumQueue) {
+        let mut queues = self.queues.lock();
+        if queues.get(key).is_some_and(|w| w.as_ptr() == q) {
+            queues.remove(key);
+        }
+    }
+
+    /// Adds (`add`) or removes the member on node `node` of quorum queue `name` of `vhost`
+    /// (see [`crate::QuorumQueue::change_member`]). Errors: why not, as text; the queue not
+    /// being a quorum queue with a member on this node among them.
+    pub async fn change_member(
+        &self,
+        vhost: &str,
+        name: &str,
+        node: u64,
+        add: bool,
+    ) -> Result<(), String> {
+        let q = self
+            .queues
+            .lock()
+            .get(&group_key(vhost, name))
+            .and_then(std::sync::Weak::upgrade)
+            .ok_or_else(|| format!("no quorum queue '{name}' in vhost '{vhost}' on this node"))?;
+        q.change_member(node, add).await
     }
 
     /// The shared log, opened (and recovered) on first use.

@@ -47,6 +47,7 @@ use warren_store::{Completion, Location, Store};
 
 mod backend;
 mod dispatch;
+mod members;
 mod remote;
 
 type NodeId = u64;
@@ -316,6 +317,7 @@ impl QuorumQueue {
             deleted: AtomicBool::new(false),
             sweep_mark: AtomicBool::new(false),
         });
+        node.register_queue(&q.key, &q);
         // Claimed now, so that the node's end of recovery does not take it for an orphan.
         let recovered = node.take_recovered(&q.key);
         let runner = q.clone();

@@ -85,6 +85,13 @@ pub trait GroupServer: Send + Sync + 'static {
     /// The connection to node `peer` dropped: its consumers are gone, and what was handed to
     /// them comes back.
     fn peer_lost(&self, peer: NodeId);
+    /// Adds (`add`) or removes the member on node `node`, this node leading (see
+    /// `QuorumQueue::change_member`). Errors: why not, as text.
+    fn change_member(
+        &self,
+        node: NodeId,
+        add: bool,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>;
 }
 
 /// A message on the wire, in the log's encoding (see [`crate::command`]).

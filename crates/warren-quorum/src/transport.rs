@@ -176,6 +176,16 @@ pub enum Request {
         /// Every consumer the sender's clients have on the queue now.
         consumers: Vec<RemoteConsumer>,
     },
+    /// Add (`add`) or remove the member on node `node` of group `group`, whose leader is
+    /// the answering node. Answered with [`Response::Done`].
+    ChangeMember {
+        /// The group's key.
+        group: String,
+        /// The node whose member is added or removed.
+        node: NodeId,
+        /// Add (else remove).
+        add: bool,
+    },
     /// basic.get on group `group`'s queue for a client of the sender.
     Get {
         /// The group's key.
@@ -457,6 +467,25 @@ impl Cluster {
 
     fn server(&self, key: &str) -> Option<Arc<dyn GroupServer>> {
         self.servers.lock().get(key).and_then(Weak::upgrade)
+    }
+
+    /// Deletes this node's member of queue `name` of `vhost` (its queue, locally: the other
+    /// members are not asked to go). Errors: the refusal's text.
+    pub(crate) async fn delete_member_here(
+        &self,
+        vhost: String,
+        name: String,
+    ) -> Result<(), String> {
+        let Some(host) = self.host.get().cloned() else {
+            return Err("the node is starting".into());
+        };
+        let key = crate::node::group_key(&vhost, &name);
+        self.leaving.lock().insert(key.clone());
+        let r = tokio::task::spawn_blocking(move || host.delete_member(&vhost, &name))
+            .await
+            .unwrap_or_else(|e| Err(e.to_string()));
+        self.leaving.lock().remove(&key);
+        r
     }
 
     /// Which connection to `peer` is up (a number that grows with each new one), or none.
@@ -910,17 +939,12 @@ impl Cluster {
             Request::Subscribe { .. } => Response::Subscribed(Err("not handled".into())),
             Request::Get { .. } => Response::Got(Err("not handled".into())),
             Request::DeleteMember { vhost, name } => {
-                let Some(host) = self.host.get().cloned() else {
-                    return Response::Done(Err("the node is starting".into()));
-                };
-                let key = crate::node::group_key(&vhost, &name);
-                self.leaving.lock().insert(key.clone());
-                let r = tokio::task::spawn_blocking(move || host.delete_member(&vhost, &name))
-                    .await
-                    .unwrap_or_else(|e| Err(e.to_string()));
-                self.leaving.lock().remove(&key);
-                Response::Done(r)
+                Response::Done(self.delete_member_here(vhost, name).await)
             }
+            Request::ChangeMember { group, node, add } => match self.server(&group) {
+                Some(s) => Response::Done(s.change_member(node, add).await),
+                None => Response::NoGroup,
+            },
         }
     }
 

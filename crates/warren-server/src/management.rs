@@ -40,6 +40,34 @@ impl warren_mgmt::Node for Node {
     fn listeners(&self) -> Vec<(String, SocketAddr)> {
         self.listeners.clone()
     }
+    fn cluster_nodes(&self) -> Vec<warren_mgmt::ClusterNode> {
+        let Some(cluster) = self.state.quorum.cluster() else {
+            return Vec::new();
+        };
+        let me = cluster.node_id();
+        let up = cluster.connected();
+        cluster
+            .nodes()
+            .iter()
+            .map(|(&id, addr)| warren_mgmt::ClusterNode {
+                id,
+                name: warren_mgmt::ClusterNode::name_of(id, addr),
+                this: id == me,
+                running: id == me || up.contains(&id),
+            })
+            .collect()
+    }
+    fn change_quorum_member(
+        &self,
+        vhost: &str,
+        name: &str,
+        node: u64,
+        add: bool,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>> {
+        let quorum = self.state.quorum.clone();
+        let (vhost, name) = (vhost.to_string(), name.to_string());
+        Box::pin(async move { quorum.change_member(&vhost, &name, node, add).await })
+    }
     fn loopback_users(&self) -> Vec<String> {
         self.state.loopback_users.clone()
     }

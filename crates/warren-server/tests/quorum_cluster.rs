@@ -683,3 +683,230 @@ async fn consumers_and_gets_on_nodes_that_do_not_lead() {
     drop(node3);
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// Starts node `id` like [`start_node`], with its management API on 127.0.0.1:`mgmt`.
+fn start_node_with_api(id: usize, ports: &[u16], secret: &Path, root: &Path, mgmt: u16) -> Server {
+    let seeds: Vec<String> = ports
+        .iter()
+        .enumerate()
+        .map(|(i, p)| format!("{}@127.0.0.1:{p}", i + 1))
+        .collect();
+    let data = root.join(format!("node{id}"));
+    std::fs::create_dir_all(&data).unwrap();
+    let listen = format!("127.0.0.1:{}", ports[id - 1]);
+    let (id_s, seeds) = (id.to_string(), seeds.join(","));
+    let secret = secret.to_string_lossy().into_owned();
+    let amqp = free_port();
+    let api = format!("127.0.0.1:{mgmt}");
+    Server::start_listening(
+        &format!("127.0.0.1:{amqp}"),
+        amqp,
+        &data,
+        &[
+            ("WARREN_CLUSTER_NODE_ID", id_s.as_str()),
+            ("WARREN_CLUSTER_LISTEN", listen.as_str()),
+            ("WARREN_CLUSTER_SEED_NODES", seeds.as_str()),
+            ("WARREN_CLUSTER_SECRET_FILE", secret.as_str()),
+        ],
+        Some(&root.join(format!("node{id}.log"))),
+        &["--management-listen", api.as_str()],
+    )
+}
+
+/// `warren ctl --port <port> <args>`: (success, stdout, stderr).
+fn ctl(port: u16, args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_warren"))
+        .arg("ctl")
+        .arg("--port")
+        .arg(port.to_string())
+        .args(args)
+        .env_remove("WARREN_CTL_URL")
+        .env_remove("WARREN_CTL_PORT")
+        .output()
+        .expect("warren ctl runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// GET `path` of the management API on `port` as guest.
+async fn api_get(port: u16, path: &str) -> serde_json::Value {
+    let r = reqwest::Client::new()
+        .get(format!("http://127.0.0.1:{port}{path}"))
+        .basic_auth("guest", Some("guest"))
+        .send()
+        .await
+        .expect("GET");
+    assert!(r.status().is_success(), "GET {path}: {}", r.status());
+    r.json().await.expect("JSON")
+}
+
+/// A replica change through the management API on `port`: (status, body).
+async fn api_replicas(port: u16, q: &str, add: bool, node: &str) -> (u16, String) {
+    let c = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{port}/api/queues/quorum/%2F/{q}/replicas");
+    let req = if add {
+        c.post(format!("{base}/add"))
+    } else {
+        c.delete(format!("{base}/delete"))
+    };
+    let r = req
+        .basic_auth("guest", Some("guest"))
+        .json(&serde_json::json!({ "node": node }))
+        .send()
+        .await
+        .expect("replica change");
+    (r.status().as_u16(), r.text().await.unwrap_or_default())
+}
+
+/// Waits (bounded) until node `port`'s API shows `want` as the queue's members.
+async fn wait_members(port: u16, q: &str, want: &[String]) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let now = members_on(port, q).await;
+        if now == want {
+            return;
+        }
+        assert!(Instant::now() < deadline, "members {now:?}, not {want:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The queue's members as node `port`'s API shows them, sorted.
+async fn members_on(port: u16, q: &str) -> Vec<String> {
+    let v = api_get(port, &format!("/api/queues/%2F/{q}")).await;
+    let mut m: Vec<String> = v["members"]
+        .as_array()
+        .expect("members")
+        .iter()
+        .map(|n| n.as_str().unwrap().to_string())
+        .collect();
+    m.sort();
+    m
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_are_added_and_removed() {
+    let (root, secret, ports) = cluster("quorum-cluster-members");
+    let api = [free_port(), free_port(), free_port()];
+    let node1 = start_node_with_api(1, &ports, &secret, &root, api[0]);
+    let node2 = start_node_with_api(2, &ports, &secret, &root, api[1]);
+    let node3 = start_node_with_api(3, &ports, &secret, &root, api[2]);
+    let name = |id: usize| format!("warren-{id}@127.0.0.1");
+
+    // The cluster's nodes, from any node.
+    let nodes = api_get(api[1], "/api/nodes").await;
+    let listed: Vec<(String, bool)> = nodes
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| {
+            (
+                n["name"].as_str().unwrap().to_string(),
+                n["running"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(listed.len(), 3, "{listed:?}");
+    assert_eq!(listed[0], (name(2), true), "this node first");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let nodes = api_get(api[1], "/api/nodes").await;
+        let running = nodes
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|n| n["running"] == true)
+            .count();
+        if running == 3 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "nodes not all running: {nodes}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Two members: nodes 1 and 2.
+    let q = "grown";
+    let conn = node1.connect().await;
+    let ch = conn.create_channel().await.expect("channel");
+    let mut args = quorum_args();
+    args.insert("x-quorum-initial-group-size".into(), AMQPValue::LongInt(2));
+    within(
+        "queue.declare",
+        ch.queue_declare(
+            q.into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            args,
+        ),
+    )
+    .await
+    .expect("declared");
+    wait_for_member(&node2, q).await;
+    wait_members(api[0], q, &[name(1), name(2)]).await;
+    assert!(count_on(&node3, q).await.is_none(), "no member on node 3");
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirm.select");
+    publish_confirmed(&ch, q, (0..50).map(|i| format!("m{i}"))).await;
+
+    // Added on node 3, asked of node 2 (which does not lead): node 3 catches up.
+    let (status, body) = api_replicas(api[1], q, true, &name(3)).await;
+    assert_eq!(status, 204, "{body}");
+    assert_eq!(members_on(api[0], q).await, vec![name(1), name(2), name(3)]);
+    wait_count(&node3, q, 50).await;
+    let (status, body) = api_replicas(api[1], q, true, &name(3)).await;
+    assert_eq!(status, 400, "a member already: {body}");
+    let (status, _) = api_replicas(api[1], q, true, "warren-9@127.0.0.1").await;
+    assert_eq!(status, 400, "not a node of the cluster");
+
+    // The leader's own member removed, with `warren ctl` asked of node 3.
+    let (ok, out, err) = ctl(api[2], &["quorum", "delete-member", q, &name(1)]);
+    assert!(ok, "ctl: {out} {err}");
+    wait_members(api[2], q, &[name(2), name(3)]).await;
+    drop(ch);
+    let _ = conn.close(200, "bye".into()).await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while count_on(&node1, q).await.is_some() {
+        assert!(Instant::now() < deadline, "node 1 kept its member's queue");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The remaining members elect a leader and have every message.
+    let c3 = node3.connect().await;
+    let ch3 = c3.create_channel().await.expect("channel");
+    let mut cons = ch3
+        .basic_consume(
+            q.into(),
+            "after".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("basic.consume");
+    for i in 0..50 {
+        assert_eq!(next_delivery(&mut cons, true).await.0, format!("m{i}"));
+    }
+
+    // `warren ctl cluster status` lists the nodes.
+    let (ok, out, err) = ctl(api[2], &["cluster", "status"]);
+    assert!(ok, "ctl: {err}");
+    for id in 1..=3 {
+        assert!(out.contains(&name(id)), "{out}");
+    }
+    // Down to one member; the last one stays.
+    let (status, body) = api_replicas(api[2], q, false, &name(2)).await;
+    assert_eq!(status, 204, "{body} (logs in {})", root.display());
+    let (status, body) = api_replicas(api[2], q, false, &name(3)).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("last member"), "{body}");
+    drop(cons);
+    let _ = c3.close(200, "bye".into()).await;
+    drop(node1);
+    drop(node2);
+    drop(node3);
+    let _ = std::fs::remove_dir_all(&root);
+}

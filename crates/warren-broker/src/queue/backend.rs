@@ -306,6 +306,11 @@ pub trait QueueBackend: Send + Sync + std::fmt::Debug {
     /// The body of the ready message at position `pos`, without taking it (httpmq's
     /// `opt=view`); `None` outside the ready positions or when it cannot be read.
     fn peek_position(&self, pos: u64) -> Option<Bytes>;
+
+    /// Where the queue's replicas are; `None` for a queue that is not replicated (classic).
+    fn replicas(&self) -> Option<super::Replicas> {
+        None
+    }
 }
 
 impl dyn QueueBackend {

@@ -323,6 +323,7 @@ impl QueueBackend for QuorumQueue {
         let node = self.node.clone();
         let key = self.key.clone();
         let raft = self.raft.get().cloned();
+        node.unregister_queue(&key, self);
         if let Some(c) = node.cluster() {
             c.unregister_group(&key);
             // Deleted here by a client: the other members go too (a member deleted at another
@@ -456,5 +457,8 @@ impl QueueBackend for QuorumQueue {
     }
     fn peek_position(&self, _pos: u64) -> Option<Bytes> {
         None
+    }
+    fn replicas(&self) -> Option<warren_broker::Replicas> {
+        Some(self.replicas_now())
     }
 }

@@ -403,6 +403,21 @@ impl GroupServer for QuorumQueue {
         }))
     }
 
+    fn change_member(
+        &self,
+        node: NodeId,
+        add: bool,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = std::result::Result<(), String>> + Send>>
+    {
+        let me = self.myself();
+        Box::pin(async move {
+            match me {
+                Some(q) => q.change_member_here(node, add).await,
+                None => Err("the queue is being deleted".into()),
+            }
+        })
+    }
+
     fn peer_lost(&self, peer: NodeId) {
         let mut props = Proposals::default();
         {
