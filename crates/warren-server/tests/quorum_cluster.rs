@@ -743,6 +743,18 @@ async fn api_get(port: u16, path: &str) -> serde_json::Value {
     r.json().await.expect("JSON")
 }
 
+/// GET `path` of the management API on `port` as guest: (status, body).
+async fn api_status(port: u16, path: &str) -> (u16, serde_json::Value) {
+    let r = reqwest::Client::new()
+        .get(format!("http://127.0.0.1:{port}{path}"))
+        .basic_auth("guest", Some("guest"))
+        .send()
+        .await
+        .expect("GET");
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or_default())
+}
+
 /// A replica change through the management API on `port`: (status, body).
 async fn api_replicas(port: u16, q: &str, add: bool, node: &str) -> (u16, String) {
     let c = reqwest::Client::new();
@@ -859,6 +871,11 @@ async fn members_are_added_and_removed() {
     assert_eq!(status, 204, "{body}");
     assert_eq!(members_on(api[0], q).await, vec![name(1), name(2), name(3)]);
     wait_count(&node3, q, 50).await;
+    // With three members, no single node is critical.
+    let critical = "/api/health/checks/node-is-quorum-critical";
+    assert_eq!(api_status(api[0], critical).await.0, 200);
+    let leaderless = "/api/health/checks/quorum-queues-without-elected-leaders/all-vhosts";
+    assert_eq!(api_status(api[2], leaderless).await.0, 200);
     let (status, body) = api_replicas(api[1], q, true, &name(3)).await;
     assert_eq!(status, 400, "a member already: {body}");
     let (status, _) = api_replicas(api[1], q, true, "warren-9@127.0.0.1").await;
@@ -868,6 +885,11 @@ async fn members_are_added_and_removed() {
     let (ok, out, err) = ctl(api[2], &["quorum", "delete-member", q, &name(1)]);
     assert!(ok, "ctl: {out} {err}");
     wait_members(api[2], q, &[name(2), name(3)]).await;
+    // Two members: each node is critical to the queue; node 1 is not a member any more.
+    let (status, body) = api_status(api[1], critical).await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["queues"][0]["name"], q, "{body}");
+    assert_eq!(api_status(api[0], critical).await.0, 200);
     drop(ch);
     let _ = conn.close(200, "bye".into()).await;
     let deadline = Instant::now() + Duration::from_secs(15);

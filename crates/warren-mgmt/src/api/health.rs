@@ -1,11 +1,11 @@
 //! The health checks under `/api/health/checks/` (rabbit_mgmt_wm_health_check_* in
 //! rabbitmq-server): 200 `{"status":"ok",...}` when the check passes, 503
 //! `{"status":"failed","reason":...}` with what failed otherwise; any management user may
-//! ask. A Warren node is a cluster of one, with every vhost running in its process, so the
-//! cluster checks pass: its quorum queues have no other member to lose (RabbitMQ answers
-//! `node-is-quorum-critical` for a single node the same way), and each elects this node
-//! its leader as it starts (`quorum-queues-without-elected-leaders` does not look at the
-//! moment of that election).
+//! ask. Every vhost runs in the node's process. `node-is-quorum-critical` fails when a
+//! quorum queue with a member here would lose its majority if this node stopped (members
+//! online elsewhere fewer than a majority; a node alone answers "single node cluster", as
+//! RabbitMQ), and `quorum-queues-without-elected-leaders` when a quorum queue's member here
+//! knows no leader.
 
 use super::{authorize, ok_json, App, Need, Peer, Reply, S};
 use crate::backend::ListenerCertificates;
@@ -46,7 +46,7 @@ pub(super) fn routes() -> Router<Arc<App>> {
         .route("/api/health/checks/virtual-hosts", get(always_ok))
         .route(
             "/api/health/checks/node-is-quorum-critical",
-            get(single_node),
+            get(quorum_critical),
         )
         // Gone from RabbitMQ 4 with classic mirrored queues; kept for older scripts.
         .route(
@@ -67,15 +67,18 @@ pub(super) fn routes() -> Router<Arc<App>> {
             get(always_ok),
         );
     // RabbitMQ declares these with a trailing slash; both forms are served.
+    let all = "/api/health/checks/quorum-queues-without-elected-leaders/all-vhosts";
+    r = r
+        .route(all, get(without_leaders_anywhere))
+        .route(&format!("{all}/"), get(without_leaders_anywhere));
     for path in [
-        "/api/health/checks/quorum-queues-without-elected-leaders/all-vhosts",
         "/api/health/checks/quorum-queues-without-elected-leaders/all-vhosts/pattern/{pattern}",
         "/api/health/checks/quorum-queues-without-elected-leaders/vhost/{v}",
         "/api/health/checks/quorum-queues-without-elected-leaders/vhost/{v}/pattern/{pattern}",
     ] {
         r = r
-            .route(path, get(always_ok))
-            .route(&format!("{path}/"), get(always_ok));
+            .route(path, get(without_leaders))
+            .route(&format!("{path}/"), get(without_leaders));
     }
     r
 }
@@ -99,17 +102,99 @@ fn failed(reason: &str, extra: Value) -> Reply {
 /// Checks that hold on every Warren node: `metadata-store/initialized` (the definitions
 /// are loaded before the listeners open), `virtual-hosts` (every vhost runs in this
 /// process), `is-in-service`, `reached-target-cluster-size` (a cluster of one),
-/// `node-is-mirror-sync-critical` (no mirrored queues) and
-/// `quorum-queues-without-elected-leaders` (see the module docs).
+/// `node-is-mirror-sync-critical` (no mirrored queues).
 async fn always_ok(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap) -> Reply {
     authorize(&app, &headers, peer, Need::Management, None)?;
     ok(json!({}))
 }
 
-/// `node-is-quorum-critical`: RabbitMQ's answer for a single-node cluster.
-async fn single_node(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap) -> Reply {
+/// A quorum queue as these checks list it (rabbit_upgrade_preparation's fields).
+fn listed_queue(q: &crate::backend::QueueInfo) -> Value {
+    json!({
+        "readable_name": format!("queue '{}' in vhost '{}'", q.name, q.vhost),
+        "name": q.name,
+        "virtual_host": q.vhost,
+        "type": "quorum",
+    })
+}
+
+/// `node-is-quorum-critical`: RabbitMQ's answer for a single-node cluster; in a cluster,
+/// 503 with the quorum queues that would lose their majority without this node.
+async fn quorum_critical(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap) -> Reply {
     authorize(&app, &headers, peer, Need::Management, None)?;
-    ok(json!({"reason": "single node cluster"}))
+    let nodes = app.backend.node().cluster_nodes();
+    let Some(me) = nodes.iter().find(|n| n.this).map(|n| n.id) else {
+        return ok(json!({"reason": "single node cluster"}));
+    };
+    let critical: Vec<Value> = app
+        .backend
+        .queues(None)
+        .iter()
+        .filter(|q| {
+            q.replicas.as_ref().is_some_and(|r| {
+                let elsewhere = r.online.iter().filter(|id| **id != me).count();
+                r.members.contains(&me) && elsewhere < r.members.len() / 2 + 1
+            })
+        })
+        .map(listed_queue)
+        .collect();
+    if critical.is_empty() {
+        return ok(json!({}));
+    }
+    failed(
+        "There are quorum queues that would lose their quorum if the target node is shut down",
+        json!({"queues": critical}),
+    )
+}
+
+/// `quorum-queues-without-elected-leaders/{all-vhosts|vhost/V}[/pattern/P]`: 503 with the
+/// quorum queues (of vhost V, names matching the regular expression P) whose member on this
+/// node knows no leader.
+async fn without_leaders(
+    State(app): S,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path(params): Path<std::collections::HashMap<String, String>>,
+) -> Reply {
+    authorize(&app, &headers, peer, Need::Management, None)?;
+    leaderless(&app, &params)
+}
+
+/// [`without_leaders`] over every vhost, every queue name.
+async fn without_leaders_anywhere(
+    State(app): S,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+) -> Reply {
+    authorize(&app, &headers, peer, Need::Management, None)?;
+    leaderless(&app, &Default::default())
+}
+
+/// The quorum queues without a leader, of vhost `v` and names matching `pattern` when
+/// `params` give them.
+fn leaderless(app: &App, params: &std::collections::HashMap<String, String>) -> Reply {
+    let pattern = params.get("pattern").map(String::as_str).unwrap_or(".*");
+    let re = regex::Regex::new(pattern)
+        .map_err(|e| ApiError::bad_request(format!("invalid pattern {pattern}: {e}")))?;
+    let vhost = params.get("v").map(String::as_str);
+    if vhost.is_some_and(|v| !app.backend.vhosts().iter().any(|x| x == v)) {
+        return Err(ApiError::not_found());
+    }
+    let leaderless: Vec<Value> = app
+        .backend
+        .queues(vhost)
+        .iter()
+        .filter(|q| q.replicas.as_ref().is_some_and(|r| r.leader.is_none()))
+        .filter(|q| re.is_match(&q.name))
+        .map(listed_queue)
+        .collect();
+    if leaderless.is_empty() {
+        return ok(json!({}));
+    }
+    failed(
+        "Detected quorum queues without an elected leader",
+        json!({"queues": leaderless}),
+    )
 }
 
 async fn initialized_with_data(
