@@ -13,6 +13,8 @@
 # rabbit1..3), AMQP on RABBIT_PORT+0..2 (default 5791-5793), distribution on RABBIT_PORT+20000..,
 # their own mnesia and log directories, no plugins (so no management listener), the Erlang
 # cookie of the rabbitmq user; nodes 2 and 3 join node 1 (stop_app, join_cluster, start_app).
+# RABBITMQ_* variables of the environment reach the nodes, e.g.
+# RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS='+sbwt none' (no scheduler busy-waiting).
 #
 # Each round runs every workload on Warren, then on RabbitMQ: warren-perf (PERF, default
 # target/release/warren-perf) against node 1 with --queue-type quorum --persistent
@@ -355,6 +357,9 @@ fmt0() { awk -v a="$1" 'BEGIN { if (a ~ /^-?[0-9.]+(e[-+]?[0-9]+)?$/) printf "%.
     echo "- load average during the run (1 min): min $(awk '{print $2}' "$LOAD_LOG" | sort -g | head -1), median $(awk '{print $2}' "$LOAD_LOG" | median), max $(awk '{print $2}' "$LOAD_LOG" | sort -g | tail -1)"
     echo "- warren: $WARREN_REV ($("$WARREN" --version 2>/dev/null || echo warren))"
     echo "- rabbitmq: $(dpkg-query -W -f '${Version}' rabbitmq-server 2>/dev/null || echo unknown), erlang $(dpkg-query -W -f '${Version}' erlang-base 2>/dev/null || echo unknown), 3 nodes joined with join_cluster, no plugins"
+    if [ -n "${RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS:-}" ]; then
+        echo "- RabbitMQ nodes started with RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS='$RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS'"
+    fi
     echo "- $ROUNDS rounds of ${DURATION} s per workload and broker, alternating Warren then RabbitMQ; the other cluster paused (SIGSTOP) meanwhile"
     echo "- msg/s = median of per-second consumed rate (first and last second dropped) per round; the table shows the median over rounds, and every round"
     echo "- CPU = broker CPU % summed over the 3 nodes / load generator CPU % (100 = one core), medians over rounds; latency = end-to-end publish->deliver p50 / p99 µs, medians over rounds"
@@ -375,6 +380,22 @@ fmt0() { awk -v a="$1" 'BEGIN { if (a ~ /^-?[0-9.]+(e[-+]?[0-9]+)?$/) printf "%.
             cells="$cells | $(sum_field "$b" "$w" .nacked)/$(sum_field "$b" "$w" .missing)/$(sum_field "$b" "$w" .duplicates)/$(errors_count "$b" "$w")"
         done
         echo "| ${DESC[$w]} | $(fmt0 "$wm") | $(fmt0 "$rm_") | $ratio | $(rounds_cell warren "$w") | $(rounds_cell rabbitmq "$w")$cells |"
+    done
+    echo
+    echo "Broker RSS at the end of each round's publishing window, summed over the 3 nodes, MB (rounds in run order):"
+    echo
+    echo "| workload | Warren | RabbitMQ |"
+    echo "|---|---|---|"
+    for w in $WORKLOADS; do
+        cells=""
+        for b in warren rabbitmq; do
+            c=""
+            for r in $(seq "$ROUNDS"); do
+                c="$c${c:+, }$(fmt0 "$(jf "$WORK/$w.$b.$r.json" .cpu.broker_rss_kb | awk '{ print $1 / 1024 }')")"
+            done
+            cells="$cells | $c"
+        done
+        echo "| $w$cells |"
     done
     notes=""
     for w in $WORKLOADS; do
