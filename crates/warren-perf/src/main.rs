@@ -25,7 +25,9 @@ use amqprs::channel::{
     ExchangeDeleteArguments, QueueBindArguments, QueueDeclareArguments, QueueDeleteArguments,
 };
 use amqprs::connection::{Connection, OpenConnectionArguments};
-use amqprs::{Ack, BasicProperties, Cancel, Close, CloseChannel, Nack, Return};
+use amqprs::{
+    Ack, BasicProperties, Cancel, Close, CloseChannel, FieldTable, FieldValue, Nack, Return,
+};
 use async_trait::async_trait;
 use clap::{Parser, ValueEnum};
 use hdrhistogram::Histogram;
@@ -44,6 +46,17 @@ enum ExchangeKind {
     Direct,
     Fanout,
     Topic,
+}
+
+/// The type of the queues the classic mode declares (`x-queue-type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum QueueType {
+    /// Classic queues: no `x-queue-type` argument, durable with `--persistent`.
+    Classic,
+    /// Quorum queues: `x-queue-type = quorum`, always durable (brokers refuse
+    /// transient quorum queues).
+    Quorum,
 }
 
 /// The workload to run.
@@ -125,6 +138,10 @@ struct Args {
     /// Exchange type used for publishing.
     #[arg(long, value_enum, default_value_t = ExchangeKind::Default)]
     exchange_type: ExchangeKind,
+    /// Type of the queues declared by the classic mode: `quorum` declares them
+    /// with `x-queue-type = quorum` (and durable, even without --persistent).
+    #[arg(long, value_enum, default_value_t = QueueType::Classic)]
+    queue_type: QueueType,
     /// Print only the final JSON line.
     #[arg(long)]
     json: bool,
@@ -453,9 +470,19 @@ impl Topology {
                 .map_err(|e| format!("exchange.declare {}: {e}", self.exchange))?;
         }
         for (i, q) in self.queues.iter().enumerate() {
-            let qd = QueueDeclareArguments::new(q)
-                .durable(args.persistent)
-                .finish();
+            let mut qd = QueueDeclareArguments::new(q);
+            match args.queue_type {
+                QueueType::Classic => qd.durable(args.persistent),
+                QueueType::Quorum => {
+                    let mut t = FieldTable::new();
+                    t.insert(
+                        "x-queue-type".try_into().expect("short field name"),
+                        FieldValue::from("quorum"),
+                    );
+                    qd.durable(true).arguments(t)
+                }
+            };
+            let qd = qd.finish();
             ch.queue_declare(qd)
                 .await
                 .map_err(|e| format!("queue.declare {q}: {e}"))?;
@@ -717,6 +744,7 @@ struct Report {
     run_id: String,
     uri_host: String,
     exchange_type: Option<ExchangeKind>,
+    queue_type: Option<QueueType>,
     producers: usize,
     consumers: usize,
     queues: usize,
@@ -853,6 +881,7 @@ async fn run(args: Args) -> Result<Report, String> {
     let mut report = Report {
         run_id: run_id.clone(),
         uri_host: format!("{}:{}", u.host, u.port),
+        queue_type: Some(args.queue_type),
         producers: args.producers,
         consumers: args.consumers,
         size: args.size,
