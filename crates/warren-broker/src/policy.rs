@@ -46,14 +46,13 @@ pub const POLICY_KEYS: [&str; 16] = [
 
 /// Policy keys Warren accepts and does not act on: `queue-mode` (every classic queue pages
 /// to disk), the quorum queue keys `delivery-limit` and `dead-letter-strategy` (a quorum
-/// queue takes them from its arguments at declaration), `queue-leader-locator`,
-/// `queue-version` (classic queue storage version) and the stream keys `max-age` and
-/// `initial-cluster-size`.
-pub const NO_EFFECT_KEYS: [&str; 7] = [
+/// queue takes them from its arguments at declaration), `queue-version` (classic queue
+/// storage version) and the stream keys `max-age` and `initial-cluster-size`.
+/// (`queue-leader-locator` places a new quorum queue's first leader.)
+pub const NO_EFFECT_KEYS: [&str; 6] = [
     "queue-mode",
     "delivery-limit",
     "dead-letter-strategy",
-    "queue-leader-locator",
     "queue-version",
     "max-age",
     "initial-cluster-size",

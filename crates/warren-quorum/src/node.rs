@@ -284,6 +284,60 @@ impl QuorumNode {
         q.change_member(node, add).await
     }
 
+    /// How many of the quorum queues with a member on this node each node leads now.
+    pub(crate) fn leader_counts(&self) -> HashMap<u64, usize> {
+        let queues: Vec<Arc<crate::QuorumQueue>> = self
+            .queues
+            .lock()
+            .values()
+            .filter_map(std::sync::Weak::upgrade)
+            .collect();
+        let mut counts = HashMap::new();
+        for q in queues {
+            if let Some(leader) = q.raft().and_then(|r| r.metrics().borrow().current_leader) {
+                *counts.entry(leader).or_insert(0) += 1;
+            }
+        }
+        counts
+    }
+
+    /// Asks node `peer` to initialize group `key` with `members` (so that its member wins the
+    /// first election), trying for up to [`START_MEMBER_TIMEOUT`] while that member is still
+    /// starting. False when it did not.
+    pub(crate) async fn initialize_on(
+        &self,
+        peer: u64,
+        key: &str,
+        members: &BTreeMap<u64, BasicNode>,
+    ) -> bool {
+        let Some(cluster) = self.cluster().cloned() else {
+            return false;
+        };
+        let deadline = tokio::time::Instant::now() + START_MEMBER_TIMEOUT;
+        loop {
+            let req = Request::Initialize {
+                group: key.to_string(),
+                members: members
+                    .iter()
+                    .map(|(id, n)| (*id, n.addr.clone()))
+                    .collect(),
+            };
+            match cluster
+                .call(peer, req, START_MEMBER_TIMEOUT / 2, START_MEMBER_TIMEOUT)
+                .await
+            {
+                Ok(Response::Done(Ok(()))) => return true,
+                Ok(Response::NoGroup) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                other => {
+                    warn!(group = %key.replace('\u{1f}', "/"), node = peer, answer = ?other, "quorum queue not initialized on the node chosen to lead it; this node leads");
+                    return false;
+                }
+            }
+        }
+    }
+
     /// The shared log, opened (and recovered) on first use.
     pub(crate) fn log(&self) -> Result<RaftLog, String> {
         self.log

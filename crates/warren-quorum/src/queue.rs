@@ -26,7 +26,7 @@ use crate::TypeConfig;
 use bytes::Bytes;
 use openraft::{BasicNode, Entry, EntryPayload, LogId, Raft, StoredMembership};
 use parking_lot::{Mutex, RwLock};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use tokio::sync::mpsc;
@@ -57,6 +57,10 @@ type Waiter = (Arc<dyn Completion>, u64);
 const HORIZON_STEP: u64 = 4096;
 /// Largest entry the proposer builds, bytes of message bodies.
 const MAX_ENTRY_BYTES: usize = 4 * 1024 * 1024;
+/// Body bytes applied since the last snapshot beyond which a snapshot is taken early, when
+/// the queue holds less than a quarter of them (its log, held in memory until a snapshot
+/// lets it be purged, is then mostly messages already gone).
+const SNAPSHOT_LOG_BYTES: u64 = 32 * 1024 * 1024;
 /// Entries a queue has proposed and not yet seen committed.
 const MAX_IN_FLIGHT: usize = 8;
 /// How long a member waits for the leader's node to apply a proposal it forwarded.
@@ -129,6 +133,8 @@ struct Inner {
     my_epoch: Option<u64>,
     horizon_asked: u64,
     deleted: bool,
+    /// Body bytes of the messages applied since a snapshot was last asked for.
+    log_bytes: u64,
     /// The id the next consumer of this node's clients gets.
     next_consumer_id: u64,
     /// Deliveries from the leader's node that a consumer's channel could not take yet
@@ -193,6 +199,9 @@ pub struct QuorumQueue {
     sweep_mark: AtomicBool,
     /// The queue itself, for the tasks its `&self` methods start.
     myself: Weak<QuorumQueue>,
+    /// Signalled when the queue is deleted: its proposer stops (and with it the last
+    /// reference its tasks hold, so that the queue, its Raft instance and log are freed).
+    stop: tokio::sync::Notify,
 }
 
 impl std::fmt::Debug for QuorumQueue {
@@ -282,6 +291,7 @@ impl QuorumQueue {
         let now = spec.clock.now_ms();
         let q = Arc::new_cyclic(|myself| QuorumQueue {
             myself: myself.clone(),
+            stop: tokio::sync::Notify::new(),
             name: spec.name,
             vhost: spec.vhost,
             key,
@@ -306,6 +316,7 @@ impl QuorumQueue {
                 my_epoch: None,
                 horizon_asked: 0,
                 deleted: false,
+                log_bytes: 0,
                 next_consumer_id: 1,
                 parked: Vec::new(),
                 subscription: Subscription::default(),
@@ -383,8 +394,14 @@ impl QuorumQueue {
                 .place_members(&self.vhost, &self.name, &self.arguments, size)
                 .await;
             if let Some(members) = &placed {
-                if let Err(e) = raft.initialize(members.clone()).await {
-                    debug!(queue = %self.name, error = %e, "quorum queue group already initialized");
+                // The member that initializes the group wins its first election.
+                let leader = self.first_leader(members);
+                let elsewhere = leader != node.cfg.node_id
+                    && node.initialize_on(leader, &self.key, members).await;
+                if !elsewhere {
+                    if let Err(e) = raft.initialize(members.clone()).await {
+                        debug!(queue = %self.name, error = %e, "quorum queue group already initialized");
+                    }
                 }
             }
             if placed.is_some() && node.cluster().is_some() {
@@ -424,6 +441,35 @@ impl QuorumQueue {
             Some(n) if n >= 1 => (n as usize).min(nodes),
             _ => nodes,
         }
+    }
+
+    /// Where the new group's first leader goes, by `x-queue-leader-locator` (else the
+    /// `queue-leader-locator` policy key): `client-local` (the default, as RabbitMQ 4) this
+    /// node, `balanced` (and `least-leaders`, `random`) the member whose node leads the fewest
+    /// quorum queues this node knows of (this node on a tie).
+    fn first_leader(&self, members: &BTreeMap<NodeId, BasicNode>) -> NodeId {
+        let me = self.node.cfg.node_id;
+        let declared = self
+            .arguments
+            .get("x-queue-leader-locator")
+            .and_then(|v| v.as_str())
+            .map(str::to_string);
+        let locator =
+            declared.or_else(
+                || match self.applied.read().definition.get("queue-leader-locator") {
+                    Some(warren_broker::policy::PolicyValue::Text(t)) => Some(t.clone()),
+                    _ => None,
+                },
+            );
+        if locator.is_none_or(|l| l == "client-local") {
+            return me;
+        }
+        let counts = self.node.leader_counts();
+        members
+            .keys()
+            .copied()
+            .min_by_key(|id| (counts.get(id).copied().unwrap_or(0), *id != me, *id))
+            .unwrap_or(me)
     }
 
     /// Follows the group's Raft metrics: this member leads in a term, or not.
@@ -481,7 +527,23 @@ impl QuorumQueue {
     /// Takes what was submitted, a batch at a time, and proposes it.
     async fn propose_loop(&self, raft: Raft<TypeConfig>, mut rx: mpsc::UnboundedReceiver<Submit>) {
         let slots = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
-        while let Some(first) = rx.recv().await {
+        loop {
+            let first = tokio::select! {
+                s = rx.recv() => match s {
+                    Some(s) => s,
+                    None => return,
+                },
+                _ = self.stop.notified() => {
+                    // Deleted: what is still waiting is refused.
+                    rx.close();
+                    while let Ok(s) = rx.try_recv() {
+                        if let Submit::Publish(_, _, Some(w)) = s {
+                            complete(vec![w], false);
+                        }
+                    }
+                    return;
+                }
+            };
             let Ok(permit) = slots.clone().acquire_owned().await else {
                 return;
             };
@@ -647,6 +709,10 @@ impl QuorumQueue {
                     EntryPayload::Blank => {}
                     EntryPayload::Normal(batch) => {
                         for c in &batch.0 {
+                            if let Command::Enqueue(msgs) = c {
+                                st.log_bytes +=
+                                    msgs.iter().map(|(m, _)| m.body.len() as u64).sum::<u64>();
+                            }
                             st.qs.apply(c, &mut fx);
                         }
                     }
@@ -677,6 +743,16 @@ impl QuorumQueue {
             if st.deleted {
                 return;
             }
+            // The log holds every body since the last snapshot, in memory: once that is much
+            // more than the queue holds, a snapshot (small, then) lets it be purged.
+            if st.log_bytes > SNAPSHOT_LOG_BYTES && st.qs.ready_bytes() < st.log_bytes / 4 {
+                st.log_bytes = 0;
+                if let Some(raft) = self.raft.get().cloned() {
+                    tokio::spawn(async move {
+                        let _ = raft.trigger().snapshot().await;
+                    });
+                }
+            }
             if st.leading() {
                 if enqueued {
                     self.enforce_limits_locked(&mut st, &mut props);
@@ -704,6 +780,12 @@ impl QuorumQueue {
     /// This member's Raft instance, once started.
     pub fn raft(&self) -> Option<&Raft<TypeConfig>> {
         self.raft.get()
+    }
+}
+
+impl Drop for QuorumQueue {
+    fn drop(&mut self) {
+        debug!(queue = %self.name, vhost = %self.vhost, "quorum queue freed");
     }
 }
 

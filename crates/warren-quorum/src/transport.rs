@@ -186,6 +186,14 @@ pub enum Request {
         /// Add (else remove).
         add: bool,
     },
+    /// Initialize group `group` with these members (id, inter-node address) on the answering
+    /// node, whose member then wins the first election. Answered with [`Response::Done`].
+    Initialize {
+        /// The group's key.
+        group: String,
+        /// The group's first members.
+        members: Vec<(NodeId, String)>,
+    },
     /// basic.get on group `group`'s queue for a client of the sender.
     Get {
         /// The group's key.
@@ -941,6 +949,16 @@ impl Cluster {
             Request::DeleteMember { vhost, name } => {
                 Response::Done(self.delete_member_here(vhost, name).await)
             }
+            Request::Initialize { group, members } => match self.group(&group) {
+                Some(r) => {
+                    let members: BTreeMap<NodeId, openraft::BasicNode> = members
+                        .into_iter()
+                        .map(|(id, addr)| (id, openraft::BasicNode::new(addr)))
+                        .collect();
+                    Response::Done(r.initialize(members).await.map_err(|e| e.to_string()))
+                }
+                None => Response::NoGroup,
+            },
             Request::ChangeMember { group, node, add } => match self.server(&group) {
                 Some(s) => Response::Done(s.change_member(node, add).await),
                 None => Response::NoGroup,

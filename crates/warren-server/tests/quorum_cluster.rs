@@ -932,3 +932,77 @@ async fn members_are_added_and_removed() {
     drop(node3);
     let _ = std::fs::remove_dir_all(&root);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn balanced_leaders_spread_over_the_nodes() {
+    let (root, secret, ports) = cluster("quorum-cluster-balanced");
+    let api = [free_port(), free_port(), free_port()];
+    let node1 = start_node_with_api(1, &ports, &secret, &root, api[0]);
+    let node2 = start_node_with_api(2, &ports, &secret, &root, api[1]);
+    let node3 = start_node_with_api(3, &ports, &secret, &root, api[2]);
+    let conn = node1.connect().await;
+    let ch = conn.create_channel().await.expect("channel");
+    let mut leaders = Vec::new();
+    for i in 0..3 {
+        let q = format!("balanced-{i}");
+        let mut args = quorum_args();
+        args.insert(
+            "x-queue-leader-locator".into(),
+            AMQPValue::LongString(LongString::from("balanced")),
+        );
+        within(
+            "queue.declare",
+            ch.queue_declare(
+                q.as_str().into(),
+                QueueDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                args,
+            ),
+        )
+        .await
+        .expect("declared");
+        // Its leader, once elected, counts for the next declare.
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let leader = loop {
+            let v = api_get(api[0], &format!("/api/queues/%2F/{q}")).await;
+            if let Some(l) = v["leader"].as_str() {
+                break l.to_string();
+            }
+            assert!(Instant::now() < deadline, "{q} has no leader: {v}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        leaders.push(leader);
+    }
+    leaders.sort();
+    assert_eq!(
+        leaders,
+        (1..=3)
+            .map(|id| format!("warren-{id}@127.0.0.1"))
+            .collect::<Vec<_>>(),
+        "one leader per node"
+    );
+    // A queue led by another node takes publishes and deliveries as any other.
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirm.select");
+    for i in 0..3 {
+        publish_confirmed(
+            &ch,
+            &format!("balanced-{i}"),
+            (0..10).map(|j| format!("m{j}")),
+        )
+        .await;
+    }
+    for node in [&node1, &node2, &node3] {
+        for i in 0..3 {
+            wait_count(node, &format!("balanced-{i}"), 10).await;
+        }
+    }
+    let _ = conn.close(200, "bye".into()).await;
+    drop(node1);
+    drop(node2);
+    drop(node3);
+    let _ = std::fs::remove_dir_all(&root);
+}

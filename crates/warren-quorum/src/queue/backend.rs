@@ -311,6 +311,7 @@ impl QueueBackend for QuorumQueue {
 
     fn mark_deleted(&self) -> (u32, Vec<Consumer>) {
         self.deleted.store(true, Ordering::Release);
+        self.stop.notify_one();
         let (count, consumers) = {
             let mut st = self.inner.lock();
             st.deleted = true;
