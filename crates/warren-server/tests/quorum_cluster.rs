@@ -32,8 +32,14 @@ fn quorum_args() -> FieldTable {
     t
 }
 
-/// Starts node `id` of the cluster whose nodes listen (inter-node) on `ports`.
-fn start_node(id: usize, ports: &[u16], secret: &Path, root: &Path) -> Server {
+/// Node `id`'s data directory (made) and cluster environment, for nodes that listen
+/// (inter-node) on `ports`.
+fn node_env(
+    id: usize,
+    ports: &[u16],
+    secret: &Path,
+    root: &Path,
+) -> (PathBuf, Vec<(String, String)>) {
     let seeds: Vec<String> = ports
         .iter()
         .enumerate()
@@ -41,19 +47,26 @@ fn start_node(id: usize, ports: &[u16], secret: &Path, root: &Path) -> Server {
         .collect();
     let data = root.join(format!("node{id}"));
     std::fs::create_dir_all(&data).unwrap();
-    let listen = format!("127.0.0.1:{}", ports[id - 1]);
-    let id_s = id.to_string();
-    let seeds = seeds.join(",");
-    let secret = secret.to_string_lossy().into_owned();
-    Server::start(
-        &data,
-        &[
-            ("WARREN_CLUSTER_NODE_ID", id_s.as_str()),
-            ("WARREN_CLUSTER_LISTEN", listen.as_str()),
-            ("WARREN_CLUSTER_SEED_NODES", seeds.as_str()),
-            ("WARREN_CLUSTER_SECRET_FILE", secret.as_str()),
-        ],
-    )
+    let env = vec![
+        ("WARREN_CLUSTER_NODE_ID".to_string(), id.to_string()),
+        (
+            "WARREN_CLUSTER_LISTEN".to_string(),
+            format!("127.0.0.1:{}", ports[id - 1]),
+        ),
+        ("WARREN_CLUSTER_SEED_NODES".to_string(), seeds.join(",")),
+        (
+            "WARREN_CLUSTER_SECRET_FILE".to_string(),
+            secret.to_string_lossy().into_owned(),
+        ),
+    ];
+    (data, env)
+}
+
+/// Starts node `id` of the cluster whose nodes listen (inter-node) on `ports`.
+fn start_node(id: usize, ports: &[u16], secret: &Path, root: &Path) -> Server {
+    let (data, env) = node_env(id, ports, secret, root);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    Server::start(&data, &env)
 }
 
 /// Waits (bounded) until `server` has queue `q`: its member is started asynchronously after
@@ -684,30 +697,36 @@ async fn consumers_and_gets_on_nodes_that_do_not_lead() {
     let _ = std::fs::remove_dir_all(&root);
 }
 
+/// Declares durable quorum queue `q` with argument `key` = `value` too.
+async fn declare_with(ch: &lapin::Channel, q: &str, key: &str, value: AMQPValue) {
+    let mut args = quorum_args();
+    args.insert(key.into(), value);
+    within(
+        "queue.declare",
+        ch.queue_declare(
+            q.into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            args,
+        ),
+    )
+    .await
+    .expect("declared");
+}
+
 /// Starts node `id` like [`start_node`], with its management API on 127.0.0.1:`mgmt`.
 fn start_node_with_api(id: usize, ports: &[u16], secret: &Path, root: &Path, mgmt: u16) -> Server {
-    let seeds: Vec<String> = ports
-        .iter()
-        .enumerate()
-        .map(|(i, p)| format!("{}@127.0.0.1:{p}", i + 1))
-        .collect();
-    let data = root.join(format!("node{id}"));
-    std::fs::create_dir_all(&data).unwrap();
-    let listen = format!("127.0.0.1:{}", ports[id - 1]);
-    let (id_s, seeds) = (id.to_string(), seeds.join(","));
-    let secret = secret.to_string_lossy().into_owned();
+    let (data, env) = node_env(id, ports, secret, root);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let amqp = free_port();
     let api = format!("127.0.0.1:{mgmt}");
     Server::start_listening(
         &format!("127.0.0.1:{amqp}"),
         amqp,
         &data,
-        &[
-            ("WARREN_CLUSTER_NODE_ID", id_s.as_str()),
-            ("WARREN_CLUSTER_LISTEN", listen.as_str()),
-            ("WARREN_CLUSTER_SEED_NODES", seeds.as_str()),
-            ("WARREN_CLUSTER_SECRET_FILE", secret.as_str()),
-        ],
+        &env,
         Some(&root.join(format!("node{id}.log"))),
         &["--management-listen", api.as_str()],
     )
@@ -843,21 +862,7 @@ async fn members_are_added_and_removed() {
     let q = "grown";
     let conn = node1.connect().await;
     let ch = conn.create_channel().await.expect("channel");
-    let mut args = quorum_args();
-    args.insert("x-quorum-initial-group-size".into(), AMQPValue::LongInt(2));
-    within(
-        "queue.declare",
-        ch.queue_declare(
-            q.into(),
-            QueueDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            args,
-        ),
-    )
-    .await
-    .expect("declared");
+    declare_with(&ch, q, "x-quorum-initial-group-size", AMQPValue::LongInt(2)).await;
     wait_for_member(&node2, q).await;
     wait_members(api[0], q, &[name(1), name(2)]).await;
     assert!(count_on(&node3, q).await.is_none(), "no member on node 3");
@@ -945,24 +950,8 @@ async fn balanced_leaders_spread_over_the_nodes() {
     let mut leaders = Vec::new();
     for i in 0..3 {
         let q = format!("balanced-{i}");
-        let mut args = quorum_args();
-        args.insert(
-            "x-queue-leader-locator".into(),
-            AMQPValue::LongString(LongString::from("balanced")),
-        );
-        within(
-            "queue.declare",
-            ch.queue_declare(
-                q.as_str().into(),
-                QueueDeclareOptions {
-                    durable: true,
-                    ..Default::default()
-                },
-                args,
-            ),
-        )
-        .await
-        .expect("declared");
+        let balanced = AMQPValue::LongString(LongString::from("balanced"));
+        declare_with(&ch, &q, "x-queue-leader-locator", balanced).await;
         // Its leader, once elected, counts for the next declare.
         let deadline = Instant::now() + Duration::from_secs(15);
         let leader = loop {

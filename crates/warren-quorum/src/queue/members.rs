@@ -55,6 +55,20 @@ impl QuorumQueue {
         }
     }
 
+    /// This member's Raft instance and the cluster. Errors: the queue is starting, or the
+    /// node runs alone.
+    fn raft_and_cluster(
+        &self,
+    ) -> std::result::Result<(Raft<TypeConfig>, Arc<crate::transport::Cluster>), String> {
+        let raft = self.raft.get().cloned().ok_or("the queue is starting")?;
+        let cluster = self
+            .node
+            .cluster()
+            .cloned()
+            .ok_or("this node is not in a cluster")?;
+        Ok((raft, cluster))
+    }
+
     /// Adds (`add`) or removes a member on node `node`: here when this member leads, else
     /// at the leader's node. Errors: why not, as text (not a node of the cluster, a member
     /// already or not one, the last member, no leader, the node did not answer).
@@ -63,12 +77,7 @@ impl QuorumQueue {
         node: NodeId,
         add: bool,
     ) -> std::result::Result<(), String> {
-        let raft = self.raft.get().cloned().ok_or("the queue is starting")?;
-        let cluster = self
-            .node
-            .cluster()
-            .cloned()
-            .ok_or("this node is not in a cluster")?;
+        let (raft, cluster) = self.raft_and_cluster()?;
         let me = self.node.cfg.node_id;
         // A leader that just changed may not be known everywhere yet: asked again a few
         // times when the node taken for the leader does not have the group.
@@ -115,12 +124,7 @@ impl QuorumQueue {
         node: NodeId,
         add: bool,
     ) -> std::result::Result<(), String> {
-        let raft = self.raft.get().cloned().ok_or("the queue is starting")?;
-        let cluster = self
-            .node
-            .cluster()
-            .cloned()
-            .ok_or("this node is not in a cluster")?;
+        let (raft, cluster) = self.raft_and_cluster()?;
         let addr = self
             .node
             .members
