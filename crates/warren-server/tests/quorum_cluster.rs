@@ -23,6 +23,10 @@ use std::time::{Duration, Instant};
 
 const N: usize = 300;
 
+/// At most this many clusters (three `warren` processes each) run at once, so that the
+/// nodes of a loaded two-core machine start within the harness's wait.
+static CLUSTERS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(3);
+
 fn quorum_args() -> FieldTable {
     let mut t = FieldTable::default();
     t.insert(
@@ -130,6 +134,7 @@ async fn declare_replicated(ch: &lapin::Channel, q: &str, members: &[&Server]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_killed_no_confirmed_message_lost() {
+    let _slot = CLUSTERS.acquire().await.expect("cluster slot");
     let (root, secret, ports) = cluster("quorum-cluster");
     let node1 = start_node(1, &ports, &secret, &root);
     let node2 = start_node(2, &ports, &secret, &root);
@@ -238,6 +243,7 @@ async fn count_on(server: &Server, q: &str) -> Option<u32> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn member_catches_up_and_delete_reaches_members() {
+    let _slot = CLUSTERS.acquire().await.expect("cluster slot");
     let (root, secret, ports) = cluster("quorum-cluster-catchup");
     let node1 = start_node(1, &ports, &secret, &root);
     let node2 = start_node(2, &ports, &secret, &root);
@@ -394,6 +400,7 @@ async fn take(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paused_leader_rejoins_as_follower() {
+    let _slot = CLUSTERS.acquire().await.expect("cluster slot");
     let (root, secret, ports) = cluster("quorum-cluster-pause");
     let node1 = start_node(1, &ports, &secret, &root);
     let node2 = start_node(2, &ports, &secret, &root);
@@ -471,6 +478,7 @@ async fn paused_leader_rejoins_as_follower() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn whole_cluster_killed_and_restarted() {
+    let _slot = CLUSTERS.acquire().await.expect("cluster slot");
     let (root, secret, ports) = cluster("quorum-cluster-restart");
     let node1 = start_node(1, &ports, &secret, &root);
     let node2 = start_node(2, &ports, &secret, &root);
@@ -558,6 +566,7 @@ async fn wait_count(server: &Server, q: &str, want: u32) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consumers_and_gets_on_nodes_that_do_not_lead() {
+    let _slot = CLUSTERS.acquire().await.expect("cluster slot");
     let (root, secret, ports) = cluster("quorum-cluster-anynode");
     let node1 = start_node(1, &ports, &secret, &root);
     let node2 = start_node(2, &ports, &secret, &root);
@@ -820,6 +829,7 @@ async fn members_on(port: u16, q: &str) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn members_are_added_and_removed() {
+    let _slot = CLUSTERS.acquire().await.expect("cluster slot");
     let (root, secret, ports) = cluster("quorum-cluster-members");
     let api = [free_port(), free_port(), free_port()];
     let node1 = start_node_with_api(1, &ports, &secret, &root, api[0]);
@@ -940,6 +950,7 @@ async fn members_are_added_and_removed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn balanced_leaders_spread_over_the_nodes() {
+    let _slot = CLUSTERS.acquire().await.expect("cluster slot");
     let (root, secret, ports) = cluster("quorum-cluster-balanced");
     let api = [free_port(), free_port(), free_port()];
     let node1 = start_node_with_api(1, &ports, &secret, &root, api[0]);
