@@ -586,6 +586,21 @@ impl QuorumQueue {
                     .ok()
                     .and_then(|m| m.current_leader);
             }
+            if let (Some(cluster), Some(gone)) = (cluster, leader) {
+                if gone != self.node.cfg.node_id && cluster.generation(gone).is_none() {
+                    // The leader's node is not reachable (it died, most likely): the next
+                    // leader is waited for, as for an election, rather than nacking.
+                    leader = raft
+                        .wait(Some(LEADER_WAIT))
+                        .metrics(
+                            move |m| m.current_leader.is_some_and(|l| l != gone),
+                            "a new leader",
+                        )
+                        .await
+                        .ok()
+                        .and_then(|m| m.current_leader);
+                }
+            }
             if let (Some(cluster), Some(leader)) = (cluster, leader) {
                 if leader != self.node.cfg.node_id {
                     let req = Request::Propose {

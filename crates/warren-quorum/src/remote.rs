@@ -9,7 +9,7 @@
 //! its client's channel with the message's key as its position, so that the client's ack,
 //! nack or reject becomes the same settlement as on the leader (forwarded to it like a
 //! publish). basic.get on such a member asks the leader for one message
-//! ([`crate::transport::Request::Get`]).
+//! ([`crate::transport::Request::Get`]), and queue.purge asks it to purge.
 //!
 //! Failures: the leader forgets the consumers of a node whose connection dropped and returns
 //! what it had handed to that node (redelivered, `x-delivery-count` raised); a new leader
@@ -82,6 +82,9 @@ pub trait GroupServer: Send + Sync + 'static {
     /// basic.get for a client of node `peer`: one message and the number of ready messages
     /// left, or none. Errors: this node does not lead.
     fn get(&self, peer: NodeId, no_ack: bool) -> Result<Option<(RemoteMessage, u32)>, String>;
+    /// queue.purge for a client of another node: the number of ready messages dropped.
+    /// Errors: this node does not lead.
+    fn purge(&self) -> Result<u32, String>;
     /// The connection to node `peer` dropped: its consumers are gone, and what was handed to
     /// them comes back.
     fn peer_lost(&self, peer: NodeId);

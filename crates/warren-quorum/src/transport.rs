@@ -194,6 +194,11 @@ pub enum Request {
         /// The group's first members.
         members: Vec<(NodeId, String)>,
     },
+    /// queue.purge of group `group`'s queue for a client of the sender.
+    Purge {
+        /// The group's key.
+        group: String,
+    },
     /// basic.get on group `group`'s queue for a client of the sender.
     Get {
         /// The group's key.
@@ -227,6 +232,8 @@ pub enum Response {
     Subscribed(Result<(), String>),
     /// Result of a [`Request::Get`]: a message and the ready messages left, or none.
     Got(Result<Option<(RemoteMessage, u32)>, String>),
+    /// Result of a [`Request::Purge`]: the messages purged.
+    Purged(Result<u32, String>),
 }
 
 /// A frame after the handshake.
@@ -877,6 +884,16 @@ impl Cluster {
                 }
                 Wire::Request {
                     id,
+                    body: Request::Purge { group },
+                } => {
+                    let r = match self.server(&group) {
+                        Some(s) => s.purge(),
+                        None => Err("no such quorum queue on this node".into()),
+                    };
+                    conn.answer(id, Response::Purged(r));
+                }
+                Wire::Request {
+                    id,
                     body: Request::Get { group, no_ack },
                 } => {
                     let r = match self.server(&group) {
@@ -946,6 +963,7 @@ impl Cluster {
             Request::Propose { .. } => Response::Proposed(Err("not proposed".into())),
             Request::Subscribe { .. } => Response::Subscribed(Err("not handled".into())),
             Request::Get { .. } => Response::Got(Err("not handled".into())),
+            Request::Purge { .. } => Response::Purged(Err("not handled".into())),
             Request::DeleteMember { vhost, name } => {
                 Response::Done(self.delete_member_here(vhost, name).await)
             }

@@ -647,6 +647,18 @@ async fn consumers_and_gets_on_nodes_that_do_not_lead() {
         .is_none());
     wait_count(&node1, q, 0).await;
 
+    // queue.purge on node 3 (a follower) purges at the leader.
+    publish_confirmed(&ch2, q, (0..3).map(|i| format!("p{i}"))).await;
+    wait_count(&node3, q, 3).await;
+    let ch3p = c3.create_channel().await.expect("channel");
+    let purged = ch3p
+        .queue_purge(q.into(), lapin::options::QueuePurgeOptions::default())
+        .await
+        .expect("queue.purge on a follower");
+    assert_eq!(purged, 3);
+    wait_count(&node1, q, 0).await;
+    wait_count(&node2, q, 0).await;
+
     // The leader's node dies: a consumer on node 2 keeps receiving what is published on
     // node 3, from whichever survivor leads now.
     let ch2c = c2.create_channel().await.expect("channel");

@@ -285,28 +285,11 @@ impl QueueBackend for QuorumQueue {
     }
 
     fn purge(&self) -> u32 {
-        let mut props = Proposals::default();
-        let n = {
-            let mut st = self.inner.lock();
-            if !st.leading() {
-                return 0;
-            }
-            let keys: Vec<u64> = st
-                .qs
-                .ready()
-                .iter()
-                .filter(|k| !st.out.contains_key(k))
-                .copied()
-                .collect();
-            for k in &keys {
-                st.out.insert(*k, Out::Dropping);
-            }
-            let n = keys.len() as u32;
-            props.purged = keys;
-            n
-        };
-        self.propose(props);
-        n
+        match self.purge_here() {
+            Some(n) => n,
+            // Another node leads: it purges.
+            None => self.purge_at_leader(),
+        }
     }
 
     fn mark_deleted(&self) -> (u32, Vec<Consumer>) {

@@ -118,28 +118,39 @@ impl QuorumQueue {
         Some(got)
     }
 
-    /// basic.get on a member that does not lead: asks the leader's node for one message,
-    /// waiting for its answer (at most [`REMOTE_CALL_TIMEOUT`]). None when the queue is
-    /// empty, no other node is known to lead, or the leader's node does not answer.
-    pub(super) fn get_from_leader(&self, no_ack: bool) -> Option<(QueuedMessage, u32)> {
+    /// Sends `req` to the leader's node and waits for its answer (at most
+    /// [`REMOTE_CALL_TIMEOUT`]), for a synchronous caller on a worker thread of a
+    /// multi-threaded runtime (the server's is one). None when no other node is known to
+    /// lead, or it did not answer.
+    fn call_leader(&self, req: Request) -> Option<Response> {
         let cluster = self.node.cluster()?.clone();
         let leader = self.raft.get()?.metrics().borrow().current_leader?;
         if leader == self.node.cfg.node_id {
             return None;
         }
-        // The caller is synchronous: wait on this worker thread, which a multi-threaded
-        // runtime allows (the server's is one).
         let handle = tokio::runtime::Handle::try_current().ok()?;
         if handle.runtime_flavor() != tokio::runtime::RuntimeFlavor::MultiThread {
             return None;
         }
+        let call = cluster.call(leader, req, Duration::ZERO, REMOTE_CALL_TIMEOUT);
+        match tokio::task::block_in_place(|| handle.block_on(call)) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                debug!(queue = %self.name, leader, error = %e, "the leader's node did not answer");
+                None
+            }
+        }
+    }
+
+    /// basic.get on a member that does not lead: the leader's node hands out the message.
+    /// None when the queue is empty or the leader's node cannot be asked.
+    pub(super) fn get_from_leader(&self, no_ack: bool) -> Option<(QueuedMessage, u32)> {
         let req = Request::Get {
             group: self.key.clone(),
             no_ack,
         };
-        let call = cluster.call(leader, req, Duration::ZERO, REMOTE_CALL_TIMEOUT);
-        match tokio::task::block_in_place(|| handle.block_on(call)) {
-            Ok(Response::Got(Ok(Some((m, left))))) => Some((
+        match self.call_leader(req)? {
+            Response::Got(Ok(Some((m, left)))) => Some((
                 QueuedMessage {
                     seq: m.key,
                     message: m.message.0,
@@ -149,10 +160,52 @@ impl QuorumQueue {
                 },
                 left,
             )),
-            Ok(Response::Got(Ok(None))) => None,
+            Response::Got(Ok(None)) => None,
             other => {
-                debug!(queue = %self.name, leader, answer = ?other, "basic.get through the leader's node failed");
+                debug!(queue = %self.name, answer = ?other, "basic.get through the leader's node failed");
                 None
+            }
+        }
+    }
+
+    /// queue.purge here, when this member leads: drops every ready message not handed out;
+    /// the number dropped. None when this member does not lead.
+    pub(super) fn purge_here(&self) -> Option<u32> {
+        let mut props = Proposals::default();
+        let n = {
+            let mut st = self.inner.lock();
+            if !st.leading() {
+                return None;
+            }
+            let keys: Vec<u64> = st
+                .qs
+                .ready()
+                .iter()
+                .filter(|k| !st.out.contains_key(k))
+                .copied()
+                .collect();
+            for k in &keys {
+                st.out.insert(*k, Out::Dropping);
+            }
+            let n = keys.len() as u32;
+            props.purged = keys;
+            n
+        };
+        self.propose(props);
+        Some(n)
+    }
+
+    /// queue.purge on a member that does not lead: the leader's node purges. The number of
+    /// messages purged (0 when the leader's node cannot be asked).
+    pub(super) fn purge_at_leader(&self) -> u32 {
+        let req = Request::Purge {
+            group: self.key.clone(),
+        };
+        match self.call_leader(req) {
+            Some(Response::Purged(Ok(n))) => n,
+            other => {
+                debug!(queue = %self.name, answer = ?other, "queue.purge through the leader's node failed");
+                0
             }
         }
     }
@@ -401,6 +454,11 @@ impl GroupServer for QuorumQueue {
                 left,
             )
         }))
+    }
+
+    fn purge(&self) -> std::result::Result<u32, String> {
+        self.purge_here()
+            .ok_or_else(|| "this node does not lead the queue".to_string())
     }
 
     fn change_member(
