@@ -393,6 +393,18 @@ async fn run<R, W>(
         forced.clone(),
         io.clone(),
     );
+    // A user or vhost deleted between connection.open-ok and the registration above closed
+    // the connections it found, which did not include this one yet: closed here instead.
+    {
+        use warren_broker::ops::admin::{user_deleted_reason, vhost_deleted_reason};
+        use warren_broker::registry::ConnectionControl;
+        let details = registration.details();
+        if state.broker.access().user(&details.user).is_none() {
+            forced.force_close(&user_deleted_reason(&details.user));
+        } else if state.broker.vhost(&details.vhost).is_none() {
+            forced.force_close(&vhost_deleted_reason(&details.vhost));
+        }
+    }
     let mut conn = Conn {
         registration,
         id,
