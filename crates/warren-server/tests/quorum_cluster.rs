@@ -73,6 +73,15 @@ fn start_node(id: usize, ports: &[u16], secret: &Path, root: &Path) -> Server {
     Server::start(&data, &env)
 }
 
+/// Starts the three nodes of the cluster whose nodes listen (inter-node) on `ports`.
+fn three_nodes(ports: &[u16], secret: &Path, root: &Path) -> (Server, Server, Server) {
+    (
+        start_node(1, ports, secret, root),
+        start_node(2, ports, secret, root),
+        start_node(3, ports, secret, root),
+    )
+}
+
 /// Waits (bounded) until `server` has queue `q`: its member is started asynchronously after
 /// the declare on another node.
 async fn wait_for_member(server: &Server, q: &str) {
@@ -136,9 +145,7 @@ async fn declare_replicated(ch: &lapin::Channel, q: &str, members: &[&Server]) {
 async fn leader_killed_no_confirmed_message_lost() {
     let _slot = CLUSTERS.acquire().await.expect("cluster slot");
     let (root, secret, ports) = cluster("quorum-cluster");
-    let node1 = start_node(1, &ports, &secret, &root);
-    let node2 = start_node(2, &ports, &secret, &root);
-    let node3 = start_node(3, &ports, &secret, &root);
+    let (node1, node2, node3) = three_nodes(&ports, &secret, &root);
 
     // Declared on node 1, which initializes the group and leads it.
     let conn = node1.connect().await;
@@ -245,9 +252,7 @@ async fn count_on(server: &Server, q: &str) -> Option<u32> {
 async fn member_catches_up_and_delete_reaches_members() {
     let _slot = CLUSTERS.acquire().await.expect("cluster slot");
     let (root, secret, ports) = cluster("quorum-cluster-catchup");
-    let node1 = start_node(1, &ports, &secret, &root);
-    let node2 = start_node(2, &ports, &secret, &root);
-    let node3 = start_node(3, &ports, &secret, &root);
+    let (node1, node2, node3) = three_nodes(&ports, &secret, &root);
     let conn = node1.connect().await;
     let ch = conn.create_channel().await.expect("channel");
     declare_replicated(&ch, "qm", &[&node2, &node3]).await;
@@ -402,9 +407,7 @@ async fn take(
 async fn paused_leader_rejoins_as_follower() {
     let _slot = CLUSTERS.acquire().await.expect("cluster slot");
     let (root, secret, ports) = cluster("quorum-cluster-pause");
-    let node1 = start_node(1, &ports, &secret, &root);
-    let node2 = start_node(2, &ports, &secret, &root);
-    let node3 = start_node(3, &ports, &secret, &root);
+    let (node1, node2, node3) = three_nodes(&ports, &secret, &root);
     let conn1 = node1.connect().await;
     let ch1 = conn1.create_channel().await.expect("channel");
     declare_replicated(&ch1, "qp", &[&node2, &node3]).await;
@@ -480,9 +483,7 @@ async fn paused_leader_rejoins_as_follower() {
 async fn whole_cluster_killed_and_restarted() {
     let _slot = CLUSTERS.acquire().await.expect("cluster slot");
     let (root, secret, ports) = cluster("quorum-cluster-restart");
-    let node1 = start_node(1, &ports, &secret, &root);
-    let node2 = start_node(2, &ports, &secret, &root);
-    let node3 = start_node(3, &ports, &secret, &root);
+    let (node1, node2, node3) = three_nodes(&ports, &secret, &root);
     let conn = node1.connect().await;
     let ch = conn.create_channel().await.expect("channel");
     declare_replicated(&ch, "qr", &[&node2, &node3]).await;
@@ -568,9 +569,7 @@ async fn wait_count(server: &Server, q: &str, want: u32) {
 async fn consumers_and_gets_on_nodes_that_do_not_lead() {
     let _slot = CLUSTERS.acquire().await.expect("cluster slot");
     let (root, secret, ports) = cluster("quorum-cluster-anynode");
-    let node1 = start_node(1, &ports, &secret, &root);
-    let node2 = start_node(2, &ports, &secret, &root);
-    let node3 = start_node(3, &ports, &secret, &root);
+    let (node1, node2, node3) = three_nodes(&ports, &secret, &root);
     let q = "anynode";
     // Declared on node 1, which leads.
     let c1 = node1.connect().await;
@@ -844,9 +843,8 @@ async fn members_are_added_and_removed() {
     let _slot = CLUSTERS.acquire().await.expect("cluster slot");
     let (root, secret, ports) = cluster("quorum-cluster-members");
     let api = [free_port(), free_port(), free_port()];
-    let node1 = start_node_with_api(1, &ports, &secret, &root, api[0]);
-    let node2 = start_node_with_api(2, &ports, &secret, &root, api[1]);
-    let node3 = start_node_with_api(3, &ports, &secret, &root, api[2]);
+    let [node1, node2, node3] =
+        [1, 2, 3].map(|id| start_node_with_api(id, &ports, &secret, &root, api[id - 1]));
     let name = |id: usize| format!("warren-{id}@127.0.0.1");
 
     // The cluster's nodes, from any node.
@@ -965,9 +963,8 @@ async fn balanced_leaders_spread_over_the_nodes() {
     let _slot = CLUSTERS.acquire().await.expect("cluster slot");
     let (root, secret, ports) = cluster("quorum-cluster-balanced");
     let api = [free_port(), free_port(), free_port()];
-    let node1 = start_node_with_api(1, &ports, &secret, &root, api[0]);
-    let node2 = start_node_with_api(2, &ports, &secret, &root, api[1]);
-    let node3 = start_node_with_api(3, &ports, &secret, &root, api[2]);
+    let [node1, node2, node3] =
+        [1, 2, 3].map(|id| start_node_with_api(id, &ports, &secret, &root, api[id - 1]));
     let conn = node1.connect().await;
     let ch = conn.create_channel().await.expect("channel");
     let mut leaders = Vec::new();
