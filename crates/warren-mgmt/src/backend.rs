@@ -71,6 +71,10 @@ fn queue_stats(q: &warren_broker::Queue) -> MessageStats {
     }
 }
 
+/// The outcome, to come, of a quorum queue member change: why not, as text.
+pub type MemberChange =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>;
+
 /// A node of the cluster as the management API lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClusterNode {
@@ -132,13 +136,7 @@ pub trait Node: Send + Sync + 'static {
     /// `name` of `vhost` (RabbitMQ's `rabbitmq-queues add_member` / `delete_member`).
     /// Errors: why not, as text (not in a cluster, a member already or not one, the last
     /// member, no leader, a node that does not answer).
-    fn change_quorum_member(
-        &self,
-        vhost: &str,
-        name: &str,
-        node: u64,
-        add: bool,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>> {
+    fn change_quorum_member(&self, vhost: &str, name: &str, node: u64, add: bool) -> MemberChange {
         let _ = (vhost, name, node, add);
         Box::pin(async { Err("this node is not in a cluster".to_string()) })
     }

@@ -51,6 +51,10 @@ pub struct RemoteMessage {
     pub message: WireMessage,
 }
 
+/// The outcome, to come, of a member change: why not, as text.
+pub type MemberChange =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>;
+
 /// One-way messages between nodes (no answer).
 #[derive(Debug, Serialize, Deserialize)]
 pub enum Cast {
@@ -90,11 +94,7 @@ pub trait GroupServer: Send + Sync + 'static {
     fn peer_lost(&self, peer: NodeId);
     /// Adds (`add`) or removes the member on node `node`, this node leading (see
     /// `QuorumQueue::change_member`). Errors: why not, as text.
-    fn change_member(
-        &self,
-        node: NodeId,
-        add: bool,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>;
+    fn change_member(&self, node: NodeId, add: bool) -> MemberChange;
 }
 
 /// A message on the wire, in the log's encoding (see [`crate::command`]).

@@ -63,7 +63,7 @@ impl warren_mgmt::Node for Node {
         name: &str,
         node: u64,
         add: bool,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>> {
+    ) -> warren_mgmt::backend::MemberChange {
         let quorum = self.state.quorum.clone();
         let (vhost, name) = (vhost.to_string(), name.to_string());
         Box::pin(async move { quorum.change_member(&vhost, &name, node, add).await })

@@ -461,12 +461,7 @@ impl GroupServer for QuorumQueue {
             .ok_or_else(|| "this node does not lead the queue".to_string())
     }
 
-    fn change_member(
-        &self,
-        node: NodeId,
-        add: bool,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = std::result::Result<(), String>> + Send>>
-    {
+    fn change_member(&self, node: NodeId, add: bool) -> crate::remote::MemberChange {
         let me = self.myself();
         Box::pin(async move {
             match me {
