@@ -33,6 +33,8 @@ pub struct Broker {
     /// Kinds of queue besides classic, registered on every vhost (see
     /// [`Broker::set_queue_kind`]).
     queue_kinds: RwLock<Vec<(String, Arc<dyn QueueKind>)>>,
+    /// Where metadata changes are replicated, in a cluster (see [`crate::replica`]).
+    replicator: crate::replica::ReplicatorSlot,
 }
 
 /// Kinds of queue to register on every vhost before recovery (see [`Broker::open_with`]).
@@ -86,6 +88,7 @@ impl Broker {
             registry: crate::registry::Registry::new(),
             access_restored: false,
             queue_kinds: RwLock::new(Vec::new()),
+            replicator: Arc::default(),
         };
         b.add_vhost("/");
         b
@@ -158,6 +161,7 @@ impl Broker {
             registry: crate::registry::Registry::new(),
             access_restored,
             queue_kinds: RwLock::new(kinds),
+            replicator: Arc::default(),
         };
         let mut snapshots = Vec::with_capacity(definitions.len());
         for (defs, size) in definitions {
@@ -274,6 +278,77 @@ impl Broker {
         }
     }
 
+    /// Sets where this broker's metadata changes are replicated from now on (the cluster's
+    /// metadata group, see [`crate::replica`]); a second call changes nothing.
+    pub fn set_replicator(&self, r: Arc<dyn crate::replica::MetadataReplicator>) {
+        let _ = self.replicator.set(r);
+    }
+
+    /// The replicator set by [`Broker::set_replicator`], if any.
+    pub fn replicator(&self) -> Option<&Arc<dyn crate::replica::MetadataReplicator>> {
+        self.replicator.get()
+    }
+
+    /// Applies a durable topology change of `vhost` made on another node (see
+    /// [`VHost::apply_replicated`]); a vhost this node does not have is skipped. Returns
+    /// how many commands were applied.
+    pub fn apply_replicated_topology(
+        &self,
+        vhost: &str,
+        commands: &[crate::vhost::log::TopologyCommand],
+    ) -> usize {
+        match self.vhost(vhost) {
+            Some(v) => v.apply_replicated(commands),
+            None => {
+                tracing::warn!(%vhost, "a replicated definitions change for a vhost this node does not have");
+                0
+            }
+        }
+    }
+
+    /// Replaces the access-control database with `json` (all of it, as another node stored
+    /// it after a change, see [`crate::replica`]): vhosts new in it are created, vhosts gone
+    /// from it are deleted with their connections (320 CONNECTION_FORCED), connections of
+    /// users gone from it are closed, and the database is stored here. Blocks on file
+    /// writes: call it off the async runtime's threads.
+    ///
+    /// Errors: `json` does not parse, or the database could not be stored.
+    pub fn apply_replicated_access(&self, json: &str) -> std::result::Result<(), String> {
+        let new = crate::definitions::import::parse_stored_access(json)?;
+        let (gone_vhosts, gone_users, new_vhosts) = {
+            let mut access = self.access_mut();
+            let gone_vhosts: Vec<String> = access
+                .vhosts()
+                .filter(|v| new.vhost(&v.name).is_none())
+                .map(|v| v.name.clone())
+                .collect();
+            let gone_users: Vec<String> = access
+                .users()
+                .filter(|u| new.user(&u.name).is_none())
+                .map(|u| u.name.clone())
+                .collect();
+            let new_vhosts: Vec<String> = new.vhosts().map(|v| v.name.clone()).collect();
+            *access = new;
+            (gone_vhosts, gone_users, new_vhosts)
+        };
+        for v in &new_vhosts {
+            self.add_vhost(v);
+        }
+        for v in &gone_vhosts {
+            let reason = crate::ops::admin::vhost_deleted_reason(v);
+            self.registry.close_where(|c| c.vhost == *v, &reason);
+            if let Err(e) = self.remove_vhost(v) {
+                tracing::warn!(vhost = %v, error = %e, "a vhost deleted in the cluster: its definitions could not be removed");
+            }
+            tracing::info!(vhost = %v, "vhost deleted in the cluster");
+        }
+        for u in &gone_users {
+            let reason = crate::ops::admin::user_deleted_reason(u);
+            self.registry.close_where(|c| c.user == *u, &reason);
+        }
+        self.store_access(json).map_err(|e| e.to_string())
+    }
+
     /// The read model: live connections and channels, message counts (see
     /// [`crate::registry`]).
     pub fn registry(&self) -> &Arc<crate::registry::Registry> {
@@ -322,6 +397,7 @@ impl Broker {
                             me.clone(),
                         )
                         .counting_churn_in(self.registry.churn().clone())
+                        .replicating_to(self.replicator.clone())
                 });
                 for (kind, k) in self.queue_kinds.read().iter() {
                     v.set_queue_kind(kind, k.clone());

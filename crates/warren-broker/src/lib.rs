@@ -52,6 +52,7 @@ pub mod persist;
 pub mod policy;
 pub mod queue;
 pub mod registry;
+pub mod replica;
 pub mod sender_selected;
 pub mod topic;
 pub mod vhost;

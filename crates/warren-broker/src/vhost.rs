@@ -89,6 +89,8 @@ pub struct VHost {
     sweeps: Arc<SweepSet>,
     /// Sweeps so far; every [`FULL_SWEEP_EVERY`]th visits every queue.
     sweep_rounds: AtomicU64,
+    /// Where durable topology changes made here are replicated, in a cluster (the broker's).
+    replicator: crate::replica::ReplicatorSlot,
 }
 
 /// Every this many sweeps (10 s at the broker's 50 ms), the sweep visits every queue, not
@@ -144,6 +146,7 @@ impl VHost {
             churn: Arc::default(),
             sweeps: Arc::default(),
             sweep_rounds: AtomicU64::new(0),
+            replicator: Arc::default(),
         }
     }
 
@@ -170,6 +173,13 @@ impl VHost {
     /// registry's [`crate::registry::ChurnCounters`]).
     pub(crate) fn counting_churn_in(mut self, churn: Arc<crate::registry::ChurnCounters>) -> VHost {
         self.churn = churn;
+        self
+    }
+
+    /// This vhost handing its durable topology changes to `slot`'s replicator once one is
+    /// set (the broker's, see [`crate::replica`]).
+    pub(crate) fn replicating_to(mut self, slot: crate::replica::ReplicatorSlot) -> VHost {
+        self.replicator = slot;
         self
     }
 

@@ -96,6 +96,9 @@ pub enum Command {
     /// that is gone. Every leadership proposes one before delivering, so that a leader
     /// restarted in the same Raft term starts afresh too.
     Lead(u64),
+    /// A change of the cluster's metadata (an entry of the metadata group, see
+    /// [`crate::metadata`]; queues ignore it), encoded by that module.
+    Meta(Bytes),
 }
 
 /// The payload of one log entry.
@@ -110,6 +113,7 @@ mod tag {
     pub const HORIZON: u8 = 5;
     pub const LEAD: u8 = 6;
     pub const CHECKOUT_COUNTED: u8 = 7;
+    pub const META: u8 = 8;
 }
 
 fn put_keys(buf: &mut BytesMut, keys: &[u64]) {
@@ -178,6 +182,11 @@ impl Batch {
                     buf.put_u8(tag::LEAD);
                     buf.put_u64(*e);
                 }
+                Command::Meta(b) => {
+                    buf.put_u8(tag::META);
+                    buf.put_u32(b.len() as u32);
+                    buf.put_slice(b);
+                }
             }
         }
     }
@@ -242,6 +251,12 @@ impl Batch {
                 },
                 tag::HORIZON => Command::Horizon(d.read_u64()?),
                 tag::LEAD => Command::Lead(d.read_u64()?),
+                tag::META => {
+                    let n = d.read_u32()? as usize;
+                    let start = payload.len() - d.remaining();
+                    d.take(n)?;
+                    Command::Meta(payload.slice(start..start + n))
+                }
                 other => return Err(DecodeError(format!("unknown command tag {other}"))),
             };
             out.push(c);

@@ -23,11 +23,13 @@
 //! [`machine`] (openraft's state machine and snapshots), [`queue`] (the `QueueBackend` the
 //! broker uses: proposing, delivering, settling), [`kind`] (declare rules and refusals),
 //! [`node`] (the node's quorum service), [`network`] (how groups reach other nodes: openraft's
-//! network over [`transport`], the authenticated inter-node connections).
+//! network over [`transport`], the authenticated inter-node connections), [`metadata`] (the
+//! cluster's replicated metadata group).
 
 pub mod command;
 pub mod kind;
 pub mod machine;
+pub mod metadata;
 pub mod network;
 pub mod node;
 pub mod queue;
@@ -37,6 +39,7 @@ pub mod storage;
 pub mod transport;
 
 pub use kind::QuorumKind;
+pub use metadata::MetadataGroup;
 pub use node::{QuorumConfig, QuorumNode};
 pub use queue::QuorumQueue;
 pub use transport::{Cluster, ClusterSettings, MemberHost};

@@ -232,6 +232,7 @@ impl QueueState {
             }
             Command::Horizon(k) => self.horizon = self.horizon.max(*k),
             Command::Lead(epoch) => self.begin_epoch(*epoch, fx),
+            Command::Meta(_) => {}
         }
     }
 

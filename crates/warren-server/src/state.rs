@@ -81,7 +81,8 @@ fn bind_cluster(listen: &crate::listen::ListenAddr) -> std::io::Result<std::net:
 }
 
 /// Declares and deletes this node's members of quorum queues at other nodes' request, in the
-/// broker's vhosts (the vhost must exist here: vhosts are not replicated yet). Weak: the
+/// broker's vhosts (the vhost must exist here; vhosts reach every node through the cluster's
+/// metadata group). Weak: the
 /// broker holds the quorum service, which holds this.
 struct MemberHost(std::sync::Weak<warren_broker::Broker>);
 
@@ -240,6 +241,11 @@ impl ServerState {
             broker.close();
             quorum.close();
             return Err(std::io::Error::other(e.to_string()));
+        }
+        // In a cluster, metadata changes are replicated from here on (provisioning from the
+        // configuration above stays local to each node).
+        if let Some(group) = warren_quorum::MetadataGroup::start(&quorum, Arc::downgrade(&broker)) {
+            broker.set_replicator(group);
         }
         let mut loopback_users = config.auth.loopback_users.clone();
         loopback_users.extend(

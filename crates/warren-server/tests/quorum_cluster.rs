@@ -1015,3 +1015,263 @@ async fn balanced_leaders_spread_over_the_nodes() {
     drop(node3);
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// Waits (bounded) until a passive declare of exchange `x` succeeds on `server`.
+async fn wait_for_exchange(server: &Server, x: &str) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let conn = server.connect().await;
+        let ch = conn.create_channel().await.expect("channel");
+        let passive = ch
+            .exchange_declare(
+                x.into(),
+                lapin::ExchangeKind::Topic,
+                lapin::options::ExchangeDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await;
+        let _ = conn.close(200, "bye".into()).await;
+        if passive.is_ok() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node on port {} never got exchange {x}",
+            server.port
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A management API call on `port` as guest with a JSON body: the status.
+async fn api_send(port: u16, method: reqwest::Method, path: &str, body: serde_json::Value) -> u16 {
+    reqwest::Client::new()
+        .request(method, format!("http://127.0.0.1:{port}{path}"))
+        .basic_auth("guest", Some("guest"))
+        .json(&body)
+        .send()
+        .await
+        .expect("API call")
+        .status()
+        .as_u16()
+}
+
+/// Whether `user` (password `pass`) can open a connection to vhost `vhost` on `amqp`.
+async fn can_log_in(amqp: u16, user: &str, pass: &str, vhost: &str) -> bool {
+    let uri = format!("amqp://{user}:{pass}@127.0.0.1:{amqp}/{vhost}");
+    let conn = tokio::time::timeout(
+        Duration::from_secs(10),
+        lapin::Connection::connect(&uri, lapin::ConnectionProperties::default()),
+    )
+    .await;
+    match conn {
+        Ok(Ok(c)) => {
+            let _ = c.close(200, "bye".into()).await;
+            true
+        }
+        _ => false,
+    }
+}
+
+/// Polls `check` (bounded) until it holds.
+async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !check().await {
+        assert!(Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metadata_is_replicated_to_every_node() {
+    let _slot = CLUSTERS.acquire().await.expect("cluster slot");
+    let (root, secret, ports) = cluster("quorum-cluster-metadata");
+    let api = [free_port(), free_port(), free_port()];
+    let [node1, node2, node3] =
+        [1, 2, 3].map(|id| start_node_with_api(id, &ports, &secret, &root, api[id - 1]));
+
+    // An exchange, a quorum queue and a binding declared on node 1 ...
+    let c1 = node1.connect().await;
+    let ch1 = c1.create_channel().await.unwrap();
+    within(
+        "exchange.declare",
+        ch1.exchange_declare(
+            "orders".into(),
+            lapin::ExchangeKind::Topic,
+            lapin::options::ExchangeDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .expect("exchange declared");
+    declare_replicated(&ch1, "meta-q", &[&node2, &node3]).await;
+    within(
+        "queue.bind",
+        ch1.queue_bind(
+            "meta-q".into(),
+            "orders".into(),
+            "eu.*".into(),
+            Default::default(),
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .expect("bound");
+
+    // ... route a publish made on node 3, with that exchange and binding there.
+    wait_for_exchange(&node3, "orders").await;
+    let c3 = node3.connect().await;
+    let ch3 = c3.create_channel().await.unwrap();
+    ch3.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    eventually("the binding routes on node 3", || {
+        let ch3 = ch3.clone();
+        async move {
+            let confirm = ch3
+                .basic_publish(
+                    "orders".into(),
+                    "eu.paris".into(),
+                    BasicPublishOptions {
+                        mandatory: true,
+                        ..Default::default()
+                    },
+                    b"routed",
+                    persistent(),
+                )
+                .await
+                .expect("publish")
+                .await
+                .expect("confirm");
+            // An unroutable mandatory publish comes back with basic.return.
+            confirm.take_message().is_none()
+        }
+    })
+    .await;
+    wait_count(&node1, "meta-q", 1).await;
+
+    // Users, vhosts and permissions made through node 1's API work on the others.
+    let put = reqwest::Method::PUT;
+    assert_eq!(
+        api_send(
+            api[0],
+            put.clone(),
+            "/api/vhosts/shop",
+            serde_json::json!({})
+        )
+        .await,
+        201
+    );
+    assert_eq!(
+        api_send(
+            api[0],
+            put.clone(),
+            "/api/users/alice",
+            serde_json::json!({"password": "wonderland", "tags": ""}),
+        )
+        .await,
+        201
+    );
+    assert_eq!(
+        api_send(
+            api[0],
+            put.clone(),
+            "/api/permissions/shop/alice",
+            serde_json::json!({"configure": ".*", "write": ".*", "read": ".*"}),
+        )
+        .await,
+        201
+    );
+    for n in [&node2, &node3] {
+        eventually("alice logs in to shop on another node", || {
+            can_log_in(n.port, "alice", "wonderland", "shop")
+        })
+        .await;
+    }
+    // A quorum queue in the new vhost gets its members on every node.
+    let ca = lapin::Connection::connect(
+        &format!("amqp://alice:wonderland@127.0.0.1:{}/shop", node2.port),
+        lapin::ConnectionProperties::default(),
+    )
+    .await
+    .expect("alice on node 2");
+    let cha = ca.create_channel().await.unwrap();
+    within(
+        "queue.declare",
+        cha.queue_declare(
+            "carts".into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            quorum_args(),
+        ),
+    )
+    .await
+    .expect("declared in shop");
+    eventually("carts has three members, seen from node 3", || async {
+        let q = api_get(api[2], "/api/queues/shop/carts").await;
+        q["members"].as_array().map(Vec::len) == Some(3)
+    })
+    .await;
+    let _ = ca.close(200, "bye".into()).await;
+
+    // A user deleted on node 2 can log in nowhere.
+    assert_eq!(
+        api_send(
+            api[1],
+            reqwest::Method::DELETE,
+            "/api/users/alice",
+            serde_json::json!({})
+        )
+        .await,
+        204
+    );
+    for n in [&node1, &node3] {
+        eventually("alice refused on another node", || async {
+            !can_log_in(n.port, "alice", "wonderland", "shop").await
+        })
+        .await;
+    }
+
+    // A node that was down when changes were made gets them when it comes back.
+    drop(c3);
+    node3.kill();
+    within(
+        "exchange.delete",
+        ch1.exchange_delete("orders".into(), Default::default()),
+    )
+    .await
+    .expect("deleted");
+    within(
+        "exchange.declare",
+        ch1.exchange_declare(
+            "late".into(),
+            lapin::ExchangeKind::Topic,
+            lapin::options::ExchangeDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .expect("declared with node 3 down");
+    let node3 = start_node_with_api(3, &ports, &secret, &root, api[2]);
+    wait_for_exchange(&node3, "late").await;
+    let gone = api_status(api[2], "/api/exchanges/%2F/orders").await.0;
+    assert_eq!(gone, 404, "the exchange deleted while node 3 was down");
+    let _ = c1.close(200, "bye".into()).await;
+    drop((node1, node2, node3));
+    let _ = std::fs::remove_dir_all(&root);
+}

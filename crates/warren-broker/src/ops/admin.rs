@@ -63,14 +63,35 @@ impl<'a> Admin<'a> {
             .check(&self.actor.user, &self.actor.vhost, op)
     }
 
-    /// Writes the access-control database to the data directory (durable brokers).
+    /// Writes the access-control database to the data directory (durable brokers) and, in a
+    /// cluster, replicates it to the other nodes and waits until that is committed (see
+    /// [`crate::replica`]).
+    ///
+    /// Errors: 541 INTERNAL_ERROR when it could not be stored or replicated.
     fn store(&self) -> Result<()> {
         let json = crate::definitions::export::export_access(&self.broker.access()).to_json();
         self.broker.store_access(&json).map_err(|e| {
             BrokerError::internal(format!(
                 "the access-control database could not be stored: {e}"
             ))
-        })
+        })?;
+        let Some(r) = self.broker.replicator() else {
+            return Ok(());
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        r.access(
+            json,
+            Box::new(move |outcome| {
+                let _ = tx.send(outcome);
+            }),
+        );
+        rx.recv()
+            .unwrap_or_else(|_| Err("the cluster is stopping".into()))
+            .map_err(|e| {
+                BrokerError::internal(format!(
+                    "the access-control database could not be replicated: {e}"
+                ))
+            })
     }
 
     // --- Connections ---

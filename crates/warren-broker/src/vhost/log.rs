@@ -419,6 +419,9 @@ impl VHost {
         undo: Undo,
         what: String,
     ) -> Result<()> {
+        if !self.removed.load(Ordering::Acquire) {
+            self.replicate(&commands, &what);
+        }
         let Some(p) = &self.persist else {
             return Ok(());
         };
@@ -482,6 +485,15 @@ impl VHost {
     /// connection): nobody waits for it; if its record cannot be written, the definitions are
     /// marked dirty and the sweep stores a whole snapshot.
     pub(super) fn save_detached(&self, topo: &mut Topology, commands: Vec<TopologyCommand>) {
+        if !self.removed.load(Ordering::Acquire) {
+            self.replicate_detached(&commands);
+        }
+        self.store_detached(topo, commands);
+    }
+
+    /// Writes `commands` to the log as [`VHost::save_detached`] does, without replicating
+    /// them (changes that came from the cluster).
+    fn store_detached(&self, topo: &mut Topology, commands: Vec<TopologyCommand>) {
         let Some(p) = &self.persist else {
             return;
         };
@@ -510,6 +522,105 @@ impl VHost {
         p.defs
             .append(path, record, crate::defs_writer::Waiter::Callback(callback));
         self.maybe_compact(topo);
+    }
+
+    /// The commands of `commands` that the cluster replicates (see [`crate::replica`]).
+    fn replicated(commands: &[TopologyCommand]) -> Vec<TopologyCommand> {
+        commands
+            .iter()
+            .filter(|c| crate::replica::replicated_kind(c))
+            .cloned()
+            .collect()
+    }
+
+    /// Hands a change made by a client to the cluster's metadata group, when there is one.
+    /// Under [`deferring`] the reply also waits until the change is committed; a change that
+    /// cannot be committed is refused with 541 INTERNAL_ERROR `<what> because the change
+    /// could not be replicated: <why>` (it stays on this node).
+    fn replicate(&self, commands: &[TopologyCommand], what: &str) {
+        let Some(r) = self.replicator.get() else {
+            return;
+        };
+        let commands = Self::replicated(commands);
+        if commands.is_empty() {
+            return;
+        }
+        let done: crate::replica::Done = match DEFERRING.with(|d| d.borrow().clone()) {
+            Some(sink) => {
+                sink.begin();
+                let what = what.to_string();
+                Box::new(move |outcome| {
+                    sink.settled(outcome.map_err(|e| {
+                        BrokerError::internal(format!(
+                            "{what} because the change could not be replicated: {e}"
+                        ))
+                    }))
+                })
+            }
+            None => {
+                let vhost = self.name.clone();
+                Box::new(move |outcome| {
+                    if let Err(e) = outcome {
+                        tracing::warn!(%vhost, error = %e, "a definitions change was not replicated");
+                    }
+                })
+            }
+        };
+        r.topology(&self.name, commands, done);
+    }
+
+    /// Hands a change the broker made by itself to the cluster's metadata group; nobody
+    /// waits for it.
+    fn replicate_detached(&self, commands: &[TopologyCommand]) {
+        let Some(r) = self.replicator.get() else {
+            return;
+        };
+        let commands = Self::replicated(commands);
+        if commands.is_empty() {
+            return;
+        }
+        let vhost = self.name.clone();
+        r.topology(
+            &self.name,
+            commands,
+            Box::new(move |outcome| {
+                if let Err(e) = outcome {
+                    tracing::warn!(%vhost, error = %e, "a definitions change was not replicated");
+                }
+            }),
+        );
+    }
+
+    /// Applies a durable topology change another node of the cluster made (see
+    /// [`crate::replica`]) and writes it to this vhost's log: exchanges, bindings and
+    /// policies; queues are never created or removed this way, and a binding to a queue is
+    /// added only where the queue exists. Returns how many commands were applied.
+    pub fn apply_replicated(&self, commands: &[TopologyCommand]) -> usize {
+        let mut topo = self.topology.write();
+        let applied: Vec<TopologyCommand> = commands
+            .iter()
+            .filter(|c| crate::replica::replicated_kind(c))
+            .filter(|c| match c {
+                TopologyCommand::AddBinding {
+                    binding:
+                        Binding {
+                            destination: Destination::Queue(q),
+                            ..
+                        },
+                    ..
+                } => topo.queues.contains_key(q),
+                _ => true,
+            })
+            .cloned()
+            .collect();
+        for c in &applied {
+            self.apply(&mut topo, c);
+        }
+        let n = applied.len();
+        if n > 0 {
+            self.store_detached(&mut topo, applied);
+        }
+        n
     }
 
     /// Compacts when the log has outgrown its threshold: the snapshot is taken now (under the

@@ -1,0 +1,557 @@
+//! The cluster's metadata group: one Raft group with a member on every node of the cluster,
+//! whose log orders the metadata changes every node applies (as RabbitMQ 4 keeps its
+//! metadata in Khepri, a Raft-replicated store).
+//!
+//! What it carries (see [`warren_broker::replica`]): the durable topology changes of every
+//! vhost (exchanges, bindings, policies; [`TopologyCommand`]s, already decided on the node
+//! that made them) and, after each change of users, vhosts, permissions or limits, the whole
+//! access-control database. A change is made on the node a client asked, proposed here, and
+//! answered once committed (on disk on a majority of the nodes); every other node applies it
+//! in log order when it learns the commit. The node that made the change skips its own entry
+//! (it applied it already) unless it restarted since: after a restart, entries past the last
+//! applied one are applied again, which changes nothing that is already so.
+//!
+//! Storage: the group's log is its own `warren_store::raftlog` in `<quorum dir>/metadata/`
+//! (not the queues' shared log, whose segments a group that never purges would hold), kept
+//! whole: metadata changes are small (a few hundred bytes each) and few. The last applied
+//! entry and the membership are written to `<quorum dir>/metadata/applied.json` after each
+//! applied batch.
+//!
+//! Entry payload: [`Command::Meta`] holding an AMQP field table: `origin` (node id),
+//! `nonce` (per-process proposal number), `kind` (`topology`: `vhost` and `commands`, each the
+//! table of [`TopologyCommand::to_table`]; `access`: `json`, the access-control database as
+//! stored in `access.json`).
+//!
+//! The group's members are the seed nodes; every node whose log is empty initializes the group
+//! with that same membership (openraft allows it), so that it forms once any majority is up.
+
+use crate::command::{Batch, Command};
+use crate::network::GroupNetwork;
+use crate::node::QuorumNode;
+use crate::storage::LogStore;
+use crate::transport::{Request, Response};
+use crate::TypeConfig;
+use bytes::{Bytes, BytesMut};
+use openraft::storage::RaftStateMachine;
+use openraft::{
+    BasicNode, Entry, EntryPayload, LogId, Raft, RaftSnapshotBuilder, Snapshot, SnapshotMeta,
+    StorageError, StorageIOError, StoredMembership,
+};
+use parking_lot::Mutex;
+use std::collections::{BTreeMap, HashSet};
+use std::io::Cursor;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+use warren_amqp::table::{decode_table, encode_table, Decoder, FieldTable, FieldValue};
+use warren_broker::replica::{Done, MetadataReplicator};
+use warren_broker::vhost::log::TopologyCommand;
+use warren_broker::Broker;
+
+type NodeId = u64;
+
+/// The metadata group's key in the transport (no queue's key: those hold U+001F).
+pub const GROUP: &str = "\u{1e}metadata";
+
+/// How long a change waits for a leader of the metadata group before it is refused.
+const LEADER_WAIT: Duration = Duration::from_secs(10);
+
+/// At most this many changes go in one entry.
+const MAX_BATCH: usize = 256;
+
+fn io_err(e: impl std::fmt::Display) -> StorageError<NodeId> {
+    StorageIOError::write(&std::io::Error::other(e.to_string())).into()
+}
+
+/// One metadata change, as replicated.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Change {
+    /// A durable topology change of `vhost`.
+    Topology {
+        /// The vhost.
+        vhost: String,
+        /// Its primitive changes, in order.
+        commands: Vec<TopologyCommand>,
+    },
+    /// The whole access-control database after a change.
+    Access {
+        /// As stored in `access.json`.
+        json: String,
+    },
+}
+
+fn text(t: &FieldTable, k: &str) -> Result<String, String> {
+    t.get(k)
+        .and_then(|v| v.as_str())
+        .map(str::to_string)
+        .ok_or_else(|| format!("metadata entry without '{k}'"))
+}
+
+fn long(s: &str) -> FieldValue {
+    FieldValue::LongString(Bytes::copy_from_slice(s.as_bytes()))
+}
+
+/// Encodes `change` made by node `origin` as its `nonce`th proposal.
+pub fn encode_change(origin: NodeId, nonce: u64, change: &Change) -> Bytes {
+    let mut t = FieldTable::new();
+    t.insert("origin", FieldValue::I64(origin as i64));
+    t.insert("nonce", FieldValue::I64(nonce as i64));
+    match change {
+        Change::Topology { vhost, commands } => {
+            t.insert("kind", long("topology"));
+            t.insert("vhost", long(vhost));
+            let list = commands
+                .iter()
+                .map(|c| FieldValue::Table(c.to_table()))
+                .collect();
+            t.insert("commands", FieldValue::Array(list));
+        }
+        Change::Access { json } => {
+            t.insert("kind", long("access"));
+            t.insert("json", long(json));
+        }
+    }
+    let mut b = BytesMut::new();
+    encode_table(&t, &mut b);
+    b.freeze()
+}
+
+/// Decodes what [`encode_change`] wrote: origin, nonce and the change.
+pub fn decode_change(b: &[u8]) -> Result<(NodeId, u64, Change), String> {
+    let t = decode_table(&mut Decoder::new(b), 64).map_err(|e| e.to_string())?;
+    let num = |k: &str| {
+        t.get(k)
+            .and_then(|v| v.as_i64())
+            .map(|n| n as u64)
+            .ok_or_else(|| format!("metadata entry without '{k}'"))
+    };
+    let (origin, nonce) = (num("origin")?, num("nonce")?);
+    let change = match text(&t, "kind")?.as_str() {
+        "topology" => Change::Topology {
+            vhost: text(&t, "vhost")?,
+            commands: t
+                .get("commands")
+                .and_then(|v| v.as_array())
+                .unwrap_or(&[])
+                .iter()
+                .filter_map(|v| v.as_table())
+                .map(TopologyCommand::from_table)
+                .collect::<Result<Vec<_>, _>>()?,
+        },
+        "access" => Change::Access {
+            json: text(&t, "json")?,
+        },
+        other => return Err(format!("unknown metadata change '{other}'")),
+    };
+    Ok((origin, nonce, change))
+}
+
+/// A change waiting to be proposed, and who waits for it.
+type Pending = (Bytes, Done);
+
+/// This node's member of the metadata group, and the broker's [`MetadataReplicator`].
+pub struct MetadataGroup {
+    node: Arc<QuorumNode>,
+    broker: Weak<Broker>,
+    raft: OnceLock<Raft<TypeConfig>>,
+    /// Nonces of this process's proposals not applied yet by this node's state machine
+    /// (already applied here when they were made).
+    mine: Mutex<HashSet<u64>>,
+    next_nonce: AtomicU64,
+    submit: mpsc::UnboundedSender<Pending>,
+}
+
+impl std::fmt::Debug for MetadataGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MetadataGroup")
+            .field("node_id", &self.node.cfg.node_id)
+            .finish()
+    }
+}
+
+impl MetadataGroup {
+    /// Starts this node's member of the metadata group on the node's runtime, applying the
+    /// other nodes' changes to `broker`. Changes handed to it before the group is up wait.
+    /// `None` on a node that is not in a cluster.
+    pub fn start(node: &Arc<QuorumNode>, broker: Weak<Broker>) -> Option<Arc<MetadataGroup>> {
+        node.cluster()?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let g = Arc::new(MetadataGroup {
+            node: node.clone(),
+            broker,
+            raft: OnceLock::new(),
+            mine: Mutex::new(HashSet::new()),
+            next_nonce: AtomicU64::new(1),
+            submit: tx,
+        });
+        let runner = g.clone();
+        node.runtime.spawn(async move {
+            match runner.clone().open().await {
+                Ok(raft) => runner.propose_loop(raft, rx).await,
+                Err(e) => warn!(error = %e, "the cluster's metadata group did not start"),
+            }
+        });
+        Some(g)
+    }
+
+    fn dir(&self) -> PathBuf {
+        self.node.cfg.dir.join("metadata")
+    }
+
+    /// Opens the log, starts Raft and, on a node whose log is empty, initializes the group
+    /// with every seed node.
+    async fn open(self: Arc<Self>) -> Result<Raft<TypeConfig>, String> {
+        let dir = self.dir();
+        let cfg = warren_store::raftlog::RaftLogConfig::new(dir.join("log"));
+        let (log, mut groups) = tokio::task::spawn_blocking(move || {
+            warren_store::raftlog::RaftLog::open(cfg).map_err(|e| e.to_string())
+        })
+        .await
+        .map_err(|e| e.to_string())??;
+        let recovered = groups.remove(GROUP).unwrap_or_default();
+        let fresh = recovered.entries.is_empty() && recovered.vote.is_none();
+        let store = LogStore::new(GROUP, log, recovered)?;
+        let applied_path = dir.join("applied.json");
+        let (applied, membership) = if fresh {
+            let _ = std::fs::remove_file(&applied_path);
+            (None, StoredMembership::default())
+        } else {
+            read_applied(&applied_path)
+        };
+        let sm = MetaMachine {
+            group: Arc::downgrade(&self),
+            applied,
+            membership,
+            path: applied_path,
+        };
+        let network = GroupNetwork {
+            group: GROUP.into(),
+            network: self.node.network.clone(),
+        };
+        let raft = Raft::new(
+            self.node.cfg.node_id,
+            self.raft_config(),
+            network,
+            store,
+            sm,
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        let cluster = self.node.cluster().ok_or("not in a cluster")?.clone();
+        cluster.register_group(GROUP, raft.clone());
+        if fresh && !raft.is_initialized().await.map_err(|e| e.to_string())? {
+            let members: BTreeMap<NodeId, BasicNode> = cluster
+                .nodes()
+                .iter()
+                .map(|(id, addr)| (*id, BasicNode::new(addr)))
+                .collect();
+            if let Err(e) = raft.initialize(members).await {
+                debug!(error = %e, "metadata group already initialized");
+            }
+        }
+        let _ = self.raft.set(raft.clone());
+        info!(
+            node = self.node.cfg.node_id,
+            "the cluster's metadata group started"
+        );
+        Ok(raft)
+    }
+
+    /// The queues' Raft settings, with no snapshots: the metadata log is kept whole.
+    fn raft_config(&self) -> Arc<openraft::Config> {
+        let base = self.node.raft_config();
+        let cfg = openraft::Config {
+            cluster_name: "warren-metadata".into(),
+            snapshot_policy: openraft::SnapshotPolicy::Never,
+            ..(*base).clone()
+        };
+        Arc::new(cfg.validate().expect("valid raft settings"))
+    }
+
+    /// Proposes what is submitted, in order, many changes per entry.
+    async fn propose_loop(
+        self: Arc<Self>,
+        raft: Raft<TypeConfig>,
+        mut rx: mpsc::UnboundedReceiver<Pending>,
+    ) {
+        while let Some(first) = rx.recv().await {
+            let mut items = vec![first];
+            while items.len() < MAX_BATCH {
+                match rx.try_recv() {
+                    Ok(p) => items.push(p),
+                    Err(_) => break,
+                }
+            }
+            let batch = Batch(
+                items
+                    .iter()
+                    .map(|(payload, _)| Command::Meta(payload.clone()))
+                    .collect(),
+            );
+            let outcome = self.propose(&raft, batch).await;
+            if let Err(e) = &outcome {
+                warn!(error = %e, changes = items.len(), "metadata changes not committed");
+            }
+            for (_, done) in items {
+                done(outcome.clone());
+            }
+        }
+    }
+
+    /// Proposes `batch` as one entry: at this node when it leads, else at the leader's node;
+    /// waits up to [`LEADER_WAIT`] for a leader. Returns once the leader applied the entry.
+    async fn propose(&self, raft: &Raft<TypeConfig>, batch: Batch) -> Result<(), String> {
+        let deadline = Instant::now() + LEADER_WAIT;
+        let me = self.node.cfg.node_id;
+        let mut last = "no leader of the cluster's metadata group".to_string();
+        loop {
+            let leader = raft.metrics().borrow().current_leader;
+            let left = deadline.saturating_duration_since(Instant::now());
+            match leader {
+                Some(l) if l == me => match raft.client_write(batch.clone()).await {
+                    Ok(_) => return Ok(()),
+                    Err(e) => last = e.to_string(),
+                },
+                Some(l) => {
+                    let cluster = self.node.cluster().ok_or("not in a cluster")?;
+                    let req = Request::Propose {
+                        group: GROUP.to_string(),
+                        batch: batch.clone(),
+                    };
+                    match cluster.call(l, req, Duration::ZERO, left).await {
+                        Ok(Response::Proposed(Ok(()))) => return Ok(()),
+                        Ok(Response::Proposed(Err(e))) => last = e,
+                        Ok(_) => last = format!("node {l} has no member of the metadata group"),
+                        Err(e) => last = e.to_string(),
+                    }
+                }
+                None => {}
+            }
+            if Instant::now() >= deadline {
+                return Err(last);
+            }
+            let mut m = raft.metrics();
+            let _ = tokio::time::timeout(Duration::from_millis(100), m.changed()).await;
+        }
+    }
+
+    fn submit(&self, change: Change, done: Done) {
+        let nonce = self.next_nonce.fetch_add(1, Ordering::Relaxed);
+        let payload = encode_change(self.node.cfg.node_id, nonce, &change);
+        self.mine.lock().insert(nonce);
+        if let Err(mpsc::error::SendError((_, done))) = self.submit.send((payload, done)) {
+            self.mine.lock().remove(&nonce);
+            done(Err("the cluster's metadata group is stopped".into()));
+        }
+    }
+
+    /// Applies one committed change to this node's broker, unless this process made it.
+    fn apply_change(&self, origin: NodeId, nonce: u64, change: Change) {
+        if origin == self.node.cfg.node_id && self.mine.lock().remove(&nonce) {
+            return;
+        }
+        let Some(broker) = self.broker.upgrade() else {
+            return;
+        };
+        match change {
+            Change::Topology { vhost, commands } => {
+                let n = broker.apply_replicated_topology(&vhost, &commands);
+                debug!(%vhost, origin, applied = n, "replicated definitions change applied");
+            }
+            Change::Access { json } => {
+                if let Err(e) = broker.apply_replicated_access(&json) {
+                    warn!(origin, error = %e, "replicated access-control database not applied");
+                }
+            }
+        }
+    }
+
+    /// The node that leads the metadata group, as this node knows it.
+    pub fn leader(&self) -> Option<NodeId> {
+        self.raft.get()?.metrics().borrow().current_leader
+    }
+}
+
+impl MetadataReplicator for MetadataGroup {
+    fn topology(&self, vhost: &str, commands: Vec<TopologyCommand>, done: Done) {
+        self.submit(
+            Change::Topology {
+                vhost: vhost.to_string(),
+                commands,
+            },
+            done,
+        );
+    }
+
+    fn access(&self, json: String, done: Done) {
+        self.submit(Change::Access { json }, done);
+    }
+}
+
+/// What `applied.json` holds.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Applied {
+    last: Option<LogId<NodeId>>,
+    membership: StoredMembership<NodeId, BasicNode>,
+}
+
+fn read_applied(
+    path: &std::path::Path,
+) -> (Option<LogId<NodeId>>, StoredMembership<NodeId, BasicNode>) {
+    std::fs::read(path)
+        .ok()
+        .and_then(|raw| serde_json::from_slice::<Applied>(&raw).ok())
+        .map(|a| (a.last, a.membership))
+        .unwrap_or_default()
+}
+
+/// The metadata group's state machine: the broker's metadata itself.
+struct MetaMachine {
+    group: Weak<MetadataGroup>,
+    applied: Option<LogId<NodeId>>,
+    membership: StoredMembership<NodeId, BasicNode>,
+    path: PathBuf,
+}
+
+/// The metadata group takes no snapshots (its log is kept whole).
+struct NoSnapshots;
+
+impl RaftSnapshotBuilder<TypeConfig> for NoSnapshots {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
+        Err(io_err("the metadata group takes no snapshots"))
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for MetaMachine {
+    type SnapshotBuilder = NoSnapshots;
+
+    async fn applied_state(
+        &mut self,
+    ) -> Result<(Option<LogId<NodeId>>, StoredMembership<NodeId, BasicNode>), StorageError<NodeId>>
+    {
+        Ok((self.applied, self.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<()>, StorageError<NodeId>>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + Send,
+        I::IntoIter: Send,
+    {
+        let entries: Vec<Entry<TypeConfig>> = entries.into_iter().collect();
+        let n = entries.len();
+        let group = self.group.clone();
+        let mut last = self.applied;
+        let mut membership = self.membership.clone();
+        let mut changes = Vec::new();
+        for e in entries {
+            last = Some(e.log_id);
+            match e.payload {
+                EntryPayload::Blank => {}
+                EntryPayload::Membership(m) => {
+                    membership = StoredMembership::new(Some(e.log_id), m);
+                }
+                EntryPayload::Normal(batch) => {
+                    for c in batch.0 {
+                        if let Command::Meta(b) = c {
+                            match decode_change(&b) {
+                                Ok(x) => changes.push(x),
+                                Err(err) => warn!(error = %err, "metadata entry skipped"),
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let record = Applied {
+            last,
+            membership: membership.clone(),
+        };
+        let path = self.path.clone();
+        // Applying writes definitions files: off the runtime's threads, in order.
+        tokio::task::spawn_blocking(move || {
+            if let Some(g) = group.upgrade() {
+                for (origin, nonce, change) in changes {
+                    g.apply_change(origin, nonce, change);
+                }
+            }
+            let json = serde_json::to_vec(&record).unwrap_or_default();
+            let tmp = path.with_extension("tmp");
+            if std::fs::write(&tmp, json).is_ok() {
+                let _ = std::fs::rename(&tmp, &path);
+            }
+        })
+        .await
+        .map_err(io_err)?;
+        self.applied = last;
+        self.membership = membership;
+        Ok(vec![(); n])
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        NoSnapshots
+    }
+
+    async fn begin_receiving_snapshot(
+        &mut self,
+    ) -> Result<Box<Cursor<Vec<u8>>>, StorageError<NodeId>> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        _meta: &SnapshotMeta<NodeId, BasicNode>,
+        _snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError<NodeId>> {
+        Err(io_err("the metadata group takes no snapshots"))
+    }
+
+    async fn get_current_snapshot(
+        &mut self,
+    ) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
+        Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use warren_broker::exchange::{Binding, Destination, ExchangeKind};
+
+    #[test]
+    fn changes_decode_as_encoded() {
+        let topo = Change::Topology {
+            vhost: "/".into(),
+            commands: vec![
+                TopologyCommand::PutExchange {
+                    name: "orders".into(),
+                    kind: ExchangeKind::Topic,
+                    auto_delete: false,
+                    internal: false,
+                    arguments: FieldTable::new(),
+                },
+                TopologyCommand::AddBinding {
+                    source: "orders".into(),
+                    binding: Binding {
+                        destination: Destination::Queue("q".into()),
+                        routing_key: "a.*".into(),
+                        arguments: FieldTable::new(),
+                    },
+                },
+            ],
+        };
+        let access = Change::Access {
+            json: "{\"users\":[]}".into(),
+        };
+        for (i, c) in [topo, access].into_iter().enumerate() {
+            let b = encode_change(3, i as u64 + 7, &c);
+            assert_eq!(decode_change(&b), Ok((3, i as u64 + 7, c)));
+            let batch = Batch(vec![Command::Meta(b.clone())]);
+            let back = Batch::decode(&batch.to_bytes()).expect("decodes");
+            assert!(matches!(&back.0[..], [Command::Meta(x)] if *x == b));
+        }
+        assert!(decode_change(b"\x00\x00\x00\x00").is_err());
+    }
+}
