@@ -131,6 +131,12 @@ pub enum Command {
 pub enum Cluster {
     /// Every node of the cluster and whether it runs (GET /api/nodes).
     Status,
+    /// Adds a running node to the cluster: NODE is `ID@HOST:PORT`, its `[cluster] node_id`
+    /// and `listen` address (POST /api/cluster/nodes). It catches up, then votes.
+    AddNode { node: String },
+    /// Removes NODE (`warren-<id>@<host>` or its id) from the cluster, as RabbitMQ's
+    /// `forget_cluster_node`: stop it first (DELETE /api/cluster/nodes/NODE).
+    RemoveNode { node: String },
 }
 
 #[derive(Subcommand, Debug)]
@@ -143,6 +149,12 @@ pub enum Quorum {
     DeleteMember { queue: String, node: String },
     /// Where QUEUE's members are: leader, members and those online.
     Members { queue: String },
+    /// Adds a member on NODE to every quorum queue of the vhost that has none there
+    /// (RabbitMQ's `rabbitmq-queues grow`).
+    Grow { node: String },
+    /// Removes the member on NODE of every quorum queue of the vhost that has one there and
+    /// other members (RabbitMQ's `rabbitmq-queues shrink`).
+    Shrink { node: String },
 }
 
 /// What `list` lists.
@@ -674,6 +686,22 @@ impl Ctx<'_> {
                 let rows = output::rows(&reply);
                 self.print(&output::table(&rows, &["name", "running", "uptime"]))
             }
+            Command::Cluster(Cluster::AddNode { node }) => {
+                let body = serde_json::json!({ "node": node });
+                let reply =
+                    self.client
+                        .call(Method::POST, "/api/cluster/nodes", Some(&body), &[])?;
+                self.done(&reply, &format!("node {node} added to the cluster"))
+            }
+            Command::Cluster(Cluster::RemoveNode { node }) => {
+                let reply = self.client.call(
+                    Method::DELETE,
+                    &format!("/api/cluster/nodes/{}", seg(node)),
+                    None,
+                    &[],
+                )?;
+                self.done(&reply, &format!("node {node} removed from the cluster"))
+            }
             Command::Quorum(q) => self.quorum(q),
             Command::Overview => {
                 let o = self.client.get("/api/overview")?;
@@ -716,6 +744,62 @@ impl Ctx<'_> {
         }
     }
 
+    /// `quorum grow` (`grow`) or `quorum shrink` over the vhost's quorum queues: one line per
+    /// queue changed or refused; an error when any was refused.
+    fn grow_or_shrink(&mut self, node: &str, grow: bool) -> Result<(), CtlError> {
+        let queues = self.client.get(&format!("/api/queues/{}", self.v()))?;
+        let mut failed = 0usize;
+        let mut lines = Vec::new();
+        for q in queues.as_array().map(Vec::as_slice).unwrap_or(&[]) {
+            if q.get("type").and_then(Value::as_str) != Some("quorum") {
+                continue;
+            }
+            let Some(name) = q.get("name").and_then(Value::as_str) else {
+                continue;
+            };
+            let members: Vec<&str> = q
+                .get("members")
+                .and_then(Value::as_array)
+                .map(|a| a.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default();
+            let has = members.contains(&node);
+            if grow == has || (!grow && members.len() < 2) {
+                continue;
+            }
+            let (method, what) = if grow {
+                (Method::POST, "add")
+            } else {
+                (Method::DELETE, "delete")
+            };
+            let path = format!(
+                "/api/queues/quorum/{}/{}/replicas/{what}",
+                self.v(),
+                seg(name)
+            );
+            let body = serde_json::json!({ "node": node });
+            match self.client.call(method, &path, Some(&body), &[]) {
+                Ok(_) => lines.push(format!(
+                    "{name}: {}",
+                    if grow { "added" } else { "removed" }
+                )),
+                Err(e) => {
+                    failed += 1;
+                    lines.push(format!("{name}: refused: {e}"));
+                }
+            }
+        }
+        if lines.is_empty() {
+            lines.push("no quorum queue to change".into());
+        }
+        self.print(&lines.join("\n"))?;
+        if failed > 0 {
+            return Err(CtlError::Input(format!(
+                "{failed} quorum queue(s) not changed"
+            )));
+        }
+        Ok(())
+    }
+
     fn quorum(&mut self, q: &Quorum) -> Result<(), CtlError> {
         let path = |queue: &str, what: &str| {
             format!(
@@ -739,6 +823,8 @@ impl Ctx<'_> {
                         .call(Method::DELETE, &path(queue, "delete"), Some(&body), &[])?;
                 self.done(&reply, &format!("member of {queue} on {node} removed"))
             }
+            Quorum::Grow { node } => self.grow_or_shrink(node, true),
+            Quorum::Shrink { node } => self.grow_or_shrink(node, false),
             Quorum::Members { queue } => {
                 let q = self
                     .client

@@ -1490,6 +1490,11 @@ pub fn router(app: Arc<App>) -> Router {
             "/api/queues/quorum/{v}/{name}/replicas/delete",
             delete(crate::cluster::replica_delete),
         )
+        .route("/api/cluster/nodes", post(crate::cluster::node_add))
+        .route(
+            "/api/cluster/nodes/{node}",
+            delete(crate::cluster::node_remove),
+        )
         .route("/api/queues/{v}/{name}/bindings", get(queue_bindings))
         .route("/api/bindings", get(bindings_all))
         .route("/api/bindings/{v}", get(bindings_vhost))

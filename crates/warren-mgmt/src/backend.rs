@@ -140,6 +140,14 @@ pub trait Node: Send + Sync + 'static {
         let _ = (vhost, name, node, add);
         Box::pin(async { Err("this node is not in a cluster".to_string()) })
     }
+    /// Adds node `id` at inter-node address `address` (`HOST:PORT`) to the running cluster
+    /// (`Some`), or removes it (`None`).
+    /// Errors: why not, as text (not in a cluster, no leader, the new node did not answer or
+    /// catch up, the node to remove is not in the cluster or is the last one).
+    fn change_cluster_node(&self, id: u64, address: Option<String>) -> MemberChange {
+        let _ = (id, address);
+        Box::pin(async { Err("this node is not in a cluster".to_string()) })
+    }
     /// Users that may only log in from a loopback address (`[auth] loopback_users`).
     fn loopback_users(&self) -> Vec<String>;
     /// The deepest field-table nesting AMQP clients may send (`amqp.max_table_depth`): HTTP

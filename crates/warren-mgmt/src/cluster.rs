@@ -2,7 +2,10 @@
 //! replicas (`leader`, `members`, `online` in its JSON; adding and removing one with
 //! RabbitMQ's `POST /api/queues/quorum/{vhost}/{name}/replicas/add` and
 //! `DELETE /api/queues/quorum/{vhost}/{name}/replicas/delete`, body `{"node": NAME}`,
-//! administrators, 204).
+//! administrators, 204), and the cluster's nodes: `POST /api/cluster/nodes` with body
+//! `{"node": "ID@HOST:PORT"}` adds a running node to the cluster, `DELETE
+//! /api/cluster/nodes/{node}` (its name `warren-ID@HOST` or its id) removes one
+//! (administrators, 204; Warren's own: RabbitMQ changes its cluster with `rabbitmqctl`).
 
 use crate::api::{authorize, body_json, require_keys, App, Need, Peer, Reply, S};
 use crate::error::ApiError;
@@ -95,4 +98,60 @@ pub(crate) async fn replica_delete(
     body: Bytes,
 ) -> Reply {
     change(&app, &headers, peer, &v, &name, &body, false).await
+}
+
+/// `POST /api/cluster/nodes`, body `{"node": "ID@HOST:PORT"}`: adds that node (running, with
+/// the cluster's secret) to the cluster; 204. Errors: 400 with the reason.
+pub(crate) async fn node_add(
+    State(app): S,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Reply {
+    authorize(&app, &headers, peer, Need::Admin, None)?;
+    let m = body_json(&body)?;
+    require_keys(&m, &["node"])?;
+    let node = m
+        .get("node")
+        .and_then(Value::as_str)
+        .ok_or_else(|| ApiError::bad_request("node must be a string"))?;
+    let (id, addr) = node
+        .split_once('@')
+        .and_then(|(id, addr)| Some((id.trim().parse::<u64>().ok()?, addr.trim())))
+        .filter(|(id, addr)| *id >= 1 && addr.contains(':'))
+        .ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "node must be ID@HOST:PORT (an id of at least 1 and the node's [cluster] listen address), not {node:?}"
+            ))
+        })?;
+    app.backend
+        .node()
+        .change_cluster_node(id, Some(addr.to_string()))
+        .await
+        .map_err(ApiError::bad_request)?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// `DELETE /api/cluster/nodes/{node}` (`warren-ID@HOST` or `ID`): removes that node from the
+/// cluster; 204. Errors: 404 for a node the cluster does not have, 400 with the reason.
+pub(crate) async fn node_remove(
+    State(app): S,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path(node): Path<String>,
+) -> Reply {
+    authorize(&app, &headers, peer, Need::Admin, None)?;
+    let nodes = app.backend.node().cluster_nodes();
+    let Some(target) = nodes
+        .iter()
+        .find(|n| n.name == node || n.id.to_string() == node)
+    else {
+        return Err(ApiError::not_found());
+    };
+    app.backend
+        .node()
+        .change_cluster_node(target.id, None)
+        .await
+        .map_err(ApiError::bad_request)?;
+    Ok(StatusCode::NO_CONTENT.into_response())
 }

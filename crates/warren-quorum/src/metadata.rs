@@ -22,8 +22,12 @@
 //! table of [`TopologyCommand::to_table`]; `access`: `json`, the access-control database as
 //! stored in `access.json`).
 //!
-//! The group's members are the seed nodes; every node whose log is empty initializes the group
-//! with that same membership (openraft allows it), so that it forms once any majority is up.
+//! The group's members are the cluster's nodes. At the first start the seed node with the
+//! lowest id, its log empty, initializes the group with every seed node (once: a restart
+//! finds its log); the others wait to hear from it. Nodes are added to a running cluster and
+//! removed with [`MetadataGroup::change_node`] (the new node catches up as a learner, then
+//! votes), and every node's transport follows the group's membership: the nodes it lists are
+//! dialed and accepted, the others refused.
 
 use crate::command::{Batch, Command};
 use crate::network::GroupNetwork;
@@ -33,12 +37,13 @@ use crate::transport::{Request, Response};
 use crate::TypeConfig;
 use bytes::{Bytes, BytesMut};
 use openraft::storage::RaftStateMachine;
+use openraft::ChangeMembers;
 use openraft::{
     BasicNode, Entry, EntryPayload, LogId, Raft, RaftSnapshotBuilder, Snapshot, SnapshotMeta,
     StorageError, StorageIOError, StoredMembership,
 };
 use parking_lot::Mutex;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::io::Cursor;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -242,9 +247,16 @@ impl MetadataGroup {
         .map_err(|e| e.to_string())?;
         let cluster = self.node.cluster().ok_or("not in a cluster")?.clone();
         cluster.register_group(GROUP, raft.clone());
-        if fresh && !raft.is_initialized().await.map_err(|e| e.to_string())? {
-            let members: BTreeMap<NodeId, BasicNode> = cluster
-                .nodes()
+        cluster.set_metadata(Arc::downgrade(&self));
+        let known = raft.metrics().borrow().membership_config.clone();
+        if known.membership().voter_ids().next().is_some() {
+            // Nodes added or removed since the seed list was written.
+            self.node.set_cluster_nodes(nodes_of(&known));
+        }
+        let seeds = cluster.nodes();
+        let first = seeds.keys().next() == Some(&self.node.cfg.node_id);
+        if fresh && first && !raft.is_initialized().await.map_err(|e| e.to_string())? {
+            let members: BTreeMap<NodeId, BasicNode> = seeds
                 .iter()
                 .map(|(id, addr)| (*id, BasicNode::new(addr)))
                 .collect();
@@ -373,6 +385,133 @@ impl MetadataGroup {
     pub fn leader(&self) -> Option<NodeId> {
         self.raft.get()?.metrics().borrow().current_leader
     }
+
+    /// Adds node `id` at inter-node address `addr` to the cluster (`Some`: it must be running,
+    /// with the cluster's secret; it catches up on the metadata as a learner, then votes), or
+    /// removes it (`None`: it leaves the metadata group and every node's transport). Asked of
+    /// any node: done by the node that leads the metadata group.
+    ///
+    /// Errors: no leader within [`LEADER_WAIT`]; the node is there already at another address;
+    /// a node to remove is not in the cluster, or is the last one; the new node did not catch
+    /// up within [`CATCH_UP_WAIT`]; openraft's refusal.
+    pub async fn change_node(&self, id: NodeId, addr: Option<String>) -> Result<(), String> {
+        let raft = self
+            .raft
+            .get()
+            .cloned()
+            .ok_or("the cluster's metadata group is starting")?;
+        let deadline = Instant::now() + LEADER_WAIT;
+        let me = self.node.cfg.node_id;
+        loop {
+            let leader = raft.metrics().borrow().current_leader;
+            match leader {
+                Some(l) if l == me => return self.change_node_here(&raft, id, addr).await,
+                Some(l) => {
+                    let cluster = self.node.cluster().ok_or("not in a cluster")?;
+                    let req = Request::ChangeNode {
+                        node: id,
+                        address: addr,
+                    };
+                    return match cluster
+                        .call(l, req, Duration::ZERO, CATCH_UP_WAIT + LEADER_WAIT)
+                        .await
+                    {
+                        Ok(Response::Done(r)) => r,
+                        Ok(_) => Err(format!("node {l} cannot change the cluster's nodes")),
+                        Err(e) => Err(e.to_string()),
+                    };
+                }
+                None => {}
+            }
+            if Instant::now() >= deadline {
+                return Err("no leader of the cluster's metadata group".into());
+            }
+            let mut m = raft.metrics();
+            let _ = tokio::time::timeout(Duration::from_millis(100), m.changed()).await;
+        }
+    }
+
+    async fn change_node_here(
+        &self,
+        raft: &Raft<TypeConfig>,
+        id: NodeId,
+        addr: Option<String>,
+    ) -> Result<(), String> {
+        let known = raft.metrics().borrow().membership_config.clone();
+        let membership = known.membership();
+        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        match addr {
+            Some(addr) => {
+                if voters.contains(&id) {
+                    return match membership.get_node(&id) {
+                        Some(n) if n.addr == addr => Ok(()),
+                        _ => Err(format!(
+                            "node {id} is in the cluster already, at another address"
+                        )),
+                    };
+                }
+                let mut nodes = nodes_of(&known);
+                nodes.insert(id, addr.clone());
+                self.node.set_cluster_nodes(nodes);
+                let joined = async {
+                    tokio::time::timeout(
+                        CATCH_UP_WAIT,
+                        raft.add_learner(id, BasicNode::new(&addr), true),
+                    )
+                    .await
+                    .map_err(|_| {
+                        format!(
+                            "node {id} at {addr} did not catch up within {} s (is it running, \
+                             with this cluster's secret and this node in its seed list?)",
+                            CATCH_UP_WAIT.as_secs()
+                        )
+                    })?
+                    .map_err(|e| e.to_string())?;
+                    raft.change_membership(ChangeMembers::AddVoterIds([id].into()), false)
+                        .await
+                        .map_err(|e| e.to_string())
+                }
+                .await;
+                if let Err(e) = joined {
+                    let now = raft.metrics().borrow().membership_config.clone();
+                    self.node.set_cluster_nodes(nodes_of(&now));
+                    return Err(e);
+                }
+                info!(node = id, addr = %addr, "node added to the cluster");
+                Ok(())
+            }
+            None => {
+                let learner = membership.learner_ids().any(|l| l == id);
+                if !voters.contains(&id) && !learner {
+                    return Err(format!("node {id} is not a node of this cluster"));
+                }
+                if voters.len() == 1 && voters.contains(&id) {
+                    return Err("the last node of the cluster cannot be removed".into());
+                }
+                let change = if learner {
+                    ChangeMembers::RemoveNodes([id].into())
+                } else {
+                    ChangeMembers::RemoveVoters([id].into())
+                };
+                raft.change_membership(change, false)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                info!(node = id, "node removed from the cluster");
+                Ok(())
+            }
+        }
+    }
+}
+
+/// How long a node being added has to catch up on the metadata log.
+const CATCH_UP_WAIT: Duration = Duration::from_secs(30);
+
+/// The nodes (id -> inter-node address) of a membership: voters and learners.
+fn nodes_of(m: &StoredMembership<NodeId, BasicNode>) -> BTreeMap<NodeId, String> {
+    m.membership()
+        .nodes()
+        .map(|(id, n)| (*id, n.addr.clone()))
+        .collect()
 }
 
 impl MetadataReplicator for MetadataGroup {
@@ -445,6 +584,7 @@ impl RaftStateMachine<TypeConfig> for MetaMachine {
         let group = self.group.clone();
         let mut last = self.applied;
         let mut membership = self.membership.clone();
+        let mut membership_changed = false;
         let mut changes = Vec::new();
         for e in entries {
             last = Some(e.log_id);
@@ -452,6 +592,7 @@ impl RaftStateMachine<TypeConfig> for MetaMachine {
                 EntryPayload::Blank => {}
                 EntryPayload::Membership(m) => {
                     membership = StoredMembership::new(Some(e.log_id), m);
+                    membership_changed = true;
                 }
                 EntryPayload::Normal(batch) => {
                     for c in batch.0 {
@@ -485,6 +626,11 @@ impl RaftStateMachine<TypeConfig> for MetaMachine {
         })
         .await
         .map_err(io_err)?;
+        if membership_changed {
+            if let Some(g) = self.group.upgrade() {
+                g.node.set_cluster_nodes(nodes_of(&membership));
+            }
+        }
         self.applied = last;
         self.membership = membership;
         Ok(vec![(); n])

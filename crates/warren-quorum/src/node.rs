@@ -138,6 +138,16 @@ impl QuorumNode {
         self.network.cluster()
     }
 
+    /// Makes `nodes` the cluster's nodes (see [`Cluster::set_nodes`]): where the transport
+    /// connects and where new quorum queues get members.
+    pub(crate) fn set_cluster_nodes(&self, nodes: BTreeMap<u64, String>) {
+        let Some(c) = self.cluster() else {
+            return;
+        };
+        c.set_nodes(nodes);
+        *self.members.lock() = c.nodes();
+    }
+
     /// Sets what declares and deletes this node's members of groups other nodes create
     /// (does nothing without a cluster).
     pub fn set_member_host(&self, host: Arc<dyn MemberHost>) {
@@ -282,6 +292,37 @@ impl QuorumNode {
             .and_then(std::sync::Weak::upgrade)
             .ok_or_else(|| format!("no quorum queue '{name}' in vhost '{vhost}' on this node"))?;
         q.change_member(node, add).await
+    }
+
+    /// Adds node `id` at inter-node address `address` to the running cluster (`Some`), or
+    /// removes it (`None`, as RabbitMQ's `forget_cluster_node`: the node should be stopped
+    /// first). See [`crate::MetadataGroup::change_node`]. A removed node's members of the
+    /// quorum queues that have a member on this node are removed too.
+    ///
+    /// Errors: not in a cluster; the metadata group's refusal, as text.
+    pub async fn change_node(&self, id: u64, address: Option<String>) -> Result<(), String> {
+        let c = self.cluster().ok_or("this node is not in a cluster")?;
+        let g = c
+            .metadata_group()
+            .ok_or("the cluster's metadata group is starting")?;
+        let remove = address.is_none();
+        g.change_node(id, address).await?;
+        if remove {
+            let queues: Vec<Arc<crate::QuorumQueue>> = self
+                .queues
+                .lock()
+                .values()
+                .filter_map(std::sync::Weak::upgrade)
+                .collect();
+            for q in queues {
+                if q.replicas_now().members.contains(&id) {
+                    if let Err(e) = q.change_member(id, false).await {
+                        warn!(node = id, error = %e, "a removed node's quorum queue member stays");
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     /// How many of the quorum queues with a member on this node each node leads now.

@@ -199,6 +199,15 @@ pub enum Request {
         /// The group's key.
         group: String,
     },
+    /// Add node `node` at inter-node address `address` to the cluster (`Some`), or remove
+    /// it (`None`): a change of the metadata group's members, asked of the node that leads
+    /// it. Answered with [`Response::Done`].
+    ChangeNode {
+        /// The node.
+        node: NodeId,
+        /// Its inter-node address, to add it.
+        address: Option<String>,
+    },
     /// basic.get on group `group`'s queue for a client of the sender.
     Get {
         /// The group's key.
@@ -305,6 +314,11 @@ impl Conn {
 /// requests in progress.
 pub struct Cluster {
     settings: ClusterSettings,
+    /// Every node of the cluster now (id -> inter-node address): the seed list at start, then
+    /// the metadata group's membership (see [`Cluster::set_nodes`]).
+    nodes: Mutex<BTreeMap<NodeId, String>>,
+    /// The metadata group, which serves node additions and removals.
+    metadata: OnceLock<Weak<crate::metadata::MetadataGroup>>,
     conns: Mutex<HashMap<NodeId, Arc<Conn>>>,
     attached: watch::Sender<u64>,
     groups: Mutex<HashMap<String, Raft<TypeConfig>>>,
@@ -408,6 +422,8 @@ impl Cluster {
         let (stop, _) = watch::channel(false);
         let (attached, _) = watch::channel(0);
         let c = Arc::new(Cluster {
+            nodes: Mutex::new(settings.nodes.clone()),
+            metadata: OnceLock::new(),
             settings,
             conns: Mutex::new(HashMap::new()),
             attached,
@@ -440,9 +456,59 @@ impl Cluster {
         self.settings.node_id
     }
 
-    /// Every node of the cluster (id -> inter-node address), this one included.
-    pub fn nodes(&self) -> &BTreeMap<NodeId, String> {
-        &self.settings.nodes
+    /// Every node of the cluster now (id -> inter-node address), this one included.
+    pub fn nodes(&self) -> BTreeMap<NodeId, String> {
+        self.nodes.lock().clone()
+    }
+
+    /// Makes `nodes` the cluster's nodes: new ones are dialed (those with a higher id than
+    /// this node's; the others dial this one) and accepted, the connections to nodes no
+    /// longer listed are closed and they are refused from now on. This node stays listed.
+    pub fn set_nodes(self: &Arc<Self>, mut nodes: BTreeMap<NodeId, String>) {
+        let me = self.settings.node_id;
+        if let Some(addr) = self.nodes.lock().get(&me).cloned() {
+            nodes.entry(me).or_insert(addr);
+        }
+        let (added, removed) = {
+            let mut now = self.nodes.lock();
+            if *now == nodes {
+                return;
+            }
+            let added: Vec<(NodeId, String)> = nodes
+                .iter()
+                .filter(|(id, addr)| now.get(id) != Some(addr))
+                .map(|(id, addr)| (*id, addr.clone()))
+                .collect();
+            let removed: Vec<NodeId> = now
+                .keys()
+                .filter(|id| !nodes.contains_key(id))
+                .copied()
+                .collect();
+            *now = nodes;
+            (added, removed)
+        };
+        for (id, addr) in added {
+            info!(node = id, addr = %addr, "cluster node added");
+            if id > me && !*self.stop.borrow() {
+                tokio::spawn(self.clone().dial_loop(id, addr));
+            }
+        }
+        for id in removed {
+            info!(node = id, "cluster node removed");
+            if let Some(c) = self.conns.lock().remove(&id) {
+                c.close();
+            }
+        }
+    }
+
+    /// Sets the metadata group that serves node additions and removals.
+    pub(crate) fn set_metadata(&self, g: Weak<crate::metadata::MetadataGroup>) {
+        let _ = self.metadata.set(g);
+    }
+
+    /// The metadata group, once started.
+    pub fn metadata_group(&self) -> Option<Arc<crate::metadata::MetadataGroup>> {
+        self.metadata.get().and_then(Weak::upgrade)
     }
 
     /// Sets what serves member requests (once; later calls are ignored).
@@ -587,8 +653,8 @@ impl Cluster {
                 "node {peer} wanted node {target}, this is node {me}"
             )));
         }
-        if peer == me || !self.settings.nodes.contains_key(&peer) {
-            return Err(bad(format!("node {peer} is not in the seed list")));
+        if peer == me || !self.nodes.lock().contains_key(&peer) {
+            return Err(bad(format!("node {peer} is not a node of this cluster")));
         }
         let nonce: [u8; 32] = rand::random();
         let mac = handshake_mac(
@@ -692,6 +758,10 @@ impl Cluster {
         let mut failures = 0u32;
         loop {
             if *stop.borrow() {
+                return;
+            }
+            if self.nodes.lock().get(&peer) != Some(&addr) {
+                // Removed from the cluster, or moved: another loop dials its new address.
                 return;
             }
             let r = tokio::time::timeout(HANDSHAKE_TIMEOUT, self.dial_handshake(peer, &addr)).await;
@@ -975,6 +1045,10 @@ impl Cluster {
                         .collect();
                     Response::Done(r.initialize(members).await.map_err(|e| e.to_string()))
                 }
+                None => Response::NoGroup,
+            },
+            Request::ChangeNode { node, address } => match self.metadata_group() {
+                Some(m) => Response::Done(m.change_node(node, address).await),
                 None => Response::NoGroup,
             },
             Request::ChangeMember { group, node, add } => match self.server(&group) {

@@ -68,6 +68,14 @@ impl warren_mgmt::Node for Node {
         let (vhost, name) = (vhost.to_string(), name.to_string());
         Box::pin(async move { quorum.change_member(&vhost, &name, node, add).await })
     }
+    fn change_cluster_node(
+        &self,
+        id: u64,
+        address: Option<String>,
+    ) -> warren_mgmt::backend::MemberChange {
+        let quorum = self.state.quorum.clone();
+        Box::pin(async move { quorum.change_node(id, address).await })
+    }
     fn loopback_users(&self) -> Vec<String> {
         self.state.loopback_users.clone()
     }

@@ -1275,3 +1275,102 @@ async fn metadata_is_replicated_to_every_node() {
     drop((node1, node2, node3));
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// Declares durable topic exchange `x` on `ch`.
+async fn declare_exchange(ch: &lapin::Channel, x: &str) {
+    within(
+        "exchange.declare",
+        ch.exchange_declare(
+            x.into(),
+            lapin::ExchangeKind::Topic,
+            lapin::options::ExchangeDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .expect("exchange declared");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_are_added_to_and_removed_from_a_running_cluster() {
+    let _slot = CLUSTERS.acquire().await.expect("cluster slot");
+    let (root, secret, ports) = cluster("quorum-cluster-nodes");
+    let four = [ports[0], ports[1], ports[2], free_port()];
+    let api = [free_port(), free_port(), free_port(), free_port()];
+    let [node1, node2, _node3] =
+        [1, 2, 3].map(|id| start_node_with_api(id, &ports, &secret, &root, api[id - 1]));
+    let name4 = "warren-4@127.0.0.1";
+
+    let c1 = node1.connect().await;
+    let ch1 = c1.create_channel().await.unwrap();
+    declare_exchange(&ch1, "before").await;
+    declare_replicated(&ch1, "grown", &[&node2]).await;
+    eventually("grown has three members", || async {
+        members_on(api[0], "grown").await.len() == 3
+    })
+    .await;
+
+    // Node 4 starts with every node in its seed list, then joins through node 2.
+    let node4 = start_node_with_api(4, &four, &secret, &root, api[3]);
+    let add = format!("4@127.0.0.1:{}", four[3]);
+    let (ok, out, err) = ctl(api[1], &["cluster", "add-node", &add]);
+    assert!(ok, "add-node: {out} {err}");
+    wait_for_exchange(&node4, "before").await;
+    eventually("four running nodes, seen from node 1", || async {
+        let nodes = api_get(api[0], "/api/nodes").await;
+        let nodes = nodes.as_array().cloned().unwrap_or_default();
+        nodes.len() == 4 && nodes.iter().all(|n| n["running"] == true)
+    })
+    .await;
+    // Changes made now reach it; new quorum queues get a member there.
+    declare_exchange(&ch1, "after").await;
+    wait_for_exchange(&node4, "after").await;
+    declare_replicated(&ch1, "wide", &[&node4]).await;
+    eventually("wide has four members", || async {
+        members_on(api[0], "wide").await.len() == 4
+    })
+    .await;
+
+    // grow and shrink over the vhost's quorum queues.
+    let (ok, out, err) = ctl(api[0], &["quorum", "grow", name4]);
+    assert!(ok && out.contains("grown: added"), "grow: {out} {err}");
+    eventually("grown has four members", || async {
+        members_on(api[0], "grown").await.len() == 4
+    })
+    .await;
+    let (ok, out, err) = ctl(api[2], &["quorum", "shrink", name4]);
+    assert!(ok && out.contains("wide: removed"), "shrink: {out} {err}");
+    eventually("three members each after the shrink", || async {
+        members_on(api[0], "grown").await.len() == 3 && members_on(api[0], "wide").await.len() == 3
+    })
+    .await;
+    let (ok, out, err) = ctl(api[0], &["quorum", "grow", name4]);
+    assert!(ok, "grow again: {out} {err}");
+    eventually("four members each again", || async {
+        members_on(api[0], "grown").await.len() == 4 && members_on(api[0], "wide").await.len() == 4
+    })
+    .await;
+
+    // Node 4 stopped and removed: it leaves the cluster and the queues' members.
+    node4.kill();
+    let (ok, out, err) = ctl(api[2], &["cluster", "remove-node", name4]);
+    assert!(ok, "remove-node: {out} {err}");
+    eventually("three nodes listed", || async {
+        api_get(api[0], "/api/nodes").await.as_array().map(Vec::len) == Some(3)
+    })
+    .await;
+    eventually("the queues lost their member on node 4", || async {
+        members_on(api[0], "grown").await.len() == 3 && members_on(api[0], "wide").await.len() == 3
+    })
+    .await;
+    let (ok, _, _) = ctl(api[0], &["cluster", "remove-node", name4]);
+    assert!(!ok, "a node no longer in the cluster");
+    // The three left commit changes as before.
+    declare_exchange(&ch1, "last").await;
+    wait_for_exchange(&node2, "last").await;
+    let _ = c1.close(200, "bye".into()).await;
+    let _ = std::fs::remove_dir_all(&root);
+}

@@ -21,7 +21,7 @@ pub(crate) const CHANGE_TIMEOUT: Duration = Duration::from_secs(120);
 
 impl QuorumQueue {
     /// Where the queue's members are now, as this member sees them.
-    pub(super) fn replicas_now(&self) -> Replicas {
+    pub(crate) fn replicas_now(&self) -> Replicas {
         let me = self.node.cfg.node_id;
         let Some(raft) = self.raft.get() else {
             return Replicas {
@@ -125,13 +125,14 @@ impl QuorumQueue {
         add: bool,
     ) -> std::result::Result<(), String> {
         let (raft, cluster) = self.raft_and_cluster()?;
-        let addr = self
-            .node
-            .members
-            .lock()
-            .get(&node)
-            .cloned()
-            .ok_or_else(|| format!("node {node} is not a node of the cluster"))?;
+        // A member is removed even from a node the cluster no longer lists (one removed
+        // from the cluster); a member is added only on a node it lists.
+        let addr = self.node.members.lock().get(&node).cloned();
+        let addr = match addr {
+            Some(a) => a,
+            None if !add => String::new(),
+            None => return Err(format!("node {node} is not a node of the cluster")),
+        };
         let voters: BTreeSet<NodeId> = raft
             .metrics()
             .borrow()
