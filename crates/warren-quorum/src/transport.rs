@@ -74,6 +74,71 @@ pub struct ClusterSettings {
     pub nodes: BTreeMap<NodeId, String>,
     /// The shared secret nodes prove to each other (never sent).
     pub secret: Vec<u8>,
+    /// Inter-node TLS (`[cluster] tls`): `None` for plain TCP.
+    pub tls: Option<ClusterTls>,
+}
+
+/// The TLS configs of inter-node connections: the accepting node's, which requires a client
+/// certificate, and the dialing node's, which presents one and checks the accepting node's
+/// certificate against the host of its address (mutual TLS, both from `[tls]`).
+#[derive(Clone)]
+pub struct ClusterTls {
+    /// For connections this node accepts.
+    pub server: Arc<rustls::ServerConfig>,
+    /// For connections this node dials.
+    pub client: Arc<rustls::ClientConfig>,
+}
+
+/// An inter-node connection: plain TCP, or TLS over it.
+enum Link {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::TlsStream<TcpStream>>),
+}
+
+impl AsyncRead for Link {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Link::Plain(s) => std::pin::Pin::new(s).poll_read(cx, buf),
+            Link::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Link {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Link::Plain(s) => std::pin::Pin::new(s).poll_write(cx, buf),
+            Link::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Link::Plain(s) => std::pin::Pin::new(s).poll_flush(cx),
+            Link::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Link::Plain(s) => std::pin::Pin::new(s).poll_shutdown(cx),
+            Link::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
 }
 
 impl std::fmt::Debug for ClusterSettings {
@@ -82,6 +147,7 @@ impl std::fmt::Debug for ClusterSettings {
             .field("node_id", &self.node_id)
             .field("nodes", &self.nodes)
             .field("secret", &"<hidden>")
+            .field("tls", &self.tls.is_some())
             .finish()
     }
 }
@@ -637,8 +703,17 @@ impl Cluster {
         }
     }
 
-    async fn accept_handshake(self: Arc<Self>, mut sock: TcpStream) -> std::io::Result<()> {
+    async fn accept_handshake(self: Arc<Self>, sock: TcpStream) -> std::io::Result<()> {
         let _ = sock.set_nodelay(true);
+        let mut sock = match &self.settings.tls {
+            None => Link::Plain(sock),
+            Some(tls) => {
+                let s = tokio_rustls::TlsAcceptor::from(tls.server.clone())
+                    .accept(sock)
+                    .await?;
+                Link::Tls(Box::new(s.into()))
+            }
+        };
         let me = self.settings.node_id;
         let Handshake::Hello {
             node: peer,
@@ -695,13 +770,23 @@ impl Cluster {
         Ok(())
     }
 
-    async fn dial_handshake(
-        self: &Arc<Self>,
-        peer: NodeId,
-        addr: &str,
-    ) -> std::io::Result<TcpStream> {
-        let mut sock = TcpStream::connect(addr).await?;
+    async fn dial_handshake(self: &Arc<Self>, peer: NodeId, addr: &str) -> std::io::Result<Link> {
+        let sock = TcpStream::connect(addr).await?;
         let _ = sock.set_nodelay(true);
+        let mut sock = match &self.settings.tls {
+            None => Link::Plain(sock),
+            Some(tls) => {
+                // The accepting node's certificate must name the host of its address.
+                let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+                let host = host.trim_start_matches('[').trim_end_matches(']');
+                let name = rustls::pki_types::ServerName::try_from(host.to_string())
+                    .map_err(|e| std::io::Error::other(format!("bad host '{host}': {e}")))?;
+                let s = tokio_rustls::TlsConnector::from(tls.client.clone())
+                    .connect(name, sock)
+                    .await?;
+                Link::Tls(Box::new(s.into()))
+            }
+        };
         let me = self.settings.node_id;
         let nonce: [u8; 32] = rand::random();
         write_frame(
@@ -804,8 +889,7 @@ impl Cluster {
     }
 
     /// Makes `sock` the connection to `peer` (closing an older one) and starts its tasks.
-    fn attach(self: &Arc<Self>, peer: NodeId, sock: TcpStream) -> Arc<Conn> {
-        let (rd, wr) = sock.into_split();
+    fn attach(self: &Arc<Self>, peer: NodeId, sock: Link) -> Arc<Conn> {
         let (out, rx) = mpsc::unbounded_channel();
         let (closed, _) = watch::channel(false);
         let conn = Arc::new(Conn {
@@ -823,8 +907,23 @@ impl Cluster {
             old.close();
             self.peer_lost(peer);
         }
-        let writer = tokio::spawn(Self::write_loop(wr, rx, conn.clone(), self.clone()));
-        let reader = tokio::spawn(self.clone().read_loop(rd, conn.clone()));
+        // Plain TCP splits without a lock; a TLS stream's halves share one.
+        let (writer, reader) = match sock {
+            Link::Plain(sock) => {
+                let (rd, wr) = sock.into_split();
+                (
+                    tokio::spawn(Self::write_loop(wr, rx, conn.clone(), self.clone())),
+                    tokio::spawn(self.clone().read_loop(rd, conn.clone())),
+                )
+            }
+            Link::Tls(sock) => {
+                let (rd, wr) = tokio::io::split(*sock);
+                (
+                    tokio::spawn(Self::write_loop(wr, rx, conn.clone(), self.clone())),
+                    tokio::spawn(self.clone().read_loop(rd, conn.clone())),
+                )
+            }
+        };
         conn.tasks
             .lock()
             .extend([writer.abort_handle(), reader.abort_handle()]);
@@ -848,8 +947,8 @@ impl Cluster {
         }
     }
 
-    async fn write_loop(
-        wr: tokio::net::tcp::OwnedWriteHalf,
+    async fn write_loop<W: AsyncWrite + Unpin + Send + 'static>(
+        wr: W,
         mut rx: mpsc::UnboundedReceiver<Bytes>,
         conn: Arc<Conn>,
         cluster: Arc<Cluster>,
@@ -875,7 +974,11 @@ impl Cluster {
         cluster.detach(&conn);
     }
 
-    async fn read_loop(self: Arc<Self>, rd: tokio::net::tcp::OwnedReadHalf, conn: Arc<Conn>) {
+    async fn read_loop<R: AsyncRead + Unpin + Send + 'static>(
+        self: Arc<Self>,
+        rd: R,
+        conn: Arc<Conn>,
+    ) {
         let mut r = tokio::io::BufReader::with_capacity(64 * 1024, rd);
         loop {
             let read = tokio::time::timeout(IDLE_LIMIT, read_frame(&mut r, MAX_FRAME)).await;

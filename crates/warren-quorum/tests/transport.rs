@@ -29,6 +29,7 @@ fn start(ls: Vec<TcpListener>, secrets: &[&str]) -> Vec<Arc<Cluster>> {
                 node_id: i as u64 + 1,
                 nodes: nodes.clone(),
                 secret: secrets[i].as_bytes().to_vec(),
+                tls: None,
             };
             Cluster::start(settings, l).unwrap()
         })

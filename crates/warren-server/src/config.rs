@@ -70,6 +70,11 @@ pub struct ClusterConfig {
     /// A file holding the shared secret (its content without surrounding whitespace, at
     /// least 16 bytes), the same on every node; readable by the broker only.
     pub secret_file: Option<PathBuf>,
+    /// Inter-node connections over mutual TLS with the `[tls]` certificate, key and CA
+    /// (RabbitMQ's inter-node TLS): each node presents its certificate and checks the other's
+    /// against `tls.ca_file`, and the dialing node checks that the certificate names the host
+    /// of the address it dialed. Default false: plain TCP (keep it on a private network).
+    pub tls: bool,
 }
 
 impl Default for ClusterConfig {
@@ -79,6 +84,7 @@ impl Default for ClusterConfig {
             listen: ListenAddr::Addr(std::net::SocketAddr::from(([0, 0, 0, 0], 25672))),
             seed_nodes: Vec::new(),
             secret_file: None,
+            tls: false,
         }
     }
 }
@@ -1142,6 +1148,14 @@ impl Config {
                     .map_or_else(|| "(unset)".to_string(), |p| p.display().to_string());
                 return bad("cluster.secret_file", &shown, &e);
             }
+            if c.tls && (!self.tls.enabled() || self.tls.ca_file.is_none()) {
+                return bad(
+                    "cluster.tls",
+                    &c.tls,
+                    "needs tls.cert_file, tls.key_file and tls.ca_file (the nodes' certificate, \
+                     its key and the CAs that sign the nodes' certificates)",
+                );
+            }
         }
         let a = &self.amqp;
         if a.frame_max < 4096 {
@@ -1560,7 +1574,7 @@ tls = false
 # This node's place in a cluster of Warren nodes; quorum queues get members on its nodes.
 # Without this section Warren runs alone. Environment: WARREN_CLUSTER_NODE_ID,
 # WARREN_CLUSTER_LISTEN, WARREN_CLUSTER_SEED_NODES (comma-separated),
-# WARREN_CLUSTER_SECRET_FILE; flags --cluster-node-id, --cluster-listen,
+# WARREN_CLUSTER_SECRET_FILE, WARREN_CLUSTER_TLS; flags --cluster-node-id, --cluster-listen,
 # --cluster-seed-nodes, --cluster-secret-file.
 # This node's id (at least 1), listed in seed_nodes.
 # node_id = 1
@@ -1571,6 +1585,9 @@ tls = false
 # The shared secret (at least 16 bytes, the same file content on every node, like
 # RabbitMQ's Erlang cookie); it is never sent, nodes prove they know it.
 # secret_file = "/etc/warren/cluster-secret"
+# Inter-node connections over mutual TLS with the [tls] certificate, key and CA; each
+# node's certificate must name the host of its seed_nodes address.
+# tls = false
 
 [auth]
 # SASL mechanisms offered to clients, of PLAIN, AMQPLAIN, EXTERNAL and ANONYMOUS
@@ -1836,6 +1853,7 @@ mod tests {
                 "cluster.secret_file",
                 "cannot read",
             ),
+            ("WARREN_CLUSTER_TLS", "true", "cluster.tls", "tls.ca_file"),
         ] {
             let mut vars: Vec<(&str, &str)> =
                 base.iter().copied().filter(|(k, _)| *k != var).collect();

@@ -53,12 +53,24 @@ fn scratch_dir() -> std::path::PathBuf {
 /// the secret file is read again here).
 fn cluster_settings(
     c: &crate::config::ClusterConfig,
+    tls: &crate::tls::TlsConfig,
 ) -> std::io::Result<warren_quorum::ClusterSettings> {
     let invalid = |key: &str, e: String| std::io::Error::other(format!("invalid {key}: {e}"));
+    let tls = if c.tls {
+        let (server, client) = crate::tls::load_cluster_configs(tls)
+            .map_err(|e| invalid("cluster.tls", e.to_string()))?;
+        Some(warren_quorum::transport::ClusterTls {
+            server: Arc::new(server),
+            client: Arc::new(client),
+        })
+    } else {
+        None
+    };
     Ok(warren_quorum::ClusterSettings {
         node_id: c.node_id,
         nodes: c.nodes().map_err(|e| invalid("cluster.seed_nodes", e))?,
         secret: c.secret().map_err(|e| invalid("cluster.secret_file", e))?,
+        tls,
     })
 }
 
@@ -202,7 +214,7 @@ impl ServerState {
         let quorum = match &config.cluster {
             None => warren_quorum::QuorumNode::new(quorum_config, runtime),
             Some(c) => {
-                let settings = cluster_settings(c)?;
+                let settings = cluster_settings(c, &config.tls)?;
                 let listener = bind_cluster(&c.listen)?;
                 warren_quorum::QuorumNode::clustered(quorum_config, runtime, settings, listener)?
             }

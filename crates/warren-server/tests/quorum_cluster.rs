@@ -1374,3 +1374,109 @@ async fn nodes_are_added_to_and_removed_from_a_running_cluster() {
     let _ = c1.close(200, "bye".into()).await;
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// A CA and, signed by it, a node certificate for 127.0.0.1 usable by both ends of a TLS
+/// connection (server and client authentication): (CA PEM, certificate PEM, key PEM).
+fn node_certificate(ca_name: &str) -> (String, String, String) {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
+        SanType,
+    };
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca = CertificateParams::default();
+    ca.distinguished_name.push(DnType::CommonName, ca_name);
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_cert = ca.self_signed(&ca_key).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let mut node = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+    node.subject_alt_names
+        .push(SanType::IpAddress("127.0.0.1".parse().unwrap()));
+    node.distinguished_name
+        .push(DnType::CommonName, "warren node");
+    node.extended_key_usages = vec![
+        ExtendedKeyUsagePurpose::ServerAuth,
+        ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    let cert = node.signed_by(&key, &ca_cert, &ca_key).unwrap();
+    (ca_cert.pem(), cert.pem(), key.serialize_pem())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_talk_over_mutual_tls() {
+    let _slot = CLUSTERS.acquire().await.expect("cluster slot");
+    let (root, secret, ports) = cluster("quorum-cluster-tls");
+    let api = [free_port(), free_port(), free_port()];
+    let good = node_certificate("cluster CA");
+    // Node 3 knows the secret but its certificate comes from another CA.
+    let rogue = node_certificate("another CA");
+    let start = |id: usize, (ca, cert, key): &(String, String, String)| {
+        let (data, mut env) = node_env(id, &ports, &secret, &root);
+        let dir = root.join(format!("tls{id}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (name, pem) in [("ca.pem", ca), ("node.pem", cert), ("node.key", key)] {
+            std::fs::write(dir.join(name), pem).unwrap();
+        }
+        let file = |n: &str| dir.join(n).to_string_lossy().into_owned();
+        env.extend([
+            ("WARREN_CLUSTER_TLS".to_string(), "true".to_string()),
+            ("WARREN_TLS_CERT_FILE".to_string(), file("node.pem")),
+            ("WARREN_TLS_KEY_FILE".to_string(), file("node.key")),
+            ("WARREN_TLS_CA_FILE".to_string(), file("ca.pem")),
+            (
+                "WARREN_TLS_LISTEN".to_string(),
+                format!("127.0.0.1:{}", free_port()),
+            ),
+        ]);
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let amqp = free_port();
+        let mgmt = format!("127.0.0.1:{}", api[id - 1]);
+        Server::start_listening(
+            &format!("127.0.0.1:{amqp}"),
+            amqp,
+            &data,
+            &env,
+            Some(&root.join(format!("node{id}.log"))),
+            &["--management-listen", mgmt.as_str()],
+        )
+    };
+    let node1 = start(1, &good);
+    let node2 = start(2, &good);
+    let _node3 = start(3, &rogue);
+
+    // Nodes 1 and 2 connect over TLS; node 3 is refused by both.
+    eventually("nodes 1 and 2 connected", || async {
+        let nodes = api_get(api[0], "/api/nodes").await;
+        nodes
+            .as_array()
+            .is_some_and(|a| a.iter().filter(|n| n["running"] == true).count() == 2)
+    })
+    .await;
+    // A quorum queue replicated between them: a publish on node 2 is forwarded to the
+    // leader on node 1, and consumed there.
+    let c1 = node1.connect().await;
+    let ch1 = c1.create_channel().await.unwrap();
+    declare_replicated(&ch1, "tls-q", &[&node2]).await;
+    eventually("tls-q has members on nodes 1 and 2", || async {
+        members_on(api[0], "tls-q").await.len() == 2
+    })
+    .await;
+    let c2 = node2.connect().await;
+    let ch2 = c2.create_channel().await.unwrap();
+    ch2.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    publish_confirmed(&ch2, "tls-q", (0..20).map(|i| format!("m{i}"))).await;
+    wait_count(&node1, "tls-q", 20).await;
+    let nodes = api_get(api[1], "/api/nodes").await;
+    let node3 = nodes
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["name"] == "warren-3@127.0.0.1")
+        .cloned()
+        .unwrap();
+    assert_eq!(node3["running"], false, "{nodes}");
+    let _ = c1.close(200, "bye".into()).await;
+    let _ = c2.close(200, "bye".into()).await;
+    let _ = std::fs::remove_dir_all(&root);
+}

@@ -68,6 +68,48 @@ pub fn load_server_config(
     Ok(config)
 }
 
+/// The TLS configs of inter-node connections (`[cluster] tls`), from the `[tls]` files: the
+/// accepting side requires a client certificate signed by a CA of `ca_file` (whatever
+/// `verify_peer` says: nodes always check each other), the dialing side presents the same
+/// certificate and key and accepts a server certificate signed by a CA of `ca_file` that
+/// names the host it dialed. TLS 1.2 and 1.3.
+///
+/// Errors: as [`load_server_config`]; [`TlsError::Settings`] without `ca_file`.
+pub fn load_cluster_configs(
+    settings: &TlsConfig,
+) -> Result<(ServerConfig, rustls::ClientConfig), TlsError> {
+    let Some(ca_path) = &settings.ca_file else {
+        return Err(TlsError::Settings(
+            "cluster.tls needs tls.ca_file (the CAs that sign the nodes' certificates)".into(),
+        ));
+    };
+    let mutual = TlsConfig {
+        verify_peer: true,
+        fail_if_no_peer_cert: true,
+        ..settings.clone()
+    };
+    let server = load_server_config(&mutual, &[])?;
+    let (Some(cert_path), Some(key_path)) = (&settings.cert_file, &settings.key_file) else {
+        return Err(TlsError::Settings(
+            "cluster.tls needs tls.cert_file and tls.key_file".into(),
+        ));
+    };
+    let provider = crypto_provider();
+    let ca_certs = read_certs("ca_file", ca_path)?;
+    let mut roots = RootCertStore::empty();
+    for c in &ca_certs {
+        roots
+            .add(c.clone())
+            .map_err(|e| invalid("ca_file", ca_path, format!("not a usable CA: {e}")))?;
+    }
+    let certified = certified_key(cert_path, key_path, &ca_certs, &provider)?;
+    let client = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(certified.cert.clone(), read_key(key_path)?)?;
+    Ok((server, client))
+}
+
 /// The certificate chain of `cert_path`, completed from `ca_certs`, with the private key of
 /// `key_path`, checked to belong together.
 fn certified_key(

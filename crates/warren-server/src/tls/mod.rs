@@ -53,7 +53,9 @@ mod settings;
 
 #[cfg(unix)]
 pub use acceptor::reload_on_sighup;
-pub use acceptor::{crypto_provider, load_server_config, TlsAcceptorHandle, TlsSessionInfo};
+pub use acceptor::{
+    crypto_provider, load_cluster_configs, load_server_config, TlsAcceptorHandle, TlsSessionInfo,
+};
 pub use cert_login::{cert_login_name, issuer_dn, subject_dn, CertLoginError, CertLoginFrom};
 pub use error::TlsError;
 pub use settings::{TlsArgs, TlsConfig};
