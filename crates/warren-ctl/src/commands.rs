@@ -511,6 +511,17 @@ pub enum HealthCheck {
     BelowNodeConnectionLimit,
     /// No queue would lose its quorum if this node stopped.
     NodeIsQuorumCritical,
+    /// Every quorum queue with a member on this node knows its leader: those of the vhost,
+    /// or of every vhost with --all-vhosts; --pattern keeps the queues whose name matches
+    /// (a regular expression, as RabbitMQ's).
+    QuorumQueuesWithoutElectedLeaders {
+        /// Every vhost, not only the one of --vhost.
+        #[arg(long)]
+        all_vhosts: bool,
+        /// Only queues whose name matches this regular expression.
+        #[arg(long)]
+        pattern: Option<String>,
+    },
     /// No certificate of a TLS listener expires within WITHIN UNITs (days, weeks, months,
     /// years).
     CertificateExpiration { within: u32, unit: String },
@@ -731,6 +742,21 @@ impl Ctx<'_> {
                     }
                     HealthCheck::NodeIsQuorumCritical => {
                         "/api/health/checks/node-is-quorum-critical".to_string()
+                    }
+                    HealthCheck::QuorumQueuesWithoutElectedLeaders {
+                        all_vhosts,
+                        pattern,
+                    } => {
+                        let base = "/api/health/checks/quorum-queues-without-elected-leaders";
+                        let scope = if *all_vhosts {
+                            format!("{base}/all-vhosts")
+                        } else {
+                            format!("{base}/vhost/{}", self.v())
+                        };
+                        match pattern {
+                            Some(p) => format!("{scope}/pattern/{}", seg(p)),
+                            None => scope,
+                        }
                     }
                     HealthCheck::CertificateExpiration { within, unit } => format!(
                         "/api/health/checks/certificate-expiration/{within}/{}",

@@ -38,6 +38,8 @@ pub struct RemoteConsumer {
     pub prefetch: u16,
     /// Consumer priority (`x-priority`).
     pub priority: i64,
+    /// basic.consume's exclusive: no other consumer may use the queue while it exists.
+    pub exclusive: bool,
 }
 
 /// One message handed to a remote consumer or a remote basic.get.
@@ -89,6 +91,10 @@ pub trait GroupServer: Send + Sync + 'static {
     /// queue.purge for a client of another node: the number of ready messages dropped.
     /// Errors: this node does not lead.
     fn purge(&self) -> Result<u32, String>;
+    /// May a client of another node add a consumer (`exclusive` or not) now, given every
+    /// consumer of the queue, on any node? Errors: the queue is in exclusive use (or would
+    /// be: an exclusive consumer while there are others), or this node does not lead.
+    fn check_consume(&self, exclusive: bool) -> Result<(), String>;
     /// The connection to node `peer` dropped: its consumers are gone, and what was handed to
     /// them comes back.
     fn peer_lost(&self, peer: NodeId);

@@ -260,6 +260,14 @@ pub enum Request {
         /// The group's first members.
         members: Vec<(NodeId, String)>,
     },
+    /// May a client of the sender add a consumer (`exclusive` or not) to group `group`'s
+    /// queue, whose leader is the answering node? Answered with [`Response::Done`].
+    CheckConsume {
+        /// The group's key.
+        group: String,
+        /// basic.consume's exclusive.
+        exclusive: bool,
+    },
     /// queue.purge of group `group`'s queue for a client of the sender.
     Purge {
         /// The group's key.
@@ -1067,6 +1075,16 @@ impl Cluster {
                 }
                 Wire::Request {
                     id,
+                    body: Request::CheckConsume { group, exclusive },
+                } => {
+                    let r = match self.server(&group) {
+                        Some(s) => s.check_consume(exclusive),
+                        None => Err("no such quorum queue on this node".into()),
+                    };
+                    conn.answer(id, Response::Done(r));
+                }
+                Wire::Request {
+                    id,
                     body: Request::Get { group, no_ack },
                 } => {
                     let r = match self.server(&group) {
@@ -1137,6 +1155,7 @@ impl Cluster {
             Request::Subscribe { .. } => Response::Subscribed(Err("not handled".into())),
             Request::Get { .. } => Response::Got(Err("not handled".into())),
             Request::Purge { .. } => Response::Purged(Err("not handled".into())),
+            Request::CheckConsume { .. } => Response::Done(Err("not handled".into())),
             Request::DeleteMember { vhost, name } => {
                 Response::Done(self.delete_member_here(vhost, name).await)
             }

@@ -746,6 +746,14 @@ async fn overview_health_checks_and_read_only_lists() {
         &["health-check", "ready-to-serve-clients"],
         &["health-check", "below-node-connection-limit"],
         &["health-check", "node-is-quorum-critical"],
+        &["health-check", "quorum-queues-without-elected-leaders"],
+        &[
+            "health-check",
+            "quorum-queues-without-elected-leaders",
+            "--all-vhosts",
+            "--pattern",
+            "^orders",
+        ],
         // No TLS listener: no certificate to expire.
         &["health-check", "certificate-expiration", "4", "weeks"],
     ] {

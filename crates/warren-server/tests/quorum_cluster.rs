@@ -1480,3 +1480,87 @@ async fn nodes_talk_over_mutual_tls() {
     let _ = c2.close(200, "bye".into()).await;
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// basic.consume on a new channel of `conn`: the channel and its consumer (dropping the
+/// consumer cancels it), or the channel's close reply text.
+async fn try_consume(
+    conn: &lapin::Connection,
+    q: &str,
+    tag: &str,
+    exclusive: bool,
+) -> Result<(lapin::Channel, lapin::Consumer), String> {
+    let ch = conn.create_channel().await.expect("channel");
+    match within(
+        "basic.consume",
+        ch.basic_consume(
+            q.into(),
+            tag.into(),
+            BasicConsumeOptions {
+                exclusive,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        ),
+    )
+    .await
+    {
+        Ok(consumer) => Ok((ch, consumer)),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exclusive_consumers_count_on_every_node() {
+    let _slot = CLUSTERS.acquire().await.expect("cluster slot");
+    let (root, secret, ports) = cluster("quorum-cluster-exclusive");
+    let (node1, node2, node3) = three_nodes(&ports, &secret, &root);
+    let c1 = node1.connect().await;
+    let ch1 = c1.create_channel().await.unwrap();
+    declare_replicated(&ch1, "excl", &[&node2, &node3]).await;
+    let c2 = node2.connect().await;
+    let c3 = node3.connect().await;
+
+    // An exclusive consumer on node 2 (node 1 leads) keeps consumers off every node.
+    let ch2 = try_consume(&c2, "excl", "only", true)
+        .await
+        .expect("exclusive on node 2");
+    // (The consumer reaches the leader's node just after consume-ok.)
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let refused = loop {
+        match try_consume(&c3, "excl", "other", false).await {
+            Err(e) => break e,
+            Ok((ch, _)) => {
+                let _ = ch.close(200, "bye".into()).await;
+                assert!(Instant::now() < deadline, "never refused on node 3");
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(refused.contains("in exclusive use"), "{refused}");
+    eventually("the leader's node refuses too", || async {
+        try_consume(&c1, "excl", "leader", false).await.is_err()
+    })
+    .await;
+    // Once it is cancelled, others may consume; an exclusive one is then refused.
+    ch2.0
+        .basic_cancel("only".into(), Default::default())
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let kept = loop {
+        match try_consume(&c3, "excl", "other", false).await {
+            Ok(ch) => break ch,
+            Err(e) => assert!(Instant::now() < deadline, "never a consumer on node 3: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    eventually("an exclusive consumer on node 2 is refused", || async {
+        try_consume(&c2, "excl", "again", true).await.is_err()
+    })
+    .await;
+    drop(kept);
+    for c in [c1, c2, c3] {
+        let _ = c.close(200, "bye".into()).await;
+    }
+    let _ = std::fs::remove_dir_all(&root);
+}

@@ -143,6 +143,13 @@ impl QueueBackend for QuorumQueue {
     fn mark_stalled(&self, _at: u64) {}
 
     fn add_consumer(&self, consumer: Consumer) -> Result<()> {
+        // Consumers on other nodes count too: the leader's node knows them all.
+        if !self.check_consume_at_leader(consumer.exclusive) {
+            return Err(BrokerError::access_refused(format!(
+                "{} in exclusive use",
+                self.resource_name()
+            )));
+        }
         let mut st = self.inner.lock();
         if st.deleted {
             return Err(BrokerError::not_found(format!(

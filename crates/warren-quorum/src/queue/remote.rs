@@ -142,6 +142,21 @@ impl QuorumQueue {
         }
     }
 
+    /// Whether a consumer (`exclusive` or not) may be added on a member that does not lead,
+    /// given the consumers of every node, which the leader's node knows: false when it may
+    /// not. Allowed when no other node is known to lead or its node cannot be asked (the
+    /// member's own consumers are checked anyway).
+    pub(super) fn check_consume_at_leader(&self, exclusive: bool) -> bool {
+        let req = Request::CheckConsume {
+            group: self.key.clone(),
+            exclusive,
+        };
+        match self.call_leader(req) {
+            Some(Response::Done(Err(e))) => e != EXCLUSIVE_USE,
+            _ => true,
+        }
+    }
+
     /// basic.get on a member that does not lead: the leader's node hands out the message.
     /// None when the queue is empty or the leader's node cannot be asked.
     pub(super) fn get_from_leader(&self, no_ack: bool) -> Option<(QueuedMessage, u32)> {
@@ -258,6 +273,7 @@ impl QuorumQueue {
                     no_ack: c.c.no_ack,
                     prefetch: c.c.prefetch,
                     priority: c.priority,
+                    exclusive: c.c.exclusive,
                 })
                 .collect();
             let sub = &mut st.subscription;
@@ -329,6 +345,9 @@ impl QuorumQueue {
     }
 }
 
+/// The leader's answer when a consumer would break an exclusive use.
+const EXCLUSIVE_USE: &str = "in exclusive use";
+
 impl GroupServer for QuorumQueue {
     fn subscribe(
         &self,
@@ -372,7 +391,7 @@ impl GroupServer for QuorumQueue {
                     rc.tag.into(),
                     target,
                     rc.no_ack,
-                    false,
+                    rc.exclusive,
                     rc.prefetch,
                     FieldTable::new(),
                 );
@@ -459,6 +478,17 @@ impl GroupServer for QuorumQueue {
     fn purge(&self) -> std::result::Result<u32, String> {
         self.purge_here()
             .ok_or_else(|| "this node does not lead the queue".to_string())
+    }
+
+    fn check_consume(&self, exclusive: bool) -> std::result::Result<(), String> {
+        let st = self.inner.lock();
+        if !st.leading() {
+            return Err("this node does not lead the queue".into());
+        }
+        if st.consumers.iter().any(|c| c.c.exclusive) || (exclusive && !st.consumers.is_empty()) {
+            return Err(EXCLUSIVE_USE.into());
+        }
+        Ok(())
     }
 
     fn change_member(&self, node: NodeId, add: bool) -> crate::remote::MemberChange {
