@@ -36,11 +36,24 @@ pub trait MetadataReplicator: Send + Sync {
 /// vhost.
 pub type ReplicatorSlot = Arc<OnceLock<Arc<dyn MetadataReplicator>>>;
 
-/// Whether a replicated topology command is applied on this node: queues are never created or
-/// removed by replication, and a binding to a queue only where that queue exists.
+/// Whether a replicated topology command is applied by [`crate::VHost::apply_replicated`]:
+/// queues are not (the metadata group puts and removes the queues that live on other nodes,
+/// see [`crate::VHost::put_remote_queue`]), and a binding to a queue only where that queue
+/// exists.
 pub(crate) fn replicated_kind(c: &TopologyCommand) -> bool {
     !matches!(
         c,
         TopologyCommand::PutQueue { .. } | TopologyCommand::RemoveQueue { .. }
     )
+}
+
+/// Whether a durable topology command is handed to the cluster: everything but the queues
+/// of a kind that replicates itself (quorum queues start their members on other nodes).
+pub(crate) fn sent_to_cluster(c: &TopologyCommand) -> bool {
+    match c {
+        TopologyCommand::PutQueue { arguments, .. } => {
+            crate::queue::queue_type(arguments).is_none_or(|t| t == "classic")
+        }
+        _ => true,
+    }
 }

@@ -462,6 +462,14 @@ impl Httpmq {
         name: &str,
     ) -> Result<Arc<Queue>, Reply> {
         match vhost.queue(name, HTTPMQ_CONNECTION) {
+            // Positions are kept by the node that holds the queue: puts go there.
+            Ok(q) if q.owner_node().is_some() => {
+                warn!(
+                    queue = name,
+                    "httpmq put: the queue is held by another node of the cluster; put it there"
+                );
+                return Err(Reply::text("HTTPMQ_PUT_ERROR"));
+            }
             Ok(q) => return Ok(q),
             Err(e) if e.code != 404 => return Err(Reply::text("HTTPMQ_PUT_ERROR")),
             Err(_) => {}

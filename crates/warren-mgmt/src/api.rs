@@ -296,6 +296,9 @@ fn queue_json(app: &App, q: &QueueInfo, ranges: &Ranges) -> Value {
     if let Some(r) = &q.replicas {
         crate::cluster::replicas_json(app, r, &mut v);
     }
+    if let Some(owner) = q.owner_node {
+        v["node"] = Value::from(crate::cluster::node_name(app, owner));
+    }
     app.rates.lengths(&mut v, &key, ranges);
     v
 }

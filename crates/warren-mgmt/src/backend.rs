@@ -269,6 +269,8 @@ pub struct QueueInfo {
     pub ident: usize,
     /// Where its replicas are (quorum queues).
     pub replicas: Option<warren_broker::Replicas>,
+    /// The cluster node that holds it, for a classic queue held by another node.
+    pub owner_node: Option<u64>,
 }
 
 /// A queue's counters and lengths for the rate sampler.
@@ -1560,5 +1562,6 @@ fn queue_info(q: &Arc<warren_broker::Queue>) -> QueueInfo {
         memory: q.memory(),
         ident: Arc::as_ptr(q) as *const () as usize,
         replicas: q.replicas(),
+        owner_node: q.owner_node(),
     }
 }

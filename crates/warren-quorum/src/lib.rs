@@ -32,6 +32,7 @@ pub mod machine;
 pub mod metadata;
 pub mod network;
 pub mod node;
+pub mod proxy;
 pub mod queue;
 pub mod remote;
 pub mod state;

@@ -226,6 +226,7 @@ impl MetadataGroup {
         } else {
             read_applied(&applied_path)
         };
+        self.restore_proxies(&store, applied);
         let sm = MetaMachine {
             group: Arc::downgrade(&self),
             applied,
@@ -370,14 +371,124 @@ impl MetadataGroup {
         };
         match change {
             Change::Topology { vhost, commands } => {
+                let elsewhere = origin != self.node.cfg.node_id;
+                let v = broker.vhost(&vhost);
+                if let (true, Some(v)) = (elsewhere, &v) {
+                    for c in &commands {
+                        if let TopologyCommand::PutQueue {
+                            name,
+                            auto_delete,
+                            arguments,
+                        } = c
+                        {
+                            if is_classic(arguments) {
+                                self.put_proxy(v, origin, name, *auto_delete, arguments.clone());
+                            }
+                        }
+                    }
+                }
                 let n = broker.apply_replicated_topology(&vhost, &commands);
                 debug!(%vhost, origin, applied = n, "replicated definitions change applied");
+                if let (true, Some(v)) = (elsewhere, &v) {
+                    for c in &commands {
+                        if let TopologyCommand::RemoveQueue { name } = c {
+                            remove_classic(v, name);
+                        }
+                    }
+                }
             }
             Change::Access { json } => {
                 if let Err(e) = broker.apply_replicated_access(&json) {
                     warn!(origin, error = %e, "replicated access-control database not applied");
                 }
             }
+        }
+    }
+
+    /// Puts the proxy of classic queue `name` of `v`, held by node `owner`, unless a queue of
+    /// that name is there (see [`crate::proxy`]).
+    fn put_proxy(
+        &self,
+        v: &warren_broker::VHost,
+        owner: NodeId,
+        name: &str,
+        auto_delete: bool,
+        arguments: FieldTable,
+    ) {
+        let Some(cluster) = self.node.cluster() else {
+            return;
+        };
+        if v.queue(name, 0).is_ok() {
+            return;
+        }
+        let proxy = crate::proxy::ClassicProxy::new(
+            cluster.clone(),
+            self.node.runtime.clone(),
+            owner,
+            &v.name,
+            name,
+            auto_delete,
+            arguments,
+        );
+        let q: Arc<warren_broker::Queue> = proxy.clone();
+        if !v.put_remote_queue(q) {
+            use warren_broker::queue::QueueBackend;
+            let _ = proxy.mark_deleted();
+        }
+    }
+
+    /// Puts again, at start, the proxies of the classic queues other nodes hold, as the
+    /// applied entries of the log (through `last`) leave them.
+    fn restore_proxies(&self, store: &LogStore, last: Option<LogId<NodeId>>) {
+        let Some(last) = last else { return };
+        let Some(broker) = self.broker.upgrade() else {
+            return;
+        };
+        let me = self.node.cfg.node_id;
+        // (vhost, name) -> (owner, auto-delete, arguments) of a proxy, or none.
+        let mut held: BTreeMap<(String, String), Option<ProxySpec>> = BTreeMap::new();
+        for e in store.entries_through(last.index) {
+            let EntryPayload::Normal(batch) = e.payload else {
+                continue;
+            };
+            for c in batch.0 {
+                let Command::Meta(b) = c else { continue };
+                let Ok((origin, _, Change::Topology { vhost, commands })) = decode_change(&b)
+                else {
+                    continue;
+                };
+                for c in commands {
+                    match c {
+                        TopologyCommand::PutQueue {
+                            name,
+                            auto_delete,
+                            arguments,
+                        } if is_classic(&arguments) => {
+                            let proxy = (origin != me).then_some((origin, auto_delete, arguments));
+                            held.insert((vhost.clone(), name), proxy);
+                        }
+                        TopologyCommand::RemoveQueue { name } => {
+                            held.insert((vhost.clone(), name), None);
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+        let mut restored = 0usize;
+        for ((vhost, name), proxy) in held {
+            let (Some((owner, auto_delete, arguments)), Some(v)) = (proxy, broker.vhost(&vhost))
+            else {
+                continue;
+            };
+            self.put_proxy(&v, owner, &name, auto_delete, arguments);
+            restored += 1;
+        }
+        if restored > 0 {
+            info!(
+                queues = restored,
+                "classic queues of other nodes reachable from here"
+            );
         }
     }
 
@@ -499,6 +610,27 @@ impl MetadataGroup {
                 info!(node = id, "node removed from the cluster");
                 Ok(())
             }
+        }
+    }
+}
+
+/// A proxy to put: owner node, auto-delete, arguments.
+type ProxySpec = (NodeId, bool, FieldTable);
+
+/// A classic queue's arguments (no `x-queue-type`, or `classic`).
+fn is_classic(arguments: &FieldTable) -> bool {
+    warren_broker::queue::queue_type(arguments).is_none_or(|t| t == "classic")
+}
+
+/// A classic queue deleted on another node: its proxy here goes; held here, it is deleted
+/// (its proxy was deleted there). Quorum queues are left to their own group.
+fn remove_classic(v: &warren_broker::VHost, name: &str) {
+    let Ok(q) = v.queue(name, 0) else { return };
+    if q.owner_node().is_some() {
+        v.remove_remote_queue(name);
+    } else if q.kind() == "classic" && q.exclusive_owner().is_none() {
+        if let Err(e) = v.delete_queue(name, false, false, 0) {
+            warn!(queue = name, error = %e.text, "a classic queue deleted on another node stays");
         }
     }
 }

@@ -71,6 +71,16 @@ pub enum Cast {
         /// The message.
         delivery: RemoteMessage,
     },
+    /// Settlements of a classic queue's deliveries to consumer `consumer` (0: basic.get) of
+    /// the sending node (see [`crate::proxy`]).
+    Settle {
+        /// The queue's key.
+        group: String,
+        /// The consumer's id on the sending node.
+        consumer: u64,
+        /// (message key, requeue, rejected) each.
+        settlements: Vec<(u64, bool, bool)>,
+    },
 }
 
 /// What the transport calls on a node's member of a group for the requests above.
@@ -158,7 +168,10 @@ mod tests {
             term,
             consumer,
             delivery,
-        } = postcard::from_bytes(&raw).unwrap();
+        } = postcard::from_bytes(&raw).unwrap()
+        else {
+            panic!("not a delivery")
+        };
         assert_eq!((group.as_str(), term, consumer), ("/\u{1f}q", 3, 7));
         assert_eq!((delivery.key, delivery.redelivered), (42, true));
         assert_eq!(&delivery.message.0.body[..], b"body");

@@ -109,6 +109,16 @@ impl LogStore {
         })
     }
 
+    /// The entries held, up to index `last` included, in order.
+    pub fn entries_through(&self, last: u64) -> Vec<Entry<TypeConfig>> {
+        self.held
+            .lock()
+            .entries
+            .range(..=last)
+            .map(|(_, e)| e.clone())
+            .collect()
+    }
+
     /// Forgets the group in the shared log (its queue was deleted).
     pub fn drop_group(&self) {
         self.log.drop_group(&self.group, None);

@@ -163,6 +163,10 @@ pub trait MemberHost: Send + Sync + 'static {
     /// Deletes quorum queue `name` of `vhost` on this node (missing is success). Errors: the
     /// refusal's text.
     fn delete_member(&self, vhost: &str, name: &str) -> Result<(), String>;
+    /// The broker, for the classic queues held here that other nodes use.
+    fn broker(&self) -> Option<Arc<warren_broker::Broker>> {
+        None
+    }
 }
 
 /// Handshake messages.
@@ -268,6 +272,21 @@ pub enum Request {
         /// basic.consume's exclusive.
         exclusive: bool,
     },
+    /// Enqueue `message`, published on the sender and routed to classic queue `group` held
+    /// by the answering node. Handled in arrival order; answered with
+    /// [`Response::Proposed`] once the queue holds it (on disk when persistent).
+    ClassicPublish {
+        /// The queue's key.
+        group: String,
+        /// The message.
+        message: crate::remote::WireMessage,
+    },
+    /// The message counts of classic queue `group` held by the answering node; answered
+    /// with [`Response::Counts`].
+    ClassicCounts {
+        /// The queue's key.
+        group: String,
+    },
     /// queue.purge of group `group`'s queue for a client of the sender.
     Purge {
         /// The group's key.
@@ -317,6 +336,8 @@ pub enum Response {
     Got(Result<Option<(RemoteMessage, u32)>, String>),
     /// Result of a [`Request::Purge`]: the messages purged.
     Purged(Result<u32, String>),
+    /// Result of a [`Request::ClassicCounts`]: ready, unacknowledged, consumers.
+    Counts(Result<(u32, u32, u32), String>),
 }
 
 /// A frame after the handshake.
@@ -393,6 +414,10 @@ pub struct Cluster {
     nodes: Mutex<BTreeMap<NodeId, String>>,
     /// The metadata group, which serves node additions and removals.
     metadata: OnceLock<Weak<crate::metadata::MetadataGroup>>,
+    /// Servers of the classic queues held here that other nodes use, by key.
+    classic: Mutex<HashMap<String, Arc<crate::proxy::ClassicServer>>>,
+    /// This cluster end, for what it hands out.
+    myself: Weak<Cluster>,
     conns: Mutex<HashMap<NodeId, Arc<Conn>>>,
     attached: watch::Sender<u64>,
     groups: Mutex<HashMap<String, Raft<TypeConfig>>>,
@@ -495,9 +520,11 @@ impl Cluster {
         let listener = TcpListener::from_std(listener)?;
         let (stop, _) = watch::channel(false);
         let (attached, _) = watch::channel(0);
-        let c = Arc::new(Cluster {
+        let c = Arc::new_cyclic(|myself| Cluster {
+            myself: myself.clone(),
             nodes: Mutex::new(settings.nodes.clone()),
             metadata: OnceLock::new(),
+            classic: Mutex::new(HashMap::new()),
             settings,
             conns: Mutex::new(HashMap::new()),
             attached,
@@ -621,7 +648,48 @@ impl Cluster {
     }
 
     fn server(&self, key: &str) -> Option<Arc<dyn GroupServer>> {
-        self.servers.lock().get(key).and_then(Weak::upgrade)
+        if let Some(s) = self.servers.lock().get(key).and_then(Weak::upgrade) {
+            return Some(s);
+        }
+        self.classic_server(key).map(|s| s as Arc<dyn GroupServer>)
+    }
+
+    /// The server of classic queue `key` held here, made when first asked (see
+    /// [`crate::proxy`]); `None` when this node holds no such classic queue.
+    fn classic_server(&self, key: &str) -> Option<Arc<crate::proxy::ClassicServer>> {
+        let mut classic = self.classic.lock();
+        if let Some(s) = classic.get(key) {
+            if !s.queue().is_deleted() {
+                return Some(s.clone());
+            }
+            classic.remove(key);
+        }
+        let (vhost, name) = crate::proxy::split_key(key)?;
+        let broker = self.host.get()?.broker()?;
+        let q = broker.vhost(vhost)?.queue(name, 0).ok()?;
+        if q.kind() != "classic" || q.owner_node().is_some() || q.exclusive_owner().is_some() {
+            return None;
+        }
+        let s = crate::proxy::ClassicServer::new(self.myself.clone(), key, q);
+        classic.insert(key.to_string(), s.clone());
+        Some(s)
+    }
+
+    /// Registers the proxy of a classic queue another node holds, which receives that node's
+    /// deliveries for `key`.
+    pub(crate) fn register_proxy(&self, key: &str, proxy: Weak<dyn GroupServer>) {
+        self.servers.lock().insert(key.to_string(), proxy);
+    }
+
+    /// Forgets the proxy `p` of `key` (unless another took the key since).
+    pub(crate) fn unregister_proxy(&self, key: &str, p: *const crate::proxy::ClassicProxy) {
+        let mut servers = self.servers.lock();
+        if servers
+            .get(key)
+            .is_some_and(|w| std::ptr::addr_eq(w.as_ptr(), p))
+        {
+            servers.remove(key);
+        }
     }
 
     /// Deletes this node's member of queue `name` of `vhost` (its queue, locally: the other
@@ -665,12 +733,18 @@ impl Cluster {
 
     /// Tells every group server that the connection to `peer` is gone.
     fn peer_lost(&self, peer: NodeId) {
-        let servers: Vec<Arc<dyn GroupServer>> = self
+        let mut servers: Vec<Arc<dyn GroupServer>> = self
             .servers
             .lock()
             .values()
             .filter_map(Weak::upgrade)
             .collect();
+        servers.extend(
+            self.classic
+                .lock()
+                .values()
+                .map(|s| s.clone() as Arc<dyn GroupServer>),
+        );
         for s in servers {
             s.peer_lost(peer);
         }
@@ -1038,6 +1112,51 @@ impl Cluster {
                 }
                 // Handled here, in arrival order: a subscription replaces the one before, and
                 // deliveries keep the leader's order.
+                Wire::Cast(Cast::Settle {
+                    group,
+                    consumer,
+                    settlements,
+                }) => {
+                    if let Some(s) = self.classic_server(&group) {
+                        s.settle(conn.peer, consumer, settlements);
+                    }
+                }
+                Wire::Request {
+                    id,
+                    body: Request::ClassicPublish { group, message },
+                } => {
+                    // Enqueued here, in the order they arrived; answered once held.
+                    let server = self.classic_server(&group);
+                    let broker = self.host.get().and_then(|h| h.broker());
+                    match (server, broker) {
+                        (Some(s), Some(b)) => {
+                            let answer = conn.clone();
+                            let done = warren_store::once(move |ok| {
+                                let r = if ok {
+                                    Ok(())
+                                } else {
+                                    Err("not enqueued".to_string())
+                                };
+                                answer.answer(id, Response::Proposed(r));
+                            });
+                            s.publish(&b, message.0, done);
+                        }
+                        _ => conn.answer(
+                            id,
+                            Response::Proposed(Err("no such classic queue on this node".into())),
+                        ),
+                    }
+                }
+                Wire::Request {
+                    id,
+                    body: Request::ClassicCounts { group },
+                } => {
+                    let r = match self.classic_server(&group) {
+                        Some(s) => Ok(s.counts()),
+                        None => Err("no such classic queue on this node".into()),
+                    };
+                    conn.answer(id, Response::Counts(r));
+                }
                 Wire::Cast(Cast::Deliver {
                     group,
                     term,
@@ -1156,6 +1275,8 @@ impl Cluster {
             Request::Get { .. } => Response::Got(Err("not handled".into())),
             Request::Purge { .. } => Response::Purged(Err("not handled".into())),
             Request::CheckConsume { .. } => Response::Done(Err("not handled".into())),
+            Request::ClassicPublish { .. } => Response::Proposed(Err("not handled".into())),
+            Request::ClassicCounts { .. } => Response::Counts(Err("not handled".into())),
             Request::DeleteMember { vhost, name } => {
                 Response::Done(self.delete_member_here(vhost, name).await)
             }

@@ -126,6 +126,10 @@ impl warren_quorum::MemberHost for MemberHost {
             .map_err(|e| e.text)
     }
 
+    fn broker(&self) -> Option<Arc<warren_broker::Broker>> {
+        self.0.upgrade()
+    }
+
     fn delete_member(&self, vhost: &str, name: &str) -> Result<(), String> {
         let broker = self.0.upgrade().ok_or("the broker is stopping")?;
         let Some(vh) = broker.vhost(vhost) else {

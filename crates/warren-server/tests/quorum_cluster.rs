@@ -1564,3 +1564,190 @@ async fn exclusive_consumers_count_on_every_node() {
     }
     let _ = std::fs::remove_dir_all(&root);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn classic_queues_are_reachable_from_every_node() {
+    let _slot = CLUSTERS.acquire().await.expect("cluster slot");
+    let (root, secret, ports) = cluster("quorum-cluster-classic");
+    let (node1, node2, node3) = three_nodes(&ports, &secret, &root);
+
+    // A durable classic queue and its binding, declared on node 1, which holds it.
+    let c1 = node1.connect().await;
+    let ch1 = c1.create_channel().await.unwrap();
+    within(
+        "exchange.declare",
+        ch1.exchange_declare(
+            "cx".into(),
+            lapin::ExchangeKind::Direct,
+            lapin::options::ExchangeDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .unwrap();
+    declare_classic(&ch1, "cq").await;
+    within(
+        "queue.bind",
+        ch1.queue_bind(
+            "cq".into(),
+            "cx".into(),
+            "k".into(),
+            Default::default(),
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .unwrap();
+    wait_count(&node3, "cq", 0).await;
+    wait_count(&node2, "cq", 0).await;
+
+    // Publishes on node 3 are confirmed once node 1 holds them.
+    let c3 = node3.connect().await;
+    let ch3 = c3.create_channel().await.unwrap();
+    ch3.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    eventually("the binding routes on node 3", || {
+        let ch3 = ch3.clone();
+        async move {
+            let confirm = ch3
+                .basic_publish(
+                    "cx".into(),
+                    "k".into(),
+                    BasicPublishOptions {
+                        mandatory: true,
+                        ..Default::default()
+                    },
+                    b"probe",
+                    persistent(),
+                )
+                .await
+                .unwrap()
+                .await
+                .unwrap();
+            confirm.is_ack() && confirm.take_message().is_none()
+        }
+    })
+    .await;
+    let mut confirms = Vec::new();
+    for i in 0..50 {
+        confirms.push(
+            ch3.basic_publish(
+                "cx".into(),
+                "k".into(),
+                BasicPublishOptions::default(),
+                format!("m{i}").as_bytes(),
+                persistent(),
+            )
+            .await
+            .unwrap(),
+        );
+    }
+    for c in confirms {
+        assert!(within("confirm", c).await.unwrap().is_ack());
+    }
+    wait_count(&node1, "cq", 51).await;
+
+    // A consumer on node 2 gets them in order; its acks reach node 1.
+    let c2 = node2.connect().await;
+    let ch2 = c2.create_channel().await.unwrap();
+    ch2.basic_qos(10, BasicQosOptions::default()).await.unwrap();
+    let mut consumer = ch2
+        .basic_consume(
+            "cq".into(),
+            "c2".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let (first, _) = next_delivery(&mut consumer, true).await;
+    assert_eq!(first, "probe");
+    for i in 0..50 {
+        let (body, redelivered) = next_delivery(&mut consumer, true).await;
+        assert_eq!(
+            (body.as_str(), redelivered),
+            (format!("m{i}").as_str(), false)
+        );
+    }
+    wait_count(&node1, "cq", 0).await;
+
+    // Unacked deliveries come back when the consuming channel closes, flagged redelivered;
+    // basic.get on node 3 takes one, and its nack puts it back.
+    ch3.basic_publish(
+        "cx".into(),
+        "k".into(),
+        BasicPublishOptions::default(),
+        b"again",
+        persistent(),
+    )
+    .await
+    .unwrap()
+    .await
+    .unwrap();
+    let (body, _) = next_delivery(&mut consumer, false).await;
+    assert_eq!(body, "again");
+    ch2.close(200, "bye".into()).await.unwrap();
+    wait_count(&node1, "cq", 1).await;
+    let got = within(
+        "basic.get",
+        ch3.basic_get("cq".into(), lapin::options::BasicGetOptions::default()),
+    )
+    .await
+    .unwrap()
+    .expect("a message");
+    assert_eq!(&got.delivery.data[..], b"again");
+    assert!(got.delivery.redelivered);
+    got.delivery
+        .nack(lapin::options::BasicNackOptions {
+            requeue: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    wait_count(&node1, "cq", 1).await;
+
+    // Node 3, restarted, still reaches the queue; a delete on node 2 deletes it everywhere.
+    drop((ch3, c3));
+    node3.kill();
+    let node3 = start_node(3, &ports, &secret, &root);
+    wait_count(&node3, "cq", 1).await;
+    let c2 = node2.connect().await;
+    let ch2 = c2.create_channel().await.unwrap();
+    let deleted = within(
+        "queue.delete",
+        ch2.queue_delete("cq".into(), Default::default()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(deleted, 1);
+    for n in [&node1, &node3] {
+        eventually("the queue is gone", || async {
+            count_on(n, "cq").await.is_none()
+        })
+        .await;
+    }
+    let _ = c1.close(200, "bye".into()).await;
+    let _ = c2.close(200, "bye".into()).await;
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// Declares durable classic queue `q` on `ch`.
+async fn declare_classic(ch: &lapin::Channel, q: &str) {
+    within(
+        "queue.declare",
+        ch.queue_declare(
+            q.into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .expect("classic queue declared");
+}

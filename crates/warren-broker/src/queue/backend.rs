@@ -308,6 +308,12 @@ pub trait QueueBackend: Send + Sync + std::fmt::Debug {
     fn peek_position(&self, pos: u64) -> Option<Bytes>;
 
     /// Where the queue's replicas are; `None` for a queue that is not replicated (classic).
+    /// The cluster node that holds this queue, for a queue that lives on another node and is
+    /// reached from here (a classic queue declared elsewhere); `None` for a queue held here.
+    fn owner_node(&self) -> Option<u64> {
+        None
+    }
+
     fn replicas(&self) -> Option<super::Replicas> {
         None
     }

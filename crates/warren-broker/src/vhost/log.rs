@@ -528,7 +528,7 @@ impl VHost {
     fn replicated(commands: &[TopologyCommand]) -> Vec<TopologyCommand> {
         commands
             .iter()
-            .filter(|c| crate::replica::replicated_kind(c))
+            .filter(|c| crate::replica::sent_to_cluster(c))
             .cloned()
             .collect()
     }

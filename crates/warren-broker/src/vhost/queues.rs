@@ -256,6 +256,69 @@ impl VHost {
         Ok(finish_queue_delete(&q))
     }
 
+    /// Puts `q`, a queue that lives on another node of the cluster (its
+    /// [`crate::queue::QueueBackend::owner_node`] is set), under its name, so that declares,
+    /// bindings, publishes, consumers and gets here reach it. Nothing is written here: the
+    /// cluster's metadata holds it. Returns false when a queue of that name exists already.
+    pub fn put_remote_queue(&self, q: Arc<Queue>) -> bool {
+        let mut topo = self.topology.write();
+        if topo.queues.contains_key(q.name()) {
+            return false;
+        }
+        q.apply_policy(topo.policies.applied(q.name(), Target::Queue(q.kind())));
+        topo.queues.insert(q.name().to_string(), q);
+        true
+    }
+
+    /// Removes queue `name` with its bindings when it lives on another node (see
+    /// [`VHost::put_remote_queue`]): its consumers here are cancelled. Returns it, or `None`
+    /// when there is no such queue or it is held here.
+    pub fn remove_remote_queue(&self, name: &str) -> Option<Arc<Queue>> {
+        let q = {
+            let mut topo = self.topology.write();
+            let q = topo.queues.get(name).cloned()?;
+            q.owner_node()?;
+            let mut undo = Undo::default();
+            topo.remove_queue(name, &mut undo);
+            q
+        };
+        finish_queue_delete(&q);
+        Some(q)
+    }
+
+    /// Enqueues `msg` (published on another node of the cluster, already routed there) on
+    /// queue `name` held here, writing it to the store when it is persistent and the queue
+    /// durable; `waiter` is completed once it is on disk (or at once).
+    ///
+    /// Errors: 404 when there is no such queue here; the store refusing writes.
+    pub fn enqueue_forwarded(
+        &self,
+        name: &str,
+        msg: Arc<crate::message::Message>,
+        waiter: Option<(Arc<dyn crate::Completion>, u64)>,
+    ) -> std::result::Result<super::Published, super::PublishError> {
+        let q = self
+            .topology
+            .read()
+            .queues
+            .get(name)
+            .cloned()
+            .ok_or_else(|| self.no_queue(name))?;
+        if q.rejects_publish(&msg) {
+            if let Some((sink, token)) = waiter {
+                sink.complete(&[token], false);
+            }
+            return Ok(super::Published {
+                routed: true,
+                queues: 1,
+                stored: false,
+                pressured: None,
+                rejected: true,
+            });
+        }
+        self.enqueue(msg, vec![q], waiter, false, true)
+    }
+
     /// Deletes `queue` if it is still the one registered under its name (auto-delete after the
     /// last consumer, exclusive queues when their connection closes).
     pub fn remove_queue(&self, queue: &Arc<Queue>) {

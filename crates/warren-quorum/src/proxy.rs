@@ -1,0 +1,1048 @@
+//! Classic queues across the nodes of a cluster: a classic queue lives on the node that
+//! declared it (its owner) and is reached from every other node, as in RabbitMQ.
+//!
+//! The cluster's metadata group carries a durable classic queue's declare and delete (see
+//! [`crate::metadata`]); every other node puts a [`ClassicProxy`] under its name, so that
+//! declares (with RabbitMQ's equivalence checks), bindings and routing work there as for a
+//! local queue. What the proxy is asked goes to the owner's node:
+//! - a publish routed to it is sent in order over the inter-node connection
+//!   ([`Request::ClassicPublish`]) and enqueued by the owner, which writes a persistent message
+//!   to its store; the publisher's confirm waits for the owner's answer (after the fsync);
+//! - its consumers are registered with the owner's node, as a quorum queue's follower does with
+//!   the leader ([`Request::Subscribe`]); the owner's queue treats them as its own consumers
+//!   (ordering, prefetch, priorities, exclusive use) and sends each delivery over the
+//!   connection ([`Cast::Deliver`]); the client's ack, nack or reject goes back
+//!   ([`Cast::Settle`]);
+//! - basic.get, queue.purge and the message counts are asked of the owner's node.
+//!
+//! On the owner, a [`ClassicServer`] per queue serves those requests. When the connection
+//! between the two nodes drops, the owner returns what it had handed to that node (redelivered)
+//! and forgets its consumers; the proxy registers them again when the connection is back.
+//! While the owner's node is down, publishes to its queues are refused (basic.nack) and gets
+//! find nothing, as RabbitMQ's classic queues are unavailable while their node is down.
+
+use crate::remote::{Cast, GroupServer, MemberChange, RemoteConsumer, RemoteMessage, WireMessage};
+use crate::transport::{Cluster, Request, Response};
+use bytes::Bytes;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+use tracing::debug;
+use warren_amqp::table::{FieldTable, FieldValue};
+use warren_broker::args::QueueArgs;
+use warren_broker::dead_letter::DeadLetter;
+use warren_broker::policy::Applied;
+use warren_broker::queue::{
+    DeliveryTarget, PagedSettlement, Positions, QueueBackend, QueueCounts, Settlement,
+};
+use warren_broker::registry::QueueStats;
+use warren_broker::{BrokerError, Consumer, Message, Queue, QueuedMessage, Result};
+use warren_store::spill::SpillEntry;
+use warren_store::{Completion, Location, Store};
+
+type NodeId = u64;
+
+/// Channel keys of the owner's stand-ins for other nodes' channels: far above the broker's.
+static NEXT_CHANNEL_KEY: AtomicU64 = AtomicU64::new(1 << 62);
+
+/// How long a request to the owner's node may take.
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long the message counts asked of the owner's node are reused.
+const COUNTS_FRESH: Duration = Duration::from_millis(500);
+
+/// The answer when a consumer would break an exclusive use (as the quorum queues').
+const EXCLUSIVE_USE: &str = "in exclusive use";
+
+/// Splits a group key into vhost and queue name.
+pub(crate) fn split_key(key: &str) -> Option<(&str, &str)> {
+    key.split_once('\u{1f}')
+}
+
+// ---- on the owner's node ----------------------------------------------------------------
+
+/// A delivered message not yet settled by the other node.
+struct Outstanding {
+    message: QueuedMessage,
+    tag: Option<Arc<str>>,
+}
+
+/// The owner's stand-in for one consumer (or the basic.gets) of another node: the queue
+/// delivers to it as to a channel.
+struct RemoteChannel {
+    cluster: Weak<Cluster>,
+    peer: NodeId,
+    group: String,
+    /// The consumer's id on the other node (0: basic.get).
+    consumer: u64,
+    key: u64,
+    out: Mutex<HashMap<u64, Outstanding>>,
+}
+
+impl RemoteChannel {
+    fn new(cluster: Weak<Cluster>, peer: NodeId, group: &str, consumer: u64) -> Arc<Self> {
+        Arc::new(RemoteChannel {
+            cluster,
+            peer,
+            group: group.to_string(),
+            consumer,
+            key: NEXT_CHANNEL_KEY.fetch_add(1, Ordering::Relaxed),
+            out: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Everything outstanding, to be requeued.
+    fn take_all(&self) -> Vec<Settlement> {
+        self.out
+            .lock()
+            .drain()
+            .map(|(_, o)| Settlement {
+                consumer_tag: o.tag,
+                message: o.message,
+                requeue: true,
+                rejected: false,
+            })
+            .collect()
+    }
+}
+
+impl DeliveryTarget for RemoteChannel {
+    fn channel_key(&self) -> u64 {
+        self.key
+    }
+
+    fn deliver(
+        &self,
+        _queue: &Arc<Queue>,
+        consumer_tag: &Arc<str>,
+        no_ack: bool,
+        msg: QueuedMessage,
+    ) -> std::result::Result<(), QueuedMessage> {
+        let Some(cluster) = self.cluster.upgrade() else {
+            return Err(msg);
+        };
+        let delivery = RemoteMessage {
+            key: msg.seq,
+            redelivered: msg.redelivered,
+            message: WireMessage(msg.message.clone()),
+        };
+        let seq = msg.seq;
+        if !no_ack {
+            self.out.lock().insert(
+                seq,
+                Outstanding {
+                    message: msg.clone(),
+                    tag: Some(consumer_tag.clone()),
+                },
+            );
+        }
+        let cast = Cast::Deliver {
+            group: self.group.clone(),
+            term: 0,
+            consumer: self.consumer,
+            delivery,
+        };
+        if cluster.cast(self.peer, cast) {
+            Ok(())
+        } else {
+            self.out.lock().remove(&seq);
+            Err(msg)
+        }
+    }
+
+    fn cancelled_by_broker(&self, _consumer_tag: &Arc<str>) {
+        // The queue was deleted: its delete reaches the other nodes through the metadata.
+    }
+}
+
+/// What the owner keeps for one other node.
+struct PeerState {
+    /// Its consumers: id -> (stand-in, tag).
+    consumers: HashMap<u64, (Arc<RemoteChannel>, Arc<str>)>,
+    /// Stand-ins of cancelled consumers whose deliveries are not all settled yet.
+    retired: Vec<Arc<RemoteChannel>>,
+    /// Its basic.gets.
+    gets: Arc<RemoteChannel>,
+}
+
+/// Serves a classic queue held on this node to the other nodes' proxies of it.
+pub struct ClassicServer {
+    cluster: Weak<Cluster>,
+    group: String,
+    queue: Arc<Queue>,
+    peers: Mutex<HashMap<NodeId, PeerState>>,
+}
+
+impl ClassicServer {
+    /// The server of `queue` (held here) under group key `group`.
+    pub(crate) fn new(cluster: Weak<Cluster>, group: &str, queue: Arc<Queue>) -> Arc<Self> {
+        Arc::new(ClassicServer {
+            cluster,
+            group: group.to_string(),
+            queue,
+            peers: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The queue it serves.
+    pub(crate) fn queue(&self) -> &Arc<Queue> {
+        &self.queue
+    }
+
+    fn peer<'a>(
+        &self,
+        peers: &'a mut HashMap<NodeId, PeerState>,
+        peer: NodeId,
+    ) -> &'a mut PeerState {
+        peers.entry(peer).or_insert_with(|| PeerState {
+            consumers: HashMap::new(),
+            retired: Vec::new(),
+            gets: RemoteChannel::new(self.cluster.clone(), peer, &self.group, 0),
+        })
+    }
+
+    /// Settlements from node `peer` for its consumer `consumer` (0: its basic.gets): `(key,
+    /// requeue, rejected)` each; keys it does not hold are ignored.
+    pub(crate) fn settle(&self, peer: NodeId, consumer: u64, items: Vec<(u64, bool, bool)>) {
+        let channel = {
+            let mut peers = self.peers.lock();
+            let Some(p) = peers.get_mut(&peer) else {
+                return;
+            };
+            let ch = if consumer == 0 {
+                Some(p.gets.clone())
+            } else {
+                p.consumers
+                    .get(&consumer)
+                    .map(|(c, _)| c.clone())
+                    .or_else(|| p.retired.iter().find(|c| c.consumer == consumer).cloned())
+            };
+            p.retired.retain(|c| !c.out.lock().is_empty());
+            ch
+        };
+        let Some(ch) = channel else { return };
+        let settlements: Vec<Settlement> = {
+            let mut out = ch.out.lock();
+            items
+                .into_iter()
+                .filter_map(|(key, requeue, rejected)| {
+                    out.remove(&key).map(|o| Settlement {
+                        consumer_tag: o.tag,
+                        message: o.message,
+                        requeue,
+                        rejected,
+                    })
+                })
+                .collect()
+        };
+        if !settlements.is_empty() {
+            self.queue.settle_with(&self.queue, ch.key, settlements);
+        }
+    }
+
+    /// The queue's counts: ready, unacknowledged, consumers.
+    pub(crate) fn counts(&self) -> (u32, u32, u32) {
+        let c = self.queue.counts();
+        (c.ready, c.unacked, c.consumers)
+    }
+
+    /// Enqueues `msg`, published on another node, through `host`'s vhost: `done` learns
+    /// whether it is held (on disk when persistent).
+    pub(crate) fn publish(
+        &self,
+        broker: &warren_broker::Broker,
+        msg: Arc<Message>,
+        done: Arc<dyn Completion>,
+    ) {
+        let Some(vhost) = broker.vhost(self.queue.vhost()) else {
+            done.complete(&[0], false);
+            return;
+        };
+        match vhost.enqueue_forwarded(self.queue.name(), msg, Some((done.clone(), 0))) {
+            Ok(p) if p.rejected => {}
+            Ok(p) if !p.stored => done.complete(&[0], true),
+            Ok(_) => {}
+            Err(e) => {
+                debug!(queue = %self.queue.name(), error = %e, "forwarded publish refused");
+                done.complete(&[0], false);
+            }
+        }
+    }
+}
+
+impl GroupServer for ClassicServer {
+    fn subscribe(
+        &self,
+        peer: NodeId,
+        _term: u64,
+        consumers: Vec<RemoteConsumer>,
+    ) -> std::result::Result<(), String> {
+        if self.queue.is_deleted() {
+            return Err("the queue is deleted".into());
+        }
+        let mut refused = None;
+        {
+            let mut peers = self.peers.lock();
+            let p = self.peer(&mut peers, peer);
+            let wanted: HashMap<u64, &RemoteConsumer> =
+                consumers.iter().map(|c| (c.id, c)).collect();
+            let gone: Vec<u64> = p
+                .consumers
+                .keys()
+                .filter(|id| !wanted.contains_key(id))
+                .copied()
+                .collect();
+            for id in gone {
+                if let Some((ch, tag)) = p.consumers.remove(&id) {
+                    self.queue.remove_consumer(ch.key, &tag);
+                    // Its deliveries stay the other node's until settled (or the link drops).
+                    p.retired.push(ch);
+                }
+            }
+            for rc in consumers {
+                if p.consumers.contains_key(&rc.id) {
+                    continue;
+                }
+                let ch = RemoteChannel::new(self.cluster.clone(), peer, &self.group, rc.id);
+                let mut args = FieldTable::new();
+                if rc.priority != 0 {
+                    args.insert("x-priority", FieldValue::I64(rc.priority));
+                }
+                let tag: Arc<str> = rc.tag.as_str().into();
+                let c = Consumer::new(
+                    tag.clone(),
+                    ch.clone(),
+                    rc.no_ack,
+                    rc.exclusive,
+                    rc.prefetch,
+                    args,
+                );
+                match self.queue.add_consumer(c) {
+                    Ok(()) => {
+                        p.consumers.insert(rc.id, (ch, tag));
+                    }
+                    Err(e) => refused = Some(e.text),
+                }
+            }
+        }
+        self.queue.dispatch();
+        match refused {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    fn deliver(&self, _peer: NodeId, _term: u64, _consumer: u64, _delivery: RemoteMessage) {}
+
+    fn get(
+        &self,
+        peer: NodeId,
+        no_ack: bool,
+    ) -> std::result::Result<Option<(RemoteMessage, u32)>, String> {
+        let Some((qm, left)) = self.queue.get(no_ack) else {
+            return Ok(None);
+        };
+        let delivery = RemoteMessage {
+            key: qm.seq,
+            redelivered: qm.redelivered,
+            message: WireMessage(qm.message.clone()),
+        };
+        if !no_ack {
+            let mut peers = self.peers.lock();
+            let p = self.peer(&mut peers, peer);
+            p.gets.out.lock().insert(
+                qm.seq,
+                Outstanding {
+                    message: qm,
+                    tag: None,
+                },
+            );
+        }
+        Ok(Some((delivery, left)))
+    }
+
+    fn purge(&self) -> std::result::Result<u32, String> {
+        Ok(self.queue.purge())
+    }
+
+    fn check_consume(&self, exclusive: bool) -> std::result::Result<(), String> {
+        if exclusive && self.queue.counts().consumers > 0 {
+            return Err(EXCLUSIVE_USE.into());
+        }
+        Ok(())
+    }
+
+    fn peer_lost(&self, peer: NodeId) {
+        let Some(p) = self.peers.lock().remove(&peer) else {
+            return;
+        };
+        let mut channels: Vec<Arc<RemoteChannel>> = p.retired;
+        for (_, (ch, tag)) in p.consumers {
+            self.queue.remove_consumer(ch.key, &tag);
+            channels.push(ch);
+        }
+        channels.push(p.gets);
+        for ch in channels {
+            let settlements = ch.take_all();
+            if !settlements.is_empty() {
+                self.queue.settle_with(&self.queue, ch.key, settlements);
+            }
+        }
+    }
+
+    fn change_member(&self, _node: NodeId, _add: bool) -> MemberChange {
+        Box::pin(async { Err("a classic queue has no members".to_string()) })
+    }
+}
+
+// ---- on the other nodes -----------------------------------------------------------------
+
+struct ProxyConsumer {
+    c: Consumer,
+    id: u64,
+}
+
+#[derive(Default)]
+struct ProxyState {
+    consumers: Vec<ProxyConsumer>,
+    next_id: u64,
+    /// Bumped whenever the consumers change.
+    version: u64,
+    /// (connection generation, version) the owner's node took last.
+    sent: Option<(u64, u64)>,
+    pending: bool,
+    /// Which consumer each unsettled delivery went to: (channel key, key) -> consumer id.
+    delivered: HashMap<(u64, u64), u64>,
+    /// A task watches the connection while there are consumers.
+    watching: bool,
+}
+
+/// A classic queue held by another node, as this node's vhosts see it.
+pub struct ClassicProxy {
+    myself: Weak<ClassicProxy>,
+    cluster: Arc<Cluster>,
+    runtime: tokio::runtime::Handle,
+    owner: NodeId,
+    name: String,
+    vhost: String,
+    key: String,
+    auto_delete: bool,
+    arguments: FieldTable,
+    args: parking_lot::RwLock<Arc<QueueArgs>>,
+    applied: parking_lot::RwLock<Arc<Applied>>,
+    inner: Mutex<ProxyState>,
+    order: Mutex<()>,
+    stats: QueueStats,
+    deleted: AtomicBool,
+    sweep_mark: AtomicBool,
+    deliveries: AtomicU64,
+    counts: Mutex<(QueueCounts, Option<Instant>, bool)>,
+}
+
+impl std::fmt::Debug for ClassicProxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClassicProxy")
+            .field("vhost", &self.vhost)
+            .field("name", &self.name)
+            .field("owner", &self.owner)
+            .finish()
+    }
+}
+
+impl ClassicProxy {
+    /// The proxy of classic queue `name` of `vhost`, held by node `owner`, and registered to
+    /// receive the owner's deliveries.
+    pub fn new(
+        cluster: Arc<Cluster>,
+        runtime: tokio::runtime::Handle,
+        owner: NodeId,
+        vhost: &str,
+        name: &str,
+        auto_delete: bool,
+        arguments: FieldTable,
+    ) -> Arc<ClassicProxy> {
+        let key = crate::node::group_key(vhost, name);
+        let resource = format!("queue '{name}' in vhost '{vhost}'");
+        let args = QueueArgs::parse(&resource, &arguments).unwrap_or_default();
+        let p = Arc::new_cyclic(|me| ClassicProxy {
+            myself: me.clone(),
+            cluster: cluster.clone(),
+            runtime,
+            owner,
+            name: name.to_string(),
+            vhost: vhost.to_string(),
+            key: key.clone(),
+            auto_delete,
+            arguments,
+            args: parking_lot::RwLock::new(Arc::new(args)),
+            applied: parking_lot::RwLock::new(Arc::default()),
+            inner: Mutex::new(ProxyState {
+                next_id: 1,
+                ..ProxyState::default()
+            }),
+            order: Mutex::new(()),
+            stats: QueueStats::default(),
+            deleted: AtomicBool::new(false),
+            sweep_mark: AtomicBool::new(false),
+            deliveries: AtomicU64::new(0),
+            counts: Mutex::new((QueueCounts::default(), None, false)),
+        });
+        let server: Arc<dyn GroupServer> = p.clone();
+        cluster.register_proxy(&key, Arc::downgrade(&server));
+        p
+    }
+
+    /// A request to the owner's node, waited for on this (worker) thread; `None` when the
+    /// node cannot be asked.
+    fn call_owner(&self, req: Request) -> Option<Response> {
+        let handle = tokio::runtime::Handle::try_current().ok()?;
+        if handle.runtime_flavor() != tokio::runtime::RuntimeFlavor::MultiThread {
+            return None;
+        }
+        let call = self
+            .cluster
+            .call(self.owner, req, Duration::ZERO, CALL_TIMEOUT);
+        match tokio::task::block_in_place(|| handle.block_on(call)) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                debug!(queue = %self.name, owner = self.owner, error = %e, "the queue's node did not answer");
+                None
+            }
+        }
+    }
+
+    /// Sends settlements of consumer `consumer` (0: basic.get) to the owner's node.
+    fn send_settle(&self, consumer: u64, items: Vec<(u64, bool, bool)>) {
+        if items.is_empty() {
+            return;
+        }
+        let cast = Cast::Settle {
+            group: self.key.clone(),
+            consumer,
+            settlements: items,
+        };
+        if !self.cluster.cast(self.owner, cast) {
+            debug!(queue = %self.name, owner = self.owner, "settlements not sent: the queue's node is not connected (it returns the messages)");
+        }
+    }
+
+    /// Tells the owner's node this node's consumers when they changed since it last took
+    /// them, or the connection to it is new.
+    fn sync_subscription(&self) {
+        let Some(generation) = self.cluster.generation(self.owner) else {
+            return;
+        };
+        let (consumers, want) = {
+            let mut st = self.inner.lock();
+            if self.deleted.load(Ordering::Acquire) || st.pending {
+                return;
+            }
+            let want = (generation, st.version);
+            if st.sent == Some(want) {
+                return;
+            }
+            let consumers: Vec<RemoteConsumer> = st
+                .consumers
+                .iter()
+                .map(|c| RemoteConsumer {
+                    id: c.id,
+                    tag: c.c.tag.to_string(),
+                    no_ack: c.c.no_ack,
+                    prefetch: c.c.prefetch,
+                    priority: c
+                        .c
+                        .arguments
+                        .get("x-priority")
+                        .and_then(|v| v.as_i64())
+                        .unwrap_or(0),
+                    exclusive: c.c.exclusive,
+                })
+                .collect();
+            if consumers.is_empty() && st.sent.is_none_or(|s| s.0 != generation) {
+                st.sent = Some(want);
+                return;
+            }
+            st.pending = true;
+            (consumers, want)
+        };
+        let Some(me) = self.myself.upgrade() else {
+            return;
+        };
+        self.runtime.spawn(async move {
+            let req = Request::Subscribe {
+                group: me.key.clone(),
+                term: 0,
+                consumers,
+            };
+            let r = me
+                .cluster
+                .call(me.owner, req, Duration::ZERO, CALL_TIMEOUT)
+                .await;
+            let ok = matches!(r, Ok(Response::Subscribed(Ok(()))));
+            {
+                let mut st = me.inner.lock();
+                st.pending = false;
+                if ok {
+                    st.sent = Some(want);
+                } else {
+                    debug!(queue = %me.name, answer = ?r, "consumers not registered at the queue's node");
+                }
+            }
+            if ok {
+                me.sync_subscription();
+            }
+        });
+    }
+
+    /// While there are consumers, registers them again whenever the connection to the owner's
+    /// node is new (checked twice a second).
+    fn watch(&self) {
+        {
+            let mut st = self.inner.lock();
+            if st.watching {
+                return;
+            }
+            st.watching = true;
+        }
+        let Some(me) = self.myself.upgrade() else {
+            return;
+        };
+        self.runtime.spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                {
+                    let mut st = me.inner.lock();
+                    if me.deleted.load(Ordering::Acquire) || st.consumers.is_empty() {
+                        st.watching = false;
+                        break;
+                    }
+                }
+                me.sync_subscription();
+            }
+        });
+    }
+
+    fn refresh_counts(&self) {
+        {
+            let mut c = self.counts.lock();
+            if c.2 {
+                return;
+            }
+            c.2 = true;
+        }
+        let Some(me) = self.myself.upgrade() else {
+            return;
+        };
+        self.runtime.spawn(async move {
+            let req = Request::ClassicCounts {
+                group: me.key.clone(),
+            };
+            let r = me
+                .cluster
+                .call(me.owner, req, Duration::ZERO, CALL_TIMEOUT)
+                .await;
+            let mut c = me.counts.lock();
+            c.2 = false;
+            if let Ok(Response::Counts(Ok((ready, unacked, consumers)))) = r {
+                c.0 = QueueCounts {
+                    ready,
+                    unacked,
+                    consumers,
+                };
+                c.1 = Some(Instant::now());
+            }
+        });
+    }
+}
+
+impl GroupServer for ClassicProxy {
+    fn subscribe(
+        &self,
+        _peer: NodeId,
+        _term: u64,
+        _consumers: Vec<RemoteConsumer>,
+    ) -> std::result::Result<(), String> {
+        Err("this node does not hold the queue".into())
+    }
+
+    fn deliver(&self, peer: NodeId, _term: u64, consumer: u64, delivery: RemoteMessage) {
+        if peer != self.owner {
+            return;
+        }
+        let Some(me) = self.myself.upgrade() else {
+            return;
+        };
+        let this: Arc<Queue> = me;
+        let qm = QueuedMessage {
+            seq: delivery.key,
+            message: delivery.message.0,
+            redelivered: delivery.redelivered,
+            stored: None,
+            expires_at: None,
+        };
+        let key = qm.seq;
+        let mut st = self.inner.lock();
+        let Some(c) = st.consumers.iter().find(|c| c.id == consumer) else {
+            drop(st);
+            self.send_settle(consumer, vec![(key, true, false)]);
+            return;
+        };
+        let (channel, no_ack) = (c.c.target.channel_key(), c.c.no_ack);
+        match c.c.target.deliver(&this, &c.c.tag, no_ack, qm) {
+            Ok(()) => {
+                self.deliveries.fetch_add(1, Ordering::Relaxed);
+                if !no_ack {
+                    st.delivered.insert((channel, key), consumer);
+                }
+            }
+            Err(_) => {
+                drop(st);
+                // The channel cannot take it now (its own prefetch, flow): it goes back.
+                self.send_settle(consumer, vec![(key, true, false)]);
+            }
+        }
+    }
+
+    fn get(
+        &self,
+        _peer: NodeId,
+        _no_ack: bool,
+    ) -> std::result::Result<Option<(RemoteMessage, u32)>, String> {
+        Err("this node does not hold the queue".into())
+    }
+
+    fn purge(&self) -> std::result::Result<u32, String> {
+        Err("this node does not hold the queue".into())
+    }
+
+    fn check_consume(&self, _exclusive: bool) -> std::result::Result<(), String> {
+        Err("this node does not hold the queue".into())
+    }
+
+    fn peer_lost(&self, peer: NodeId) {
+        if peer == self.owner {
+            // The owner returns what it handed out; the consumers register again.
+            let mut st = self.inner.lock();
+            st.sent = None;
+            st.delivered.clear();
+        }
+    }
+
+    fn change_member(&self, _node: NodeId, _add: bool) -> MemberChange {
+        Box::pin(async { Err("a classic queue has no members".to_string()) })
+    }
+}
+
+impl QueueBackend for ClassicProxy {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn vhost(&self) -> &str {
+        &self.vhost
+    }
+    fn kind(&self) -> &'static str {
+        "classic"
+    }
+    fn durable(&self) -> bool {
+        true
+    }
+    fn exclusive_owner(&self) -> Option<u64> {
+        None
+    }
+    fn auto_delete(&self) -> bool {
+        self.auto_delete
+    }
+    fn arguments(&self) -> &FieldTable {
+        &self.arguments
+    }
+    fn store_key(&self) -> &str {
+        &self.key
+    }
+    fn store(&self) -> Option<&Store> {
+        None
+    }
+    fn args(&self) -> Arc<QueueArgs> {
+        self.args.read().clone()
+    }
+    fn applied_policy(&self) -> Arc<Applied> {
+        self.applied.read().clone()
+    }
+    fn apply_policy(&self, applied: Applied) -> bool {
+        *self.applied.write() = Arc::new(applied);
+        false
+    }
+    fn enforce_limits(&self) {}
+    fn enqueue_order(&self) -> parking_lot::MutexGuard<'_, ()> {
+        self.order.lock()
+    }
+    fn rejects_publish(&self, _msg: &Message) -> bool {
+        false
+    }
+    fn enqueue(
+        &self,
+        this: &Arc<Queue>,
+        message: Arc<Message>,
+        seq: u64,
+        _stored: Option<Location>,
+    ) -> (bool, Vec<DeadLetter>) {
+        self.enqueue_confirmed(this, message, seq, None)
+    }
+    fn confirms_publishes(&self) -> bool {
+        true
+    }
+    fn enqueue_confirmed(
+        &self,
+        _this: &Arc<Queue>,
+        message: Arc<Message>,
+        _seq: u64,
+        waiter: Option<(Arc<dyn Completion>, u64)>,
+    ) -> (bool, Vec<DeadLetter>) {
+        let fail = |waiter: Option<(Arc<dyn Completion>, u64)>| {
+            if let Some((sink, token)) = waiter {
+                sink.complete(&[token], false);
+            }
+        };
+        if self.deleted.load(Ordering::Acquire) {
+            fail(waiter);
+            return (false, Vec::new());
+        }
+        self.stats.publish.fetch_add(1, Ordering::Relaxed);
+        // Sent now, in the order of the publishes; answered once the owner holds it.
+        let req = Request::ClassicPublish {
+            group: self.key.clone(),
+            message: WireMessage(message),
+        };
+        match self.cluster.send_now(self.owner, req) {
+            Ok(pending) => {
+                self.runtime.spawn(async move {
+                    let ok = matches!(
+                        pending.wait(CALL_TIMEOUT).await,
+                        Ok(Response::Proposed(Ok(())))
+                    );
+                    if let Some((sink, token)) = waiter {
+                        sink.complete(&[token], ok);
+                    }
+                });
+            }
+            Err(e) => {
+                debug!(queue = %self.name, owner = self.owner, error = %e, "publish to a queue whose node is not reachable refused");
+                fail(waiter);
+            }
+        }
+        (false, Vec::new())
+    }
+    fn dead_letter(&self, _dead: Vec<DeadLetter>) {}
+    fn is_pressured(&self) -> bool {
+        false
+    }
+    fn stalled_at(&self) -> Option<u64> {
+        None
+    }
+    fn mark_stalled(&self, _at: u64) {}
+
+    fn add_consumer(&self, consumer: Consumer) -> Result<()> {
+        if self.deleted.load(Ordering::Acquire) {
+            return Err(BrokerError::not_found(format!(
+                "no {}",
+                self.resource_name()
+            )));
+        }
+        let req = Request::CheckConsume {
+            group: self.key.clone(),
+            exclusive: consumer.exclusive,
+        };
+        if let Some(Response::Done(Err(e))) = self.call_owner(req) {
+            if e == EXCLUSIVE_USE {
+                return Err(BrokerError::access_refused(format!(
+                    "{} in exclusive use",
+                    self.resource_name()
+                )));
+            }
+        }
+        {
+            let mut st = self.inner.lock();
+            if st.consumers.iter().any(|c| c.c.exclusive)
+                || (consumer.exclusive && !st.consumers.is_empty())
+            {
+                return Err(BrokerError::access_refused(format!(
+                    "{} in exclusive use",
+                    self.resource_name()
+                )));
+            }
+            let id = st.next_id;
+            st.next_id += 1;
+            st.consumers.push(ProxyConsumer { c: consumer, id });
+            st.version += 1;
+        }
+        self.sync_subscription();
+        self.watch();
+        Ok(())
+    }
+
+    fn remove_consumer(&self, channel_key: u64, tag: &str) -> bool {
+        {
+            let mut st = self.inner.lock();
+            st.consumers
+                .retain(|c| !(c.c.target.channel_key() == channel_key && &*c.c.tag == tag));
+            st.version += 1;
+        }
+        self.sync_subscription();
+        false
+    }
+
+    fn dispatch_with(&self, _this: &Arc<Queue>) {}
+
+    fn touch(&self) {}
+
+    fn get(&self, no_ack: bool) -> Option<(QueuedMessage, u32)> {
+        let req = Request::Get {
+            group: self.key.clone(),
+            no_ack,
+        };
+        match self.call_owner(req)? {
+            Response::Got(Ok(Some((m, left)))) => Some((
+                QueuedMessage {
+                    seq: m.key,
+                    message: m.message.0,
+                    redelivered: m.redelivered,
+                    stored: None,
+                    expires_at: None,
+                },
+                left,
+            )),
+            _ => None,
+        }
+    }
+
+    fn settle_with(&self, _this: &Arc<Queue>, channel_key: u64, settlements: Vec<Settlement>) {
+        let mut by_consumer: HashMap<u64, Vec<(u64, bool, bool)>> = HashMap::new();
+        {
+            let mut st = self.inner.lock();
+            for s in settlements {
+                let key = s.message.seq;
+                let consumer = match &s.consumer_tag {
+                    None => 0,
+                    Some(_) => match st.delivered.remove(&(channel_key, key)) {
+                        Some(id) => id,
+                        // Delivered before the link to the owner was lost: returned there.
+                        None => continue,
+                    },
+                };
+                if s.consumer_tag.is_none() {
+                    st.delivered.remove(&(channel_key, key));
+                }
+                by_consumer
+                    .entry(consumer)
+                    .or_default()
+                    .push((key, s.requeue, s.rejected));
+            }
+        }
+        for (consumer, items) in by_consumer {
+            self.send_settle(consumer, items);
+        }
+    }
+
+    fn unacked_window(&self) -> Option<(usize, usize)> {
+        None
+    }
+    fn page_out(&self, _qm: &QueuedMessage) -> Option<SpillEntry> {
+        None
+    }
+    fn settle_paged_with(
+        &self,
+        this: &Arc<Queue>,
+        channel_key: u64,
+        settlements: Vec<PagedSettlement>,
+    ) {
+        // Never paged out (unacked_window is None).
+        let _ = (this, channel_key, settlements);
+    }
+
+    fn purge(&self) -> u32 {
+        let req = Request::Purge {
+            group: self.key.clone(),
+        };
+        match self.call_owner(req) {
+            Some(Response::Purged(Ok(n))) => n,
+            _ => 0,
+        }
+    }
+
+    fn mark_deleted(&self) -> (u32, Vec<Consumer>) {
+        // queue.delete-ok's message count: the owner's (which deletes the queue once the
+        // delete reaches it through the metadata).
+        let req = Request::ClassicCounts {
+            group: self.key.clone(),
+        };
+        let ready = match self.call_owner(req) {
+            Some(Response::Counts(Ok((ready, _, _)))) => ready,
+            _ => self.counts.lock().0.ready,
+        };
+        self.deleted.store(true, Ordering::Release);
+        self.cluster.unregister_proxy(&self.key, self);
+        let consumers = {
+            let mut st = self.inner.lock();
+            st.delivered.clear();
+            st.consumers.drain(..).map(|c| c.c).collect()
+        };
+        (ready, consumers)
+    }
+    fn is_deleted(&self) -> bool {
+        self.deleted.load(Ordering::Acquire)
+    }
+    fn sweep(&self) -> bool {
+        self.sync_subscription();
+        false
+    }
+    fn needs_sweep(&self) -> bool {
+        false
+    }
+    fn sweep_mark(&self) -> &AtomicBool {
+        &self.sweep_mark
+    }
+    fn recover(&self, _entries: &mut dyn Iterator<Item = SpillEntry>) {}
+
+    fn counts(&self) -> QueueCounts {
+        let (counts, at) = {
+            let c = self.counts.lock();
+            (c.0, c.1)
+        };
+        if at.is_none_or(|t| t.elapsed() > COUNTS_FRESH) {
+            self.refresh_counts();
+        }
+        counts
+    }
+    fn ready_bytes(&self) -> u64 {
+        0
+    }
+    fn ready_in_memory_and_paged_out(&self) -> (u32, u32) {
+        (0, 0)
+    }
+    fn memory(&self) -> u64 {
+        0
+    }
+    fn deliveries(&self) -> u64 {
+        self.deliveries.load(Ordering::Relaxed)
+    }
+    fn stats(&self) -> &QueueStats {
+        &self.stats
+    }
+    fn positions(&self) -> Positions {
+        Positions::default()
+    }
+    fn set_put_position(&self, _put: u64) {}
+    fn reset_positions(&self) -> u32 {
+        0
+    }
+    fn get_positioned(&self) -> Option<(QueuedMessage, u64)> {
+        None
+    }
+    fn peek_position(&self, _pos: u64) -> Option<Bytes> {
+        None
+    }
+    fn owner_node(&self) -> Option<u64> {
+        Some(self.owner)
+    }
+}
