@@ -417,6 +417,9 @@ struct ProxyState {
     delivered: HashMap<(u64, u64), u64>,
     /// A task watches the connection while there are consumers.
     watching: bool,
+    /// Deliveries a channel could not take yet (its channel-wide prefetch), in order, with
+    /// their consumer's id: offered again when the channel settles something.
+    parked: Vec<(u64, QueuedMessage)>,
 }
 
 /// A classic queue held by another node, as this node's vhosts see it.
@@ -592,6 +595,7 @@ impl ClassicProxy {
             }
             if ok {
                 me.sync_subscription();
+                me.offer_parked();
             }
         });
     }
@@ -657,6 +661,67 @@ impl ClassicProxy {
     }
 }
 
+impl ClassicProxy {
+    /// Hands `qm` to consumer `consumer`'s channel; the message back when it cannot take it.
+    fn offer(
+        &self,
+        st: &mut ProxyState,
+        this: &Arc<Queue>,
+        consumer: u64,
+        qm: QueuedMessage,
+    ) -> std::result::Result<(), QueuedMessage> {
+        let Some(c) = st.consumers.iter().find(|c| c.id == consumer) else {
+            return Err(qm);
+        };
+        let (channel, no_ack, key) = (c.c.target.channel_key(), c.c.no_ack, qm.seq);
+        c.c.target.deliver(this, &c.c.tag, no_ack, qm)?;
+        self.deliveries.fetch_add(1, Ordering::Relaxed);
+        if !no_ack {
+            st.delivered.insert((channel, key), consumer);
+        }
+        Ok(())
+    }
+
+    /// Offers the parked deliveries again, in order; those of a consumer that is gone go
+    /// back to the owner's node.
+    fn offer_parked(&self) {
+        let Some(me) = self.myself.upgrade() else {
+            return;
+        };
+        let this: Arc<Queue> = me;
+        let mut back: Vec<(u64, u64)> = Vec::new();
+        {
+            let mut st = self.inner.lock();
+            if st.parked.is_empty() {
+                return;
+            }
+            let parked = std::mem::take(&mut st.parked);
+            let mut full: Vec<u64> = Vec::new();
+            for (id, qm) in parked {
+                if full.contains(&id) {
+                    st.parked.push((id, qm));
+                    continue;
+                }
+                if !st.consumers.iter().any(|c| c.id == id) {
+                    back.push((id, qm.seq));
+                    continue;
+                }
+                if let Err(qm) = self.offer(&mut st, &this, id, qm) {
+                    full.push(id);
+                    st.parked.push((id, qm));
+                }
+            }
+        }
+        let mut by_consumer: HashMap<u64, Vec<(u64, bool, bool)>> = HashMap::new();
+        for (id, key) in back {
+            by_consumer.entry(id).or_default().push((key, true, false));
+        }
+        for (id, items) in by_consumer {
+            self.send_settle(id, items);
+        }
+    }
+}
+
 impl GroupServer for ClassicProxy {
     fn subscribe(
         &self,
@@ -684,24 +749,18 @@ impl GroupServer for ClassicProxy {
         };
         let key = qm.seq;
         let mut st = self.inner.lock();
-        let Some(c) = st.consumers.iter().find(|c| c.id == consumer) else {
+        if !st.consumers.iter().any(|c| c.id == consumer) {
             drop(st);
             self.send_settle(consumer, vec![(key, true, false)]);
             return;
-        };
-        let (channel, no_ack) = (c.c.target.channel_key(), c.c.no_ack);
-        match c.c.target.deliver(&this, &c.c.tag, no_ack, qm) {
-            Ok(()) => {
-                self.deliveries.fetch_add(1, Ordering::Relaxed);
-                if !no_ack {
-                    st.delivered.insert((channel, key), consumer);
-                }
-            }
-            Err(_) => {
-                drop(st);
-                // The channel cannot take it now (its own prefetch, flow): it goes back.
-                self.send_settle(consumer, vec![(key, true, false)]);
-            }
+        }
+        if st.parked.iter().any(|(id, _)| *id == consumer) {
+            st.parked.push((consumer, qm));
+            return;
+        }
+        if let Err(qm) = self.offer(&mut st, &this, consumer, qm) {
+            // The channel cannot take it now (its channel-wide prefetch): it waits here.
+            st.parked.push((consumer, qm));
         }
     }
 
@@ -727,6 +786,7 @@ impl GroupServer for ClassicProxy {
             let mut st = self.inner.lock();
             st.sent = None;
             st.delivered.clear();
+            st.parked.clear();
         }
     }
 
@@ -888,6 +948,8 @@ impl QueueBackend for ClassicProxy {
                 .retain(|c| !(c.c.target.channel_key() == channel_key && &*c.c.tag == tag));
             st.version += 1;
         }
+        // Its parked deliveries go back to the owner's node.
+        self.offer_parked();
         self.sync_subscription();
         false
     }
@@ -942,6 +1004,7 @@ impl QueueBackend for ClassicProxy {
         for (consumer, items) in by_consumer {
             self.send_settle(consumer, items);
         }
+        self.offer_parked();
     }
 
     fn unacked_window(&self) -> Option<(usize, usize)> {
@@ -985,6 +1048,7 @@ impl QueueBackend for ClassicProxy {
         let consumers = {
             let mut st = self.inner.lock();
             st.delivered.clear();
+            st.parked.clear();
             st.consumers.drain(..).map(|c| c.c).collect()
         };
         (ready, consumers)

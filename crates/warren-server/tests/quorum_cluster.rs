@@ -1675,6 +1675,37 @@ async fn classic_queues_are_reachable_from_every_node() {
     }
     wait_count(&node1, "cq", 0).await;
 
+    // A channel-wide prefetch (global basic.qos) on node 3 holds back what it cannot take
+    // yet, and takes it after each ack.
+    {
+        declare_classic(&ch1, "cq-slow").await;
+        wait_count(&node3, "cq-slow", 0).await;
+        let c = node3.connect().await;
+        let ch = c.create_channel().await.unwrap();
+        ch.basic_qos(1, BasicQosOptions { global: true })
+            .await
+            .unwrap();
+        let mut slow = ch
+            .basic_consume(
+                "cq-slow".into(),
+                "slow".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        let chp = c1.create_channel().await.unwrap();
+        chp.confirm_select(ConfirmSelectOptions::default())
+            .await
+            .unwrap();
+        publish_confirmed(&chp, "cq-slow", (0..5).map(|i| format!("g{i}"))).await;
+        for i in 0..5 {
+            let (body, redelivered) = next_delivery(&mut slow, true).await;
+            assert_eq!((body, redelivered), (format!("g{i}"), false));
+        }
+        let _ = c.close(200, "bye".into()).await;
+        wait_count(&node1, "cq-slow", 0).await;
+    }
     // Unacked deliveries come back when the consuming channel closes, flagged redelivered;
     // basic.get on node 3 takes one, and its nack puts it back.
     ch3.basic_publish(
