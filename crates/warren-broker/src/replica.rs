@@ -4,13 +4,15 @@
 //!
 //! Two kinds of change are replicated, as plain data that every node applies the same way:
 //! - the durable topology changes of a vhost ([`TopologyCommand`]s: exchanges, bindings,
-//!   policies), the very records the vhost writes to its definitions log
-//!   ([`crate::vhost::log`]), already decided (cascades listed);
+//!   policies, classic queues' declares and every queue's delete), the very records the
+//!   vhost writes to its definitions log ([`crate::vhost::log`]), already decided (cascades
+//!   listed);
 //! - the whole access-control database (users, vhosts, permissions, limits, global
 //!   parameters) as stored in `access.json` after a change (see [`crate::ops::admin`]).
 //!
-//! Queues are not replicated here: a quorum queue's members are declared on their nodes by
-//! the queue's own group, and a classic queue lives on the node that declared it.
+//! Queues are not copied: a quorum queue's members are declared on their nodes by the queue's
+//! own group, and a classic queue lives on the node that declared it; the other nodes put a
+//! stand-in under its name that reaches it ([`crate::VHost::put_remote_queue`]).
 //!
 //! A broker without a replicator (alone, not in a cluster) behaves as before.
 
