@@ -108,11 +108,7 @@ pub fn encode_change(origin: NodeId, nonce: u64, change: &Change) -> Bytes {
         Change::Topology { vhost, commands } => {
             t.insert("kind", long("topology"));
             t.insert("vhost", long(vhost));
-            let list = commands
-                .iter()
-                .map(|c| FieldValue::Table(c.to_table()))
-                .collect();
-            t.insert("commands", FieldValue::Array(list));
+            TopologyCommand::put_list(&mut t, commands);
         }
         Change::Access { json } => {
             t.insert("kind", long("access"));
@@ -137,14 +133,7 @@ pub fn decode_change(b: &[u8]) -> Result<(NodeId, u64, Change), String> {
     let change = match text(&t, "kind")?.as_str() {
         "topology" => Change::Topology {
             vhost: text(&t, "vhost")?,
-            commands: t
-                .get("commands")
-                .and_then(|v| v.as_array())
-                .unwrap_or(&[])
-                .iter()
-                .filter_map(|v| v.as_table())
-                .map(TopologyCommand::from_table)
-                .collect::<Result<Vec<_>, _>>()?,
+            commands: TopologyCommand::list_from(&t)?,
         },
         "access" => Change::Access {
             json: text(&t, "json")?,

@@ -500,14 +500,7 @@ impl ClassicProxy {
     /// A request to the owner's node, waited for on this (worker) thread; `None` when the
     /// node cannot be asked.
     fn call_owner(&self, req: Request) -> Option<Response> {
-        let handle = tokio::runtime::Handle::try_current().ok()?;
-        if handle.runtime_flavor() != tokio::runtime::RuntimeFlavor::MultiThread {
-            return None;
-        }
-        let call = self
-            .cluster
-            .call(self.owner, req, Duration::ZERO, CALL_TIMEOUT);
-        match tokio::task::block_in_place(|| handle.block_on(call)) {
+        match self.cluster.call_blocking(self.owner, req, CALL_TIMEOUT)? {
             Ok(r) => Some(r),
             Err(e) => {
                 debug!(queue = %self.name, owner = self.owner, error = %e, "the queue's node did not answer");
@@ -740,13 +733,7 @@ impl GroupServer for ClassicProxy {
             return;
         };
         let this: Arc<Queue> = me;
-        let qm = QueuedMessage {
-            seq: delivery.key,
-            message: delivery.message.0,
-            redelivered: delivery.redelivered,
-            stored: None,
-            expires_at: None,
-        };
+        let qm = delivery.into_queued();
         let key = qm.seq;
         let mut st = self.inner.lock();
         if !st.consumers.iter().any(|c| c.id == consumer) {
@@ -964,16 +951,7 @@ impl QueueBackend for ClassicProxy {
             no_ack,
         };
         match self.call_owner(req)? {
-            Response::Got(Ok(Some((m, left)))) => Some((
-                QueuedMessage {
-                    seq: m.key,
-                    message: m.message.0,
-                    redelivered: m.redelivered,
-                    stored: None,
-                    expires_at: None,
-                },
-                left,
-            )),
+            Response::Got(Ok(Some((m, left)))) => Some((m.into_queued(), left)),
             _ => None,
         }
     }

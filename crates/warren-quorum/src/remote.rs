@@ -53,6 +53,20 @@ pub struct RemoteMessage {
     pub message: WireMessage,
 }
 
+impl RemoteMessage {
+    /// The message as the receiving node's queue hands it to a channel: its key as its
+    /// position (so that the channel's settlement names it), not stored here.
+    pub fn into_queued(self) -> warren_broker::QueuedMessage {
+        warren_broker::QueuedMessage {
+            seq: self.key,
+            message: self.message.0,
+            redelivered: self.redelivered,
+            stored: None,
+            expires_at: None,
+        }
+    }
+}
+
 /// The outcome, to come, of a member change: why not, as text.
 pub type MemberChange =
     std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>;

@@ -1325,6 +1325,23 @@ impl Cluster {
         }
     }
 
+    /// [`Cluster::call`] waited for on this thread, for a synchronous caller on a worker
+    /// thread of a multi-threaded runtime (the server's is one) or off the runtime's threads.
+    /// `None` on a single-threaded runtime.
+    pub fn call_blocking(
+        &self,
+        peer: NodeId,
+        req: Request,
+        timeout: Duration,
+    ) -> Option<Result<Response, CallError>> {
+        let handle = tokio::runtime::Handle::try_current().ok()?;
+        if handle.runtime_flavor() != tokio::runtime::RuntimeFlavor::MultiThread {
+            return None;
+        }
+        let call = self.call(peer, req, Duration::ZERO, timeout);
+        Some(tokio::task::block_in_place(|| handle.block_on(call)))
+    }
+
     /// Sends `req` to `peer` now, if connected: requests sent this way reach the peer in
     /// the order of the calls. The answer is awaited with [`PendingCall::wait`].
     ///

@@ -1100,20 +1100,7 @@ async fn metadata_is_replicated_to_every_node() {
     // An exchange, a quorum queue and a binding declared on node 1 ...
     let c1 = node1.connect().await;
     let ch1 = c1.create_channel().await.unwrap();
-    within(
-        "exchange.declare",
-        ch1.exchange_declare(
-            "orders".into(),
-            lapin::ExchangeKind::Topic,
-            lapin::options::ExchangeDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        ),
-    )
-    .await
-    .expect("exchange declared");
+    declare_exchange(&ch1, "orders").await;
     declare_replicated(&ch1, "meta-q", &[&node2, &node3]).await;
     within(
         "queue.bind",
@@ -1253,20 +1240,7 @@ async fn metadata_is_replicated_to_every_node() {
     )
     .await
     .expect("deleted");
-    within(
-        "exchange.declare",
-        ch1.exchange_declare(
-            "late".into(),
-            lapin::ExchangeKind::Topic,
-            lapin::options::ExchangeDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        ),
-    )
-    .await
-    .expect("declared with node 3 down");
+    declare_exchange(&ch1, "late").await;
     let node3 = start_node_with_api(3, &ports, &secret, &root, api[2]);
     wait_for_exchange(&node3, "late").await;
     let gone = api_status(api[2], "/api/exchanges/%2F/orders").await.0;

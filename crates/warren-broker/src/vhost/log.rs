@@ -179,6 +179,29 @@ impl TopologyCommand {
         t
     }
 
+    /// Puts `commands` in `t` under `commands`, an array of [`TopologyCommand::to_table`]s
+    /// (a definitions log record, a replicated change).
+    pub fn put_list(t: &mut FieldTable, commands: &[TopologyCommand]) {
+        let list = commands
+            .iter()
+            .map(|c| FieldValue::Table(c.to_table()))
+            .collect();
+        t.insert("commands", FieldValue::Array(list));
+    }
+
+    /// The commands [`TopologyCommand::put_list`] put in `t` (none when absent).
+    ///
+    /// Errors: a command that does not read (see [`TopologyCommand::from_table`]).
+    pub fn list_from(t: &FieldTable) -> std::result::Result<Vec<TopologyCommand>, String> {
+        t.get("commands")
+            .and_then(|v| v.as_array())
+            .unwrap_or(&[])
+            .iter()
+            .filter_map(|v| v.as_table())
+            .map(TopologyCommand::from_table)
+            .collect()
+    }
+
     /// Reads a command written by [`TopologyCommand::to_table`].
     pub fn from_table(t: &FieldTable) -> std::result::Result<Self, String> {
         Self::from_entry(get_str(t, "op"), t)
@@ -309,12 +332,8 @@ pub(crate) fn log_path(dir: &Path, vhost: &str, generation: u64) -> PathBuf {
 
 /// One record holding `commands`: `[u32 length][u32 CRC32C][field table]`.
 fn encode_record(commands: &[TopologyCommand]) -> Vec<u8> {
-    let list = commands
-        .iter()
-        .map(|c| FieldValue::Table(c.to_table()))
-        .collect();
     let mut t = FieldTable::new();
-    t.insert("commands", FieldValue::Array(list));
+    TopologyCommand::put_list(&mut t, commands);
     let mut body = bytes::BytesMut::new();
     encode_table(&t, &mut body);
     let mut rec = Vec::with_capacity(body.len() + 8);
@@ -388,15 +407,7 @@ pub(crate) fn read_log(path: &Path) -> std::result::Result<Vec<Vec<TopologyComma
             return Err(format!("checksum mismatch in the record at offset {at}"));
         }
         let t = decode_table(&mut Decoder::new(body), 64).map_err(|e| e.to_string())?;
-        let commands = t
-            .get("commands")
-            .and_then(|v| v.as_array())
-            .unwrap_or(&[])
-            .iter()
-            .filter_map(|v| v.as_table())
-            .map(TopologyCommand::from_table)
-            .collect::<std::result::Result<Vec<_>, _>>()?;
-        out.push(commands);
+        out.push(TopologyCommand::list_from(&t)?);
         at = end;
     }
     Ok(out)

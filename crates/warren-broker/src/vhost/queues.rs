@@ -297,13 +297,7 @@ impl VHost {
         msg: Arc<crate::message::Message>,
         waiter: Option<(Arc<dyn crate::Completion>, u64)>,
     ) -> std::result::Result<super::Published, super::PublishError> {
-        let q = self
-            .topology
-            .read()
-            .queues
-            .get(name)
-            .cloned()
-            .ok_or_else(|| self.no_queue(name))?;
+        let q = self.queue(name, 0)?;
         if q.rejects_publish(&msg) {
             if let Some((sink, token)) = waiter {
                 sink.complete(&[token], false);

@@ -128,12 +128,7 @@ impl QuorumQueue {
         if leader == self.node.cfg.node_id {
             return None;
         }
-        let handle = tokio::runtime::Handle::try_current().ok()?;
-        if handle.runtime_flavor() != tokio::runtime::RuntimeFlavor::MultiThread {
-            return None;
-        }
-        let call = cluster.call(leader, req, Duration::ZERO, REMOTE_CALL_TIMEOUT);
-        match tokio::task::block_in_place(|| handle.block_on(call)) {
+        match cluster.call_blocking(leader, req, REMOTE_CALL_TIMEOUT)? {
             Ok(r) => Some(r),
             Err(e) => {
                 debug!(queue = %self.name, leader, error = %e, "the leader's node did not answer");
@@ -165,16 +160,7 @@ impl QuorumQueue {
             no_ack,
         };
         match self.call_leader(req)? {
-            Response::Got(Ok(Some((m, left)))) => Some((
-                QueuedMessage {
-                    seq: m.key,
-                    message: m.message.0,
-                    redelivered: m.redelivered,
-                    stored: None,
-                    expires_at: None,
-                },
-                left,
-            )),
+            Response::Got(Ok(Some((m, left)))) => Some((m.into_queued(), left)),
             Response::Got(Ok(None)) => None,
             other => {
                 debug!(queue = %self.name, answer = ?other, "basic.get through the leader's node failed");
@@ -424,13 +410,7 @@ impl GroupServer for QuorumQueue {
             {
                 return;
             }
-            let qm = QueuedMessage {
-                seq: delivery.key,
-                message: delivery.message.0,
-                redelivered: delivery.redelivered,
-                stored: None,
-                expires_at: None,
-            };
+            let qm = delivery.into_queued();
             let waiting = st.parked.iter().any(|(id, _)| *id == consumer);
             match st
                 .consumers
