@@ -35,6 +35,9 @@ pub struct Broker {
     queue_kinds: RwLock<Vec<(String, Arc<dyn QueueKind>)>>,
     /// Where metadata changes are replicated, in a cluster (see [`crate::replica`]).
     replicator: crate::replica::ReplicatorSlot,
+    /// The access-control database as this node last replicated or applied it (as stored),
+    /// what the next local change is compared with.
+    access_replicated: parking_lot::Mutex<String>,
 }
 
 /// Kinds of queue to register on every vhost before recovery (see [`Broker::open_with`]).
@@ -89,6 +92,7 @@ impl Broker {
             access_restored: false,
             queue_kinds: RwLock::new(Vec::new()),
             replicator: Arc::default(),
+            access_replicated: parking_lot::Mutex::new(String::new()),
         };
         b.add_vhost("/");
         b
@@ -162,6 +166,7 @@ impl Broker {
             access_restored,
             queue_kinds: RwLock::new(kinds),
             replicator: Arc::default(),
+            access_replicated: parking_lot::Mutex::new(String::new()),
         };
         let mut snapshots = Vec::with_capacity(definitions.len());
         for (defs, size) in definitions {
@@ -281,7 +286,28 @@ impl Broker {
     /// Sets where this broker's metadata changes are replicated from now on (the cluster's
     /// metadata group, see [`crate::replica`]); a second call changes nothing.
     pub fn set_replicator(&self, r: Arc<dyn crate::replica::MetadataReplicator>) {
+        *self.access_replicated.lock() = self.access_json();
         let _ = self.replicator.set(r);
+    }
+
+    /// The access-control database as stored in `access.json`.
+    pub fn access_json(&self) -> String {
+        crate::definitions::export::export_access(&self.access()).to_json()
+    }
+
+    /// What changed in the access-control database since this node last replicated or
+    /// applied it, now that it is `json` (see [`crate::replica::access_delta`]); `None`
+    /// when nothing did.
+    pub(crate) fn access_change(&self, json: &str) -> Option<String> {
+        let mut last = self.access_replicated.lock();
+        let before = std::mem::replace(&mut *last, json.to_string());
+        match crate::replica::access_delta(&before, json) {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!(error = %e, "access-control change not compared");
+                None
+            }
+        }
     }
 
     /// The replicator set by [`Broker::set_replicator`], if any.
@@ -306,17 +332,20 @@ impl Broker {
         }
     }
 
-    /// Replaces the access-control database with `json` (all of it, as another node stored
-    /// it after a change, see [`crate::replica`]): vhosts new in it are created, vhosts gone
-    /// from it are deleted with their connections (320 CONNECTION_FORCED), connections of
-    /// users gone from it are closed, and the database is stored here. Blocks on file
-    /// writes: call it off the async runtime's threads.
+    /// Applies `delta`, a change of the access-control database made on another node (see
+    /// [`crate::replica::access_delta`]): the entries it names are added, replaced or removed
+    /// (under the database's lock, so that a change made here meanwhile is kept), vhosts new
+    /// in it are created, vhosts gone from it are deleted with their connections (320
+    /// CONNECTION_FORCED), connections of users gone from it are closed, and the database is
+    /// stored here. Blocks on file writes: call it off the async runtime's threads.
     ///
-    /// Errors: `json` does not parse, or the database could not be stored.
-    pub fn apply_replicated_access(&self, json: &str) -> std::result::Result<(), String> {
-        let new = crate::definitions::import::parse_stored_access(json)?;
-        let (gone_vhosts, gone_users, new_vhosts) = {
+    /// Errors: `delta` does not apply, or the database could not be stored.
+    pub fn apply_replicated_access_delta(&self, delta: &str) -> std::result::Result<(), String> {
+        let (json, gone_vhosts, gone_users, new_vhosts) = {
             let mut access = self.access_mut();
+            let current = crate::definitions::export::export_access(&access).to_json();
+            let json = crate::replica::apply_access_delta(&current, delta)?;
+            let new = crate::definitions::import::parse_stored_access(&json)?;
             let gone_vhosts: Vec<String> = access
                 .vhosts()
                 .filter(|v| new.vhost(&v.name).is_none())
@@ -327,10 +356,22 @@ impl Broker {
                 .filter(|u| new.user(&u.name).is_none())
                 .map(|u| u.name.clone())
                 .collect();
-            let new_vhosts: Vec<String> = new.vhosts().map(|v| v.name.clone()).collect();
+            let new_vhosts: Vec<String> = new
+                .vhosts()
+                .filter(|v| access.vhost(&v.name).is_none())
+                .map(|v| v.name.clone())
+                .collect();
             *access = new;
-            (gone_vhosts, gone_users, new_vhosts)
+            (json, gone_vhosts, gone_users, new_vhosts)
         };
+        {
+            // What this node has replicated or applied moves on by the same change; a local
+            // change not compared yet stays out of it.
+            let mut last = self.access_replicated.lock();
+            if let Ok(moved) = crate::replica::apply_access_delta(&last, delta) {
+                *last = moved;
+            }
+        }
         for v in &new_vhosts {
             self.add_vhost(v);
         }
@@ -346,7 +387,7 @@ impl Broker {
             let reason = crate::ops::admin::user_deleted_reason(u);
             self.registry.close_where(|c| c.user == *u, &reason);
         }
-        self.store_access(json).map_err(|e| e.to_string())
+        self.store_access(&json).map_err(|e| e.to_string())
     }
 
     /// The read model: live connections and channels, message counts (see

@@ -146,7 +146,9 @@ pub(crate) async fn node_remove(
         .iter()
         .find(|n| n.name == node || n.id.to_string() == node)
     else {
-        return Err(ApiError::not_found());
+        return Err(ApiError::not_found_because(format!(
+            "{node} is not a node of the cluster"
+        )));
     };
     app.backend
         .node()

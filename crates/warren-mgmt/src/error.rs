@@ -32,6 +32,14 @@ impl ApiError {
         }
     }
 
+    /// 404 with `reason` saying what is missing.
+    pub fn not_found_because(reason: impl Into<String>) -> Self {
+        ApiError {
+            reason: reason.into(),
+            ..Self::not_found()
+        }
+    }
+
     /// 400 `{"error":"bad_request","reason":reason}`.
     pub fn bad_request(reason: impl Into<String>) -> Self {
         ApiError {

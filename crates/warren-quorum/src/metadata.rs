@@ -19,8 +19,8 @@
 //!
 //! Entry payload: [`Command::Meta`] holding an AMQP field table: `origin` (node id),
 //! `nonce` (per-process proposal number), `kind` (`topology`: `vhost` and `commands`, each the
-//! table of [`TopologyCommand::to_table`]; `access`: `json`, the access-control database as
-//! stored in `access.json`).
+//! table of [`TopologyCommand::to_table`]; `access`: `delta`, the change of the
+//! access-control database, see [`warren_broker::replica::access_delta`]).
 //!
 //! The group's members are the cluster's nodes. At the first start the seed node with the
 //! lowest id, its log empty, initializes the group with every seed node (once: a restart
@@ -81,10 +81,10 @@ pub enum Change {
         /// Its primitive changes, in order.
         commands: Vec<TopologyCommand>,
     },
-    /// The whole access-control database after a change.
+    /// A change of the access-control database.
     Access {
-        /// As stored in `access.json`.
-        json: String,
+        /// What changed (see [`warren_broker::replica::access_delta`]).
+        delta: String,
     },
 }
 
@@ -110,9 +110,9 @@ pub fn encode_change(origin: NodeId, nonce: u64, change: &Change) -> Bytes {
             t.insert("vhost", long(vhost));
             TopologyCommand::put_list(&mut t, commands);
         }
-        Change::Access { json } => {
+        Change::Access { delta } => {
             t.insert("kind", long("access"));
-            t.insert("json", long(json));
+            t.insert("delta", long(delta));
         }
     }
     let mut b = BytesMut::new();
@@ -136,7 +136,7 @@ pub fn decode_change(b: &[u8]) -> Result<(NodeId, u64, Change), String> {
             commands: TopologyCommand::list_from(&t)?,
         },
         "access" => Change::Access {
-            json: text(&t, "json")?,
+            delta: text(&t, "delta")?,
         },
         other => return Err(format!("unknown metadata change '{other}'")),
     };
@@ -313,10 +313,18 @@ impl MetadataGroup {
             let leader = raft.metrics().borrow().current_leader;
             let left = deadline.saturating_duration_since(Instant::now());
             match leader {
-                Some(l) if l == me => match raft.client_write(batch.clone()).await {
-                    Ok(_) => return Ok(()),
-                    Err(e) => last = e.to_string(),
-                },
+                Some(l) if l == me => {
+                    // A leader cut off from the majority would wait for ever: bounded.
+                    match tokio::time::timeout(left, raft.client_write(batch.clone())).await {
+                        Ok(Ok(_)) => return Ok(()),
+                        Ok(Err(e)) => last = e.to_string(),
+                        Err(_) => {
+                            return Err("not committed in time: this node leads the cluster's \
+                                 metadata group but cannot reach a majority of the nodes"
+                                .into())
+                        }
+                    }
+                }
                 Some(l) => {
                     let cluster = self.node.cluster().ok_or("not in a cluster")?;
                     let req = Request::Propose {
@@ -386,8 +394,8 @@ impl MetadataGroup {
                     }
                 }
             }
-            Change::Access { json } => {
-                if let Err(e) = broker.apply_replicated_access(&json) {
+            Change::Access { delta } => {
+                if let Err(e) = broker.apply_replicated_access_delta(&delta) {
                     warn!(origin, error = %e, "replicated access-control database not applied");
                 }
             }
@@ -513,7 +521,12 @@ impl MetadataGroup {
                         address: addr,
                     };
                     return match cluster
-                        .call(l, req, Duration::ZERO, CATCH_UP_WAIT + LEADER_WAIT)
+                        .call(
+                            l,
+                            req,
+                            Duration::ZERO,
+                            CONNECT_WAIT + CATCH_UP_WAIT + LEADER_WAIT,
+                        )
                         .await
                     {
                         Ok(Response::Done(r)) => r,
@@ -553,26 +566,63 @@ impl MetadataGroup {
                 let mut nodes = nodes_of(&known);
                 nodes.insert(id, addr.clone());
                 self.node.set_cluster_nodes(nodes);
+                let cluster = self.node.cluster().ok_or("not in a cluster")?.clone();
                 let joined = async {
-                    tokio::time::timeout(
-                        CATCH_UP_WAIT,
-                        raft.add_learner(id, BasicNode::new(&addr), true),
-                    )
-                    .await
-                    .map_err(|_| {
-                        format!(
-                            "node {id} at {addr} did not catch up within {} s (is it running, \
-                             with this cluster's secret and this node in its seed list?)",
-                            CATCH_UP_WAIT.as_secs()
+                    // Running, and authenticated with the cluster's secret (and TLS).
+                    let deadline = Instant::now() + CONNECT_WAIT;
+                    while !cluster.connected().contains(&id) {
+                        if Instant::now() >= deadline {
+                            return Err(format!(
+                                "node {id} at {addr} did not connect within {} s: is it \
+                                 running, with this cluster's secret (and TLS settings), and \
+                                 the running nodes in its seed list?",
+                                CONNECT_WAIT.as_secs()
+                            ));
+                        }
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    raft.add_learner(id, BasicNode::new(&addr), false)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    // Caught up: it holds the log up to this leader's last entry.
+                    let last = raft.metrics().borrow().last_log_index;
+                    raft.wait(Some(CATCH_UP_WAIT))
+                        .metrics(
+                            |m| {
+                                m.replication.as_ref().is_some_and(|r| {
+                                    r.get(&id)
+                                        .copied()
+                                        .flatten()
+                                        .is_some_and(|l| Some(l.index) >= last)
+                                })
+                            },
+                            "the new node caught up",
                         )
-                    })?
-                    .map_err(|e| e.to_string())?;
+                        .await
+                        .map_err(|_| {
+                            format!(
+                                "node {id} at {addr} did not catch up within {} s",
+                                CATCH_UP_WAIT.as_secs()
+                            )
+                        })?;
                     raft.change_membership(ChangeMembers::AddVoterIds([id].into()), false)
                         .await
                         .map_err(|e| e.to_string())
                 }
                 .await;
                 if let Err(e) = joined {
+                    let learner = raft
+                        .metrics()
+                        .borrow()
+                        .membership_config
+                        .membership()
+                        .learner_ids()
+                        .any(|l| l == id);
+                    if learner {
+                        let _ = raft
+                            .change_membership(ChangeMembers::RemoveNodes([id].into()), false)
+                            .await;
+                    }
                     let now = raft.metrics().borrow().membership_config.clone();
                     self.node.set_cluster_nodes(nodes_of(&now));
                     return Err(e);
@@ -584,6 +634,13 @@ impl MetadataGroup {
                 let learner = membership.learner_ids().any(|l| l == id);
                 if !voters.contains(&id) && !learner {
                     return Err(format!("node {id} is not a node of this cluster"));
+                }
+                // As RabbitMQ's forget_cluster_node: only a node that is stopped.
+                let cluster = self.node.cluster().ok_or("not in a cluster")?;
+                if id == self.node.cfg.node_id || cluster.connected().contains(&id) {
+                    return Err(format!(
+                        "node {id} is running: stop it first, then remove it (from another node)"
+                    ));
                 }
                 if voters.len() == 1 && voters.contains(&id) {
                     return Err("the last node of the cluster cannot be removed".into());
@@ -624,8 +681,11 @@ fn remove_classic(v: &warren_broker::VHost, name: &str) {
     }
 }
 
+/// How long a node being added has to connect (and authenticate).
+const CONNECT_WAIT: Duration = Duration::from_secs(10);
+
 /// How long a node being added has to catch up on the metadata log.
-const CATCH_UP_WAIT: Duration = Duration::from_secs(30);
+const CATCH_UP_WAIT: Duration = Duration::from_secs(10);
 
 /// The nodes (id -> inter-node address) of a membership: voters and learners.
 fn nodes_of(m: &StoredMembership<NodeId, BasicNode>) -> BTreeMap<NodeId, String> {
@@ -646,8 +706,8 @@ impl MetadataReplicator for MetadataGroup {
         );
     }
 
-    fn access(&self, json: String, done: Done) {
-        self.submit(Change::Access { json }, done);
+    fn access(&self, delta: String, done: Done) {
+        self.submit(Change::Access { delta }, done);
     }
 }
 
@@ -810,7 +870,7 @@ mod tests {
             ],
         };
         let access = Change::Access {
-            json: "{\"users\":[]}".into(),
+            delta: "{\"upsert\":{},\"remove\":{}}".into(),
         };
         for (i, c) in [topo, access].into_iter().enumerate() {
             let b = encode_change(3, i as u64 + 7, &c);

@@ -470,8 +470,14 @@ async fn read_frame<R: AsyncRead + Unpin, T: for<'de> Deserialize<'de>>(
 ) -> std::io::Result<T> {
     let len = r.read_u32().await? as usize;
     if len > max {
+        // A TLS record starts 0x16 0x03 (handshake, version 3.x).
+        let hint = if len >> 16 == 0x1603 {
+            ": it looks like a TLS handshake (is [cluster] tls on there and off here?)"
+        } else {
+            ""
+        };
         return Err(std::io::Error::other(format!(
-            "frame of {len} bytes exceeds {max}"
+            "frame of {len} bytes exceeds {max}{hint}"
         )));
     }
     let mut buf = vec![0u8; len];
@@ -952,7 +958,7 @@ impl Cluster {
                     // The first failure and then every 20th, so that a node that is down
                     // does not flood the log.
                     if failures % 20 == 1 {
-                        debug!(peer, addr = %addr, error = %e, "cannot reach cluster node");
+                        info!(peer, addr = %addr, error = %e, "cannot reach cluster node");
                     }
                     if e.kind() == std::io::ErrorKind::PermissionDenied {
                         warn!(peer, addr = %addr, error = %e, "cluster node refused");

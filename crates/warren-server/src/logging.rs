@@ -85,8 +85,16 @@ pub enum LogError {
 /// the log file gets them, the console log leaves them out, so a terminal shows them once.
 pub const STDERR_TARGET: &str = "warren::stderr";
 
+/// The filter of `level` (`log.level`). The Raft library's own events are kept at `warn`
+/// unless the level names it (`info,openraft=info`): at `info` it logs every election and
+/// membership step of every quorum queue, most of a cluster's log.
 fn filter(level: &str) -> Result<EnvFilter, LogError> {
-    EnvFilter::try_new(level).map_err(|_| LogError::Level(level.to_string()))
+    let spec = if level.contains("openraft") {
+        level.to_string()
+    } else {
+        format!("{level},openraft=warn")
+    };
+    EnvFilter::try_new(spec).map_err(|_| LogError::Level(level.to_string()))
 }
 
 fn layer<S>(format: LogFormat, ansi: bool, writer: BoxMakeWriter) -> Box<dyn Layer<S> + Send + Sync>

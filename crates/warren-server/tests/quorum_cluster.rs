@@ -1213,6 +1213,49 @@ async fn metadata_is_replicated_to_every_node() {
     .await;
     let _ = ca.close(200, "bye".into()).await;
 
+    // Users and vhosts added at the same moment on the three nodes are all kept, everywhere.
+    let mut puts = Vec::new();
+    for (i, port) in api.iter().enumerate() {
+        let port = *port;
+        puts.push(tokio::spawn(async move {
+            for j in 0..8 {
+                let user = format!("/api/users/u{i}-{j}");
+                let vhost = format!("/api/vhosts/v{i}-{j}");
+                let body = serde_json::json!({"password": "p", "tags": ""});
+                assert_eq!(api_send(port, reqwest::Method::PUT, &user, body).await, 201);
+                let body = serde_json::json!({});
+                assert_eq!(
+                    api_send(port, reqwest::Method::PUT, &vhost, body).await,
+                    201
+                );
+            }
+        }));
+    }
+    for p in puts {
+        p.await.unwrap();
+    }
+    for port in api {
+        eventually("every node has the 24 users and vhosts", || async move {
+            let names = |v: serde_json::Value| -> Vec<String> {
+                v.as_array()
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|u| u["name"].as_str().map(str::to_string))
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            };
+            let users = names(api_get(port, "/api/users").await);
+            let vhosts = names(api_get(port, "/api/vhosts").await);
+            (0..3).all(|i| {
+                (0..8).all(|j| {
+                    users.contains(&format!("u{i}-{j}")) && vhosts.contains(&format!("v{i}-{j}"))
+                })
+            })
+        })
+        .await;
+    }
+
     // A user deleted on node 2 can log in nowhere.
     assert_eq!(
         api_send(
@@ -1287,9 +1330,16 @@ async fn nodes_are_added_to_and_removed_from_a_running_cluster() {
     })
     .await;
 
+    // A node that is not running is not added.
+    let add = format!("4@127.0.0.1:{}", four[3]);
+    let (ok, _, err) = ctl(api[1], &["cluster", "add-node", &add]);
+    assert!(!ok && err.contains("did not connect"), "{err}");
+    assert_eq!(
+        api_get(api[0], "/api/nodes").await.as_array().map(Vec::len),
+        Some(3)
+    );
     // Node 4 starts with every node in its seed list, then joins through node 2.
     let node4 = start_node_with_api(4, &four, &secret, &root, api[3]);
-    let add = format!("4@127.0.0.1:{}", four[3]);
     let (ok, out, err) = ctl(api[1], &["cluster", "add-node", &add]);
     assert!(ok, "add-node: {out} {err}");
     wait_for_exchange(&node4, "before").await;
@@ -1328,7 +1378,9 @@ async fn nodes_are_added_to_and_removed_from_a_running_cluster() {
     })
     .await;
 
-    // Node 4 stopped and removed: it leaves the cluster and the queues' members.
+    // A running node is not removed; stopped, it leaves the cluster and the queues' members.
+    let (ok, _, err) = ctl(api[2], &["cluster", "remove-node", name4]);
+    assert!(!ok && err.contains("is running"), "{err}");
     node4.kill();
     let (ok, out, err) = ctl(api[2], &["cluster", "remove-node", name4]);
     assert!(ok, "remove-node: {out} {err}");

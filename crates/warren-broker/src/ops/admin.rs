@@ -78,9 +78,12 @@ impl<'a> Admin<'a> {
         let Some(r) = self.broker.replicator() else {
             return Ok(());
         };
+        let Some(delta) = self.broker.access_change(&json) else {
+            return Ok(());
+        };
         let (tx, rx) = std::sync::mpsc::channel();
         r.access(
-            json,
+            delta,
             Box::new(move |outcome| {
                 let _ = tx.send(outcome);
             }),

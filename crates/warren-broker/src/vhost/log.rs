@@ -604,24 +604,14 @@ impl VHost {
 
     /// Applies a durable topology change another node of the cluster made (see
     /// [`crate::replica`]) and writes it to this vhost's log: exchanges, bindings and
-    /// policies; queues are never created or removed this way, and a binding to a queue is
-    /// added only where the queue exists. Returns how many commands were applied.
+    /// policies; queues are never created or removed this way. A binding to a queue this
+    /// node does not have is kept too (routing skips it), so that it routes once the queue
+    /// gets a member here. Returns how many commands were applied.
     pub fn apply_replicated(&self, commands: &[TopologyCommand]) -> usize {
         let mut topo = self.topology.write();
         let applied: Vec<TopologyCommand> = commands
             .iter()
             .filter(|c| crate::replica::replicated_kind(c))
-            .filter(|c| match c {
-                TopologyCommand::AddBinding {
-                    binding:
-                        Binding {
-                            destination: Destination::Queue(q),
-                            ..
-                        },
-                    ..
-                } => topo.queues.contains_key(q),
-                _ => true,
-            })
             .cloned()
             .collect();
         for c in &applied {
