@@ -668,17 +668,11 @@ fn is_classic(arguments: &FieldTable) -> bool {
     warren_broker::queue::queue_type(arguments).is_none_or(|t| t == "classic")
 }
 
-/// A classic queue deleted on another node: its proxy here goes; held here, it is deleted
-/// (its proxy was deleted there). Quorum queues are left to their own group.
+/// A classic queue deleted on another node: its proxy here goes. A queue held here is never
+/// deleted this way (a delete asked on another node is done here first, see
+/// [`crate::proxy`]), nor are quorum queues, which their own group deletes.
 fn remove_classic(v: &warren_broker::VHost, name: &str) {
-    let Ok(q) = v.queue(name, 0) else { return };
-    if q.owner_node().is_some() {
-        v.remove_remote_queue(name);
-    } else if q.kind() == "classic" && q.exclusive_owner().is_none() {
-        if let Err(e) = v.delete_queue(name, false, false, 0) {
-            warn!(queue = name, error = %e.text, "a classic queue deleted on another node stays");
-        }
-    }
+    v.remove_remote_queue(name);
 }
 
 /// How long a node being added has to connect (and authenticate).

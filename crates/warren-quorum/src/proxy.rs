@@ -50,6 +50,11 @@ static NEXT_CHANNEL_KEY: AtomicU64 = AtomicU64::new(1 << 62);
 /// How long a request to the owner's node may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long a publish waits for the owner's node to hold it: a node that stops answering
+/// is noticed sooner (its connection is closed after 10 s of silence), and the publish is
+/// nacked then.
+const PUBLISH_WAIT: Duration = Duration::from_secs(60);
+
 /// How long the message counts asked of the owner's node are reused.
 const COUNTS_FRESH: Duration = Duration::from_millis(500);
 
@@ -172,18 +177,42 @@ pub struct ClassicServer {
     cluster: Weak<Cluster>,
     group: String,
     queue: Arc<Queue>,
+    broker: Weak<warren_broker::Broker>,
     peers: Mutex<HashMap<NodeId, PeerState>>,
 }
 
 impl ClassicServer {
-    /// The server of `queue` (held here) under group key `group`.
-    pub(crate) fn new(cluster: Weak<Cluster>, group: &str, queue: Arc<Queue>) -> Arc<Self> {
+    /// The server of `queue` (held here, in `broker`) under group key `group`.
+    pub(crate) fn new(
+        cluster: Weak<Cluster>,
+        group: &str,
+        queue: Arc<Queue>,
+        broker: &Arc<warren_broker::Broker>,
+    ) -> Arc<Self> {
         Arc::new(ClassicServer {
             cluster,
             group: group.to_string(),
             queue,
+            broker: Arc::downgrade(broker),
             peers: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Removes a consumer of another node; an auto-delete queue that lost its last consumer
+    /// is deleted (as a channel does for its own).
+    fn remove_consumer(&self, ch: &RemoteChannel, tag: &str) -> bool {
+        self.queue.remove_consumer(ch.key, tag)
+    }
+
+    /// Deletes the queue after its last consumer went, when it is auto-delete.
+    fn auto_delete(&self) {
+        if let Some(v) = self
+            .broker
+            .upgrade()
+            .and_then(|b| b.vhost(self.queue.vhost()))
+        {
+            v.remove_queue(&self.queue);
+        }
     }
 
     /// The queue it serves.
@@ -283,6 +312,7 @@ impl GroupServer for ClassicServer {
             return Err("the queue is deleted".into());
         }
         let mut refused = None;
+        let mut unused = false;
         {
             let mut peers = self.peers.lock();
             let p = self.peer(&mut peers, peer);
@@ -296,7 +326,7 @@ impl GroupServer for ClassicServer {
                 .collect();
             for id in gone {
                 if let Some((ch, tag)) = p.consumers.remove(&id) {
-                    self.queue.remove_consumer(ch.key, &tag);
+                    unused |= self.remove_consumer(&ch, &tag);
                     // Its deliveries stay the other node's until settled (or the link drops).
                     p.retired.push(ch);
                 }
@@ -327,7 +357,11 @@ impl GroupServer for ClassicServer {
                 }
             }
         }
-        self.queue.dispatch();
+        if unused && self.queue.counts().consumers == 0 {
+            self.auto_delete();
+        } else {
+            self.queue.dispatch();
+        }
         match refused {
             Some(e) => Err(e),
             None => Ok(()),
@@ -368,7 +402,7 @@ impl GroupServer for ClassicServer {
     }
 
     fn check_consume(&self, exclusive: bool) -> std::result::Result<(), String> {
-        if exclusive && self.queue.counts().consumers > 0 {
+        if self.queue.has_exclusive_consumer() || (exclusive && self.queue.counts().consumers > 0) {
             return Err(EXCLUSIVE_USE.into());
         }
         Ok(())
@@ -379,8 +413,9 @@ impl GroupServer for ClassicServer {
             return;
         };
         let mut channels: Vec<Arc<RemoteChannel>> = p.retired;
+        let mut unused = false;
         for (_, (ch, tag)) in p.consumers {
-            self.queue.remove_consumer(ch.key, &tag);
+            unused |= self.remove_consumer(&ch, &tag);
             channels.push(ch);
         }
         channels.push(p.gets);
@@ -389,6 +424,9 @@ impl GroupServer for ClassicServer {
             if !settlements.is_empty() {
                 self.queue.settle_with(&self.queue, ch.key, settlements);
             }
+        }
+        if unused && self.queue.counts().consumers == 0 {
+            self.auto_delete();
         }
     }
 
@@ -865,7 +903,7 @@ impl QueueBackend for ClassicProxy {
             Ok(pending) => {
                 self.runtime.spawn(async move {
                     let ok = matches!(
-                        pending.wait(CALL_TIMEOUT).await,
+                        pending.wait(PUBLISH_WAIT).await,
                         Ok(Response::Proposed(Ok(())))
                     );
                     if let Some((sink, token)) = waiter {
@@ -1011,16 +1049,40 @@ impl QueueBackend for ClassicProxy {
         }
     }
 
-    fn mark_deleted(&self) -> (u32, Vec<Consumer>) {
-        // queue.delete-ok's message count: the owner's (which deletes the queue once the
-        // delete reaches it through the metadata).
-        let req = Request::ClassicCounts {
+    fn unavailable(&self) -> Option<String> {
+        if self.cluster.generation(self.owner).is_some() {
+            return None;
+        }
+        let host = self
+            .cluster
+            .nodes()
+            .get(&self.owner)
+            .and_then(|a| a.rsplit_once(':').map(|(h, _)| h.to_string()))
+            .unwrap_or_default();
+        Some(format!(
+            "home node 'warren-{}@{host}' of durable queue '{}' in vhost '{}' is down or \
+             inaccessible",
+            self.owner, self.name, self.vhost
+        ))
+    }
+
+    fn delete_at_owner(&self, if_unused: bool, if_empty: bool) -> Option<Result<u32>> {
+        let req = Request::ClassicDelete {
             group: self.key.clone(),
+            if_unused,
+            if_empty,
         };
-        let ready = match self.call_owner(req) {
-            Some(Response::Counts(Ok((ready, _, _)))) => ready,
-            _ => self.counts.lock().0.ready,
-        };
+        Some(match self.call_owner(req) {
+            Some(Response::Deleted(Ok(n))) => Ok(n),
+            Some(Response::Deleted(Err((code, text)))) => Err(BrokerError::new(code, text)),
+            _ => Err(BrokerError::not_found(self.unavailable().unwrap_or_else(
+                || format!("{} could not be deleted by its node", self.resource_name()),
+            ))),
+        })
+    }
+
+    fn mark_deleted(&self) -> (u32, Vec<Consumer>) {
+        let ready = self.counts.lock().0.ready;
         self.deleted.store(true, Ordering::Release);
         self.cluster.unregister_proxy(&self.key, self);
         let consumers = {

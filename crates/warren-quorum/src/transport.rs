@@ -281,6 +281,16 @@ pub enum Request {
         /// The message.
         message: crate::remote::WireMessage,
     },
+    /// queue.delete of classic queue `group` held by the answering node, for a client of the
+    /// sender; answered with [`Response::Deleted`].
+    ClassicDelete {
+        /// The queue's key.
+        group: String,
+        /// queue.delete's if-unused.
+        if_unused: bool,
+        /// queue.delete's if-empty.
+        if_empty: bool,
+    },
     /// The message counts of classic queue `group` held by the answering node; answered
     /// with [`Response::Counts`].
     ClassicCounts {
@@ -338,6 +348,9 @@ pub enum Response {
     Purged(Result<u32, String>),
     /// Result of a [`Request::ClassicCounts`]: ready, unacknowledged, consumers.
     Counts(Result<(u32, u32, u32), String>),
+    /// Result of a [`Request::ClassicDelete`]: the ready messages deleted, or the refusal's
+    /// reply code and text.
+    Deleted(Result<u32, (u16, String)>),
 }
 
 /// A frame after the handshake.
@@ -676,7 +689,7 @@ impl Cluster {
         if q.kind() != "classic" || q.owner_node().is_some() || q.exclusive_owner().is_some() {
             return None;
         }
-        let s = crate::proxy::ClassicServer::new(self.myself.clone(), key, q);
+        let s = crate::proxy::ClassicServer::new(self.myself.clone(), key, q, &broker);
         classic.insert(key.to_string(), s.clone());
         Some(s)
     }
@@ -1282,6 +1295,28 @@ impl Cluster {
             Request::Purge { .. } => Response::Purged(Err("not handled".into())),
             Request::CheckConsume { .. } => Response::Done(Err("not handled".into())),
             Request::ClassicPublish { .. } => Response::Proposed(Err("not handled".into())),
+            Request::ClassicDelete {
+                group,
+                if_unused,
+                if_empty,
+            } => {
+                let broker = self.host.get().and_then(|h| h.broker());
+                let Some((broker, (vhost, name))) = broker.zip(
+                    crate::proxy::split_key(&group).map(|(v, n)| (v.to_string(), n.to_string())),
+                ) else {
+                    return Response::Deleted(Err((404, "no such queue here".into())));
+                };
+                let r = tokio::task::spawn_blocking(move || {
+                    let v = broker
+                        .vhost(&vhost)
+                        .ok_or((404, format!("no vhost '{vhost}'")))?;
+                    v.delete_queue(&name, if_unused, if_empty, 0)
+                        .map_err(|e| (e.code, e.text))
+                })
+                .await
+                .unwrap_or_else(|e| Err((541, e.to_string())));
+                Response::Deleted(r)
+            }
             Request::ClassicCounts { .. } => Response::Counts(Err("not handled".into())),
             Request::DeleteMember { vhost, name } => {
                 Response::Done(self.delete_member_here(vhost, name).await)

@@ -1774,6 +1774,20 @@ async fn classic_queues_are_reachable_from_every_node() {
     wait_count(&node3, "cq", 1).await;
     let c2 = node2.connect().await;
     let ch2 = c2.create_channel().await.unwrap();
+    // queue.delete's if-empty is checked by the queue's node.
+    let refused = ch2
+        .queue_delete(
+            "cq".into(),
+            lapin::options::QueueDeleteOptions {
+                if_empty: true,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect_err("not empty");
+    assert!(refused.to_string().contains("not empty"), "{refused}");
+    let ch2 = c2.create_channel().await.unwrap();
+    wait_count(&node1, "cq", 1).await;
     let deleted = within(
         "queue.delete",
         ch2.queue_delete("cq".into(), Default::default()),
@@ -1787,8 +1801,73 @@ async fn classic_queues_are_reachable_from_every_node() {
         })
         .await;
     }
-    let _ = c1.close(200, "bye".into()).await;
+
+    // An exclusive consumer on node 2 keeps consumers on node 3 off; an auto-delete queue
+    // goes with its last consumer, wherever that consumer was.
+    let mut args = FieldTable::default();
+    args.insert("x-expires".into(), AMQPValue::LongInt(600_000));
+    within(
+        "queue.declare",
+        ch1.queue_declare(
+            "cq-auto".into(),
+            QueueDeclareOptions {
+                durable: true,
+                auto_delete: true,
+                ..Default::default()
+            },
+            args,
+        ),
+    )
+    .await
+    .unwrap();
+    wait_count(&node3, "cq-auto", 0).await;
+    wait_count(&node2, "cq-auto", 0).await;
+    let (excl, _consumer) = try_consume(&c2, "cq-auto", "only", true)
+        .await
+        .expect("exclusive on node 2");
+    let c3 = node3.connect().await;
+    eventually("node 3 refused while node 2 holds it", || async {
+        try_consume(&c3, "cq-auto", "other", false).await.is_err()
+    })
+    .await;
+    excl.close(200, "bye".into()).await.unwrap();
+    for n in [&node1, &node3] {
+        eventually("the auto-delete queue is gone", || async {
+            count_on(n, "cq-auto").await.is_none()
+        })
+        .await;
+    }
+
+    // While the queue's node is down, the others answer as RabbitMQ: its home node is down.
+    declare_classic(&ch1, "cq-down").await;
+    wait_count(&node2, "cq-down", 0).await;
+    drop((ch1, c1));
+    node1.kill();
+    let ch2 = c2.create_channel().await.unwrap();
+    let e = ch2
+        .queue_declare(
+            "cq-down".into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .expect_err("home node down");
+    assert!(e.to_string().contains("is down or inaccessible"), "{e}");
+    let ch2 = c2.create_channel().await.unwrap();
+    let e = ch2
+        .queue_delete("cq-down".into(), Default::default())
+        .await
+        .expect_err("home node down");
+    assert!(e.to_string().contains("is down or inaccessible"), "{e}");
+    let node1 = start_node(1, &ports, &secret, &root);
+    wait_count(&node2, "cq-down", 0).await;
+    wait_count(&node1, "cq-down", 0).await;
     let _ = c2.close(200, "bye".into()).await;
+    let _ = c3.close(200, "bye".into()).await;
+    drop((node1, node2, node3));
     let _ = std::fs::remove_dir_all(&root);
 }
 

@@ -314,6 +314,25 @@ pub trait QueueBackend: Send + Sync + std::fmt::Debug {
         None
     }
 
+    /// Why the queue cannot be used now (the node that holds it is down or unreachable, as
+    /// RabbitMQ's "home node ... is down or inaccessible"); `None` when it can.
+    fn unavailable(&self) -> Option<String> {
+        None
+    }
+
+    /// queue.delete of a queue held by another node, done by that node (with its
+    /// `if_unused` / `if_empty` checks): the ready messages deleted, or its refusal. `None`
+    /// for a queue held here.
+    fn delete_at_owner(&self, if_unused: bool, if_empty: bool) -> Option<Result<u32>> {
+        let _ = (if_unused, if_empty);
+        None
+    }
+
+    /// True while a consumer that asked for exclusive use is registered.
+    fn has_exclusive_consumer(&self) -> bool {
+        false
+    }
+
     fn replicas(&self) -> Option<super::Replicas> {
         None
     }

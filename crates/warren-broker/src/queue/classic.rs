@@ -128,6 +128,9 @@ impl QueueBackend for ClassicQueue {
     fn counts(&self) -> QueueCounts {
         ClassicQueue::counts(self)
     }
+    fn has_exclusive_consumer(&self) -> bool {
+        ClassicQueue::has_exclusive_consumer(self)
+    }
     fn ready_bytes(&self) -> u64 {
         ClassicQueue::ready_bytes(self)
     }

@@ -53,6 +53,11 @@ impl ClassicQueue {
         n
     }
 
+    /// True while a consumer that asked for exclusive use is registered.
+    pub fn has_exclusive_consumer(&self) -> bool {
+        self.state.lock().consumers.iter().any(|c| c.exclusive)
+    }
+
     /// Registers a consumer without delivering yet (so that basic.consume-ok can be sent first);
     /// call [`Queue::dispatch`] afterwards.
     ///

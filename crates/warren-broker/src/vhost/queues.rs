@@ -146,6 +146,9 @@ impl VHost {
         // As in RabbitMQ, the arguments of an existing queue are only compared (an invalid
         // value is reported as inequivalent); they are validated when the queue is created.
         if let Some(q) = topo.queues.get(&name) {
+            if let Some(reason) = q.unavailable() {
+                return Err(BrokerError::not_found(reason));
+            }
             let owner = d.exclusive.then_some(connection_id);
             if q.exclusive_owner() != owner {
                 // Reuse the 405 text of check_exclusive.
@@ -208,6 +211,9 @@ impl VHost {
             .cloned()
             .ok_or_else(|| self.no_queue(name))?;
         q.check_exclusive(connection_id)?;
+        if let Some(reason) = q.unavailable() {
+            return Err(BrokerError::not_found(reason));
+        }
         Ok(q)
     }
 
@@ -225,6 +231,18 @@ impl VHost {
         if_empty: bool,
         connection_id: u64,
     ) -> Result<u32> {
+        // A queue held by another node is deleted there (with its checks), then here.
+        let remote = self.topology.read().queues.get(name).cloned();
+        if let Some(q) = remote.filter(|q| q.owner_node().is_some()) {
+            if let Some(reason) = q.unavailable() {
+                return Err(BrokerError::not_found(reason));
+            }
+            if let Some(deleted) = q.delete_at_owner(if_unused, if_empty) {
+                let n = deleted?;
+                self.remove_remote_queue(name);
+                return Ok(n);
+            }
+        }
         let q = {
             let mut topo = self.topology.write();
             let Some(q) = topo.queues.get(name).cloned() else {
