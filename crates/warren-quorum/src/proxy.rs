@@ -979,7 +979,11 @@ impl QueueBackend for ClassicProxy {
         false
     }
 
-    fn dispatch_with(&self, _this: &Arc<Queue>) {}
+    fn dispatch_with(&self, _this: &Arc<Queue>) {
+        // A channel that can take more (after consume-ok, after its writer drained): the
+        // deliveries held here go first.
+        self.offer_parked();
+    }
 
     fn touch(&self) {}
 
