@@ -27,8 +27,27 @@ pub struct Server {
     pub port: u16,
 }
 
-/// A free TCP port on 127.0.0.1 (and, in practice, on [::1]).
+/// A free TCP port on 127.0.0.1 (and, in practice, on [::1]), below the kernel's ephemeral
+/// range (32768 and up on Linux), so that the outgoing connections of the tests running
+/// meanwhile cannot take it before the broker binds it: each call takes the next port of a
+/// sequence that starts at a place drawn from the process id, skipping ports in use.
 pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const FIRST: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        (std::process::id().wrapping_mul(7919)) % SPAN,
+        Ordering::Relaxed,
+        Ordering::Relaxed,
+    );
+    for _ in 0..SPAN {
+        let port = (FIRST + NEXT.fetch_add(1, Ordering::Relaxed) % SPAN) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
