@@ -1207,8 +1207,9 @@ async fn metadata_is_replicated_to_every_node() {
     .await
     .expect("declared in shop");
     eventually("carts has three members, seen from node 3", || async {
-        let q = api_get(api[2], "/api/queues/shop/carts").await;
-        q["members"].as_array().map(Vec::len) == Some(3)
+        // Its member there starts just after the declare-ok.
+        let (status, q) = api_status(api[2], "/api/queues/shop/carts").await;
+        status == 200 && q["members"].as_array().map(Vec::len) == Some(3)
     })
     .await;
     let _ = ca.close(200, "bye".into()).await;
@@ -1843,18 +1844,26 @@ async fn classic_queues_are_reachable_from_every_node() {
     wait_count(&node2, "cq-down", 0).await;
     drop((ch1, c1));
     node1.kill();
-    let ch2 = c2.create_channel().await.unwrap();
-    let e = ch2
-        .queue_declare(
-            "cq-down".into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .expect_err("home node down");
+    // (Once node 2 has seen the connection to node 1 drop.)
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let e = loop {
+        let ch2 = c2.create_channel().await.unwrap();
+        let r = ch2
+            .queue_declare(
+                "cq-down".into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await;
+        match r {
+            Err(e) => break e,
+            Ok(_) => assert!(Instant::now() < deadline, "node 1's queue still served"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     assert!(e.to_string().contains("is down or inaccessible"), "{e}");
     let ch2 = c2.create_channel().await.unwrap();
     let e = ch2
