@@ -308,13 +308,7 @@ impl QuorumNode {
         let remove = address.is_none();
         g.change_node(id, address).await?;
         if remove {
-            let queues: Vec<Arc<crate::QuorumQueue>> = self
-                .queues
-                .lock()
-                .values()
-                .filter_map(std::sync::Weak::upgrade)
-                .collect();
-            for q in queues {
+            for q in self.live_queues() {
                 if q.replicas_now().members.contains(&id) {
                     if let Err(e) = q.change_member(id, false).await {
                         warn!(node = id, error = %e, "a removed node's quorum queue member stays");
@@ -325,16 +319,19 @@ impl QuorumNode {
         Ok(())
     }
 
-    /// How many of the quorum queues with a member on this node each node leads now.
-    pub(crate) fn leader_counts(&self) -> HashMap<u64, usize> {
-        let queues: Vec<Arc<crate::QuorumQueue>> = self
-            .queues
+    /// This node's quorum queues (members) that are still there.
+    fn live_queues(&self) -> Vec<Arc<crate::QuorumQueue>> {
+        self.queues
             .lock()
             .values()
             .filter_map(std::sync::Weak::upgrade)
-            .collect();
+            .collect()
+    }
+
+    /// How many of the quorum queues with a member on this node each node leads now.
+    pub(crate) fn leader_counts(&self) -> HashMap<u64, usize> {
         let mut counts = HashMap::new();
-        for q in queues {
+        for q in self.live_queues() {
             if let Some(leader) = q.raft().and_then(|r| r.metrics().borrow().current_leader) {
                 *counts.entry(leader).or_insert(0) += 1;
             }

@@ -198,12 +198,6 @@ impl ClassicServer {
         })
     }
 
-    /// Removes a consumer of another node; an auto-delete queue that lost its last consumer
-    /// is deleted (as a channel does for its own).
-    fn remove_consumer(&self, ch: &RemoteChannel, tag: &str) -> bool {
-        self.queue.remove_consumer(ch.key, tag)
-    }
-
     /// Deletes the queue after its last consumer went, when it is auto-delete.
     fn auto_delete(&self) {
         if let Some(v) = self
@@ -326,7 +320,7 @@ impl GroupServer for ClassicServer {
                 .collect();
             for id in gone {
                 if let Some((ch, tag)) = p.consumers.remove(&id) {
-                    unused |= self.remove_consumer(&ch, &tag);
+                    unused |= self.queue.remove_consumer(ch.key, &tag);
                     // Its deliveries stay the other node's until settled (or the link drops).
                     p.retired.push(ch);
                 }
@@ -415,7 +409,7 @@ impl GroupServer for ClassicServer {
         let mut channels: Vec<Arc<RemoteChannel>> = p.retired;
         let mut unused = false;
         for (_, (ch, tag)) in p.consumers {
-            unused |= self.remove_consumer(&ch, &tag);
+            unused |= self.queue.remove_consumer(ch.key, &tag);
             channels.push(ch);
         }
         channels.push(p.gets);
