@@ -431,7 +431,7 @@ impl VHost {
         what: String,
     ) -> Result<()> {
         if !self.removed.load(Ordering::Acquire) {
-            self.replicate(&commands, &what);
+            self.replicate(&commands, Some(&what));
         }
         let Some(p) = &self.persist else {
             return Ok(());
@@ -497,7 +497,7 @@ impl VHost {
     /// marked dirty and the sweep stores a whole snapshot.
     pub(super) fn save_detached(&self, topo: &mut Topology, commands: Vec<TopologyCommand>) {
         if !self.removed.load(Ordering::Acquire) {
-            self.replicate_detached(&commands);
+            self.replicate(&commands, None);
         }
         self.store_detached(topo, commands);
     }
@@ -544,11 +544,13 @@ impl VHost {
             .collect()
     }
 
-    /// Hands a change made by a client to the cluster's metadata group, when there is one.
-    /// Under [`deferring`] the reply also waits until the change is committed; a change that
-    /// cannot be committed is refused with 541 INTERNAL_ERROR `<what> because the change
-    /// could not be replicated: <why>` (it stays on this node).
-    fn replicate(&self, commands: &[TopologyCommand], what: &str) {
+    /// Hands a change to the cluster's metadata group, when there is one. For a change a
+    /// client asked for (`what` names it), under [`deferring`] the reply also waits until
+    /// the change is committed; a change that cannot be committed is refused with 541
+    /// INTERNAL_ERROR `<what> because the change could not be replicated: <why>` (it stays
+    /// on this node). A change the broker made by itself (`what` is `None`) is waited for by
+    /// nobody.
+    fn replicate(&self, commands: &[TopologyCommand], what: Option<&str>) {
         let Some(r) = self.replicator.get() else {
             return;
         };
@@ -556,8 +558,9 @@ impl VHost {
         if commands.is_empty() {
             return;
         }
-        let done: crate::replica::Done = match DEFERRING.with(|d| d.borrow().clone()) {
-            Some(sink) => {
+        let waiting = what.and_then(|w| DEFERRING.with(|d| d.borrow().clone()).map(|s| (s, w)));
+        let done: crate::replica::Done = match waiting {
+            Some((sink, what)) => {
                 sink.begin();
                 let what = what.to_string();
                 Box::new(move |outcome| {
@@ -578,28 +581,6 @@ impl VHost {
             }
         };
         r.topology(&self.name, commands, done);
-    }
-
-    /// Hands a change the broker made by itself to the cluster's metadata group; nobody
-    /// waits for it.
-    fn replicate_detached(&self, commands: &[TopologyCommand]) {
-        let Some(r) = self.replicator.get() else {
-            return;
-        };
-        let commands = Self::replicated(commands);
-        if commands.is_empty() {
-            return;
-        }
-        let vhost = self.name.clone();
-        r.topology(
-            &self.name,
-            commands,
-            Box::new(move |outcome| {
-                if let Err(e) = outcome {
-                    tracing::warn!(%vhost, error = %e, "a definitions change was not replicated");
-                }
-            }),
-        );
     }
 
     /// Applies a durable topology change another node of the cluster made (see
