@@ -4,7 +4,7 @@
 //!
 //! Two kinds of change are replicated, as plain data that every node applies the same way:
 //! - the durable topology changes of a vhost ([`TopologyCommand`]s: exchanges, bindings,
-//!   policies, classic queues' declares and every queue's delete), the very records the
+//!   policies, queues' declares and deletes), the very records the
 //!   vhost writes to its definitions log ([`crate::vhost::log`]), already decided (cascades
 //!   listed);
 //! - the changes of the access-control database (users, vhosts, permissions, limits, global
@@ -13,8 +13,9 @@
 //!   two nodes to different entries are all kept.
 //!
 //! Queues are not copied: a quorum queue's members are declared on their nodes by the queue's
-//! own group, and a classic queue lives on the node that declared it; the other nodes put a
-//! stand-in under its name that reaches it ([`crate::VHost::put_remote_queue`]).
+//! own group, and a classic queue lives on the node that declared it; the other nodes (for a
+//! quorum queue, those without a member) put a stand-in under its name that reaches it
+//! ([`crate::VHost::put_remote_queue`]).
 //!
 //! A broker without a replicator (alone, not in a cluster) behaves as before.
 
@@ -51,15 +52,27 @@ pub(crate) fn replicated_kind(c: &TopologyCommand) -> bool {
     )
 }
 
-/// Whether a durable topology command is handed to the cluster: everything but the queues
-/// of a kind that replicates itself (quorum queues start their members on other nodes).
-pub(crate) fn sent_to_cluster(c: &TopologyCommand) -> bool {
-    match c {
-        TopologyCommand::PutQueue { arguments, .. } => {
-            crate::queue::queue_type(arguments).is_none_or(|t| t == "classic")
+thread_local! {
+    static UNREPLICATED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with the definitions changes it makes on this thread kept on this node: what a
+/// node does at the cluster's request (declaring or deleting its member of a quorum queue,
+/// which the declare or delete that caused it replicates already).
+pub fn unreplicated<R>(f: impl FnOnce() -> R) -> R {
+    struct Reset(bool);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            UNREPLICATED.with(|u| u.set(self.0));
         }
-        _ => true,
     }
+    let _reset = Reset(UNREPLICATED.with(|u| u.replace(true)));
+    f()
+}
+
+/// Whether this thread is inside [`unreplicated`].
+pub(crate) fn is_unreplicated() -> bool {
+    UNREPLICATED.with(|u| u.get())
 }
 
 /// The lists of the stored access-control database (`access.json`) and the fields that

@@ -378,9 +378,7 @@ impl MetadataGroup {
                             arguments,
                         } = c
                         {
-                            if is_classic(arguments) {
-                                self.put_proxy(v, origin, name, *auto_delete, arguments.clone());
-                            }
+                            self.put_proxy(v, origin, name, *auto_delete, arguments.clone());
                         }
                     }
                 }
@@ -402,26 +400,28 @@ impl MetadataGroup {
         }
     }
 
-    /// Puts the proxy of classic queue `name` of `v`, held by node `owner`, unless a queue of
-    /// that name is there (see [`crate::proxy`]).
-    fn put_proxy(
+    /// Puts the proxy of queue `name` of `v`, unless a queue of that name is there (see
+    /// [`crate::proxy`]): of a classic queue held by node `owner`, or of a quorum queue
+    /// declared on node `owner` (this node has no member of it).
+    pub(crate) fn put_proxy(
         &self,
         v: &warren_broker::VHost,
         owner: NodeId,
         name: &str,
         auto_delete: bool,
         arguments: FieldTable,
-    ) {
+    ) -> bool {
         let Some(cluster) = self.node.cluster() else {
-            return;
+            return false;
         };
         if v.queue(name, 0).is_ok() {
-            return;
+            return false;
         }
         let proxy = crate::proxy::ClassicProxy::new(
             cluster.clone(),
             self.node.runtime.clone(),
             owner,
+            !is_classic(&arguments),
             &v.name,
             name,
             auto_delete,
@@ -431,11 +431,14 @@ impl MetadataGroup {
         if !v.put_remote_queue(q) {
             use warren_broker::queue::QueueBackend;
             let _ = proxy.mark_deleted();
+            return false;
         }
+        true
     }
 
-    /// Puts again, at start, the proxies of the classic queues other nodes hold, as the
-    /// applied entries of the log (through `last`) leave them.
+    /// Puts again, at start, the proxies of the queues other nodes hold (classic queues, and
+    /// quorum queues with no member here), as the applied entries of the log (through
+    /// `last`) leave them.
     fn restore_proxies(&self, store: &LogStore, last: Option<LogId<NodeId>>) {
         let Some(last) = last else { return };
         let Some(broker) = self.broker.upgrade() else {
@@ -460,8 +463,13 @@ impl MetadataGroup {
                             name,
                             auto_delete,
                             arguments,
-                        } if is_classic(&arguments) => {
-                            let proxy = (origin != me).then_some((origin, auto_delete, arguments));
+                        } => {
+                            // A quorum queue declared here may have lost its member here since.
+                            let proxy = (origin != me || !is_classic(&arguments)).then_some((
+                                origin,
+                                auto_delete,
+                                arguments,
+                            ));
                             held.insert((vhost.clone(), name), proxy);
                         }
                         TopologyCommand::RemoveQueue { name } => {
@@ -478,13 +486,14 @@ impl MetadataGroup {
             else {
                 continue;
             };
-            self.put_proxy(&v, owner, &name, auto_delete, arguments);
-            restored += 1;
+            if self.put_proxy(&v, owner, &name, auto_delete, arguments) {
+                restored += 1;
+            }
         }
         if restored > 0 {
             info!(
                 queues = restored,
-                "classic queues of other nodes reachable from here"
+                "queues of other nodes reachable from here"
             );
         }
     }
@@ -668,9 +677,10 @@ fn is_classic(arguments: &FieldTable) -> bool {
     warren_broker::queue::queue_type(arguments).is_none_or(|t| t == "classic")
 }
 
-/// A classic queue deleted on another node: its proxy here goes. A queue held here is never
-/// deleted this way (a delete asked on another node is done here first, see
-/// [`crate::proxy`]), nor are quorum queues, which their own group deletes.
+/// A queue deleted on another node: its proxy here goes. A queue held here is never deleted
+/// this way (a classic queue's delete asked on another node is done here first, see
+/// [`crate::proxy`]), nor are this node's members of quorum queues, which their own group
+/// deletes.
 fn remove_classic(v: &warren_broker::VHost, name: &str) {
     v.remove_remote_queue(name);
 }

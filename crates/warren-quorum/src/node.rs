@@ -243,6 +243,7 @@ impl QuorumNode {
             let req = Request::DeleteMember {
                 vhost: vhost.to_string(),
                 name: name.to_string(),
+                stays: false,
             };
             let (vhost, name) = (vhost.to_string(), name.to_string());
             self.runtime.spawn(async move {

@@ -1,5 +1,7 @@
-//! Classic queues across the nodes of a cluster: a classic queue lives on the node that
-//! declared it (its owner) and is reached from every other node, as in RabbitMQ.
+//! Queues across the nodes of a cluster: a classic queue lives on the node that declared it
+//! (its owner) and is reached from every other node, as in RabbitMQ; a quorum queue is
+//! reached the same way from the nodes that hold no member of its group (added to the
+//! cluster later, or left out by `x-quorum-initial-group-size`), through one of its members.
 //!
 //! The cluster's metadata group carries a durable classic queue's declare and delete (see
 //! [`crate::metadata`]); every other node puts a [`ClassicProxy`] under its name, so that
@@ -14,6 +16,13 @@
 //!   connection ([`Cast::Deliver`]); the client's ack, nack or reject goes back
 //!   ([`Cast::Settle`]);
 //! - basic.get, queue.purge and the message counts are asked of the owner's node.
+//!
+//! A quorum queue's proxy asks a member's node (the declaring node first, then the others by
+//! id, skipping nodes that turn out to hold no member, moving on when a node is not
+//! connected); that member serves the proxy with its local queue as it serves its own
+//! clients (forwarding to the group's leader when it does not lead). Its requests name the
+//! queue with [`via_key`], so that they reach that node's [`ClassicServer`] and not the
+//! group's own member-to-leader protocol, which uses the plain key.
 //!
 //! On the owner, a [`ClassicServer`] per queue serves those requests. When the connection
 //! between the two nodes drops, the owner returns what it had handed to that node (redelivered)
@@ -61,9 +70,27 @@ const COUNTS_FRESH: Duration = Duration::from_millis(500);
 /// The answer when a consumer would break an exclusive use (as the quorum queues').
 const EXCLUSIVE_USE: &str = "in exclusive use";
 
-/// Splits a group key into vhost and queue name.
+/// The first character of the keys with which a quorum queue's proxy names the queue (see
+/// [`via_key`]).
+const VIA: char = '\u{1d}';
+
+/// The key with which a quorum queue's proxy names the queue of group key `key` to a
+/// member's node.
+pub(crate) fn via_key(key: &str) -> String {
+    format!("{VIA}{key}")
+}
+
+/// Whether `key` is one a quorum queue's proxy uses (see [`via_key`]).
+pub(crate) fn is_via(key: &str) -> bool {
+    key.starts_with(VIA)
+}
+
+/// The answer of a node asked about a queue it does not hold (a proxy then asks another).
+pub(crate) const NOT_HERE: &str = "no such queue on this node";
+
+/// Splits a group key (or a [`via_key`]) into vhost and queue name.
 pub(crate) fn split_key(key: &str) -> Option<(&str, &str)> {
-    key.split_once('\u{1f}')
+    key.strip_prefix(VIA).unwrap_or(key).split_once('\u{1f}')
 }
 
 // ---- on the owner's node ----------------------------------------------------------------
@@ -172,7 +199,8 @@ struct PeerState {
     gets: Arc<RemoteChannel>,
 }
 
-/// Serves a classic queue held on this node to the other nodes' proxies of it.
+/// Serves a queue held on this node (a classic queue, or this node's member of a quorum
+/// queue) to the other nodes' proxies of it.
 pub struct ClassicServer {
     cluster: Weak<Cluster>,
     group: String,
@@ -442,8 +470,8 @@ struct ProxyState {
     next_id: u64,
     /// Bumped whenever the consumers change.
     version: u64,
-    /// (connection generation, version) the owner's node took last.
-    sent: Option<(u64, u64)>,
+    /// (node, connection generation, version) the queue's node took last.
+    sent: Option<(NodeId, u64, u64)>,
     pending: bool,
     /// Which consumer each unsettled delivery went to: (channel key, key) -> consumer id.
     delivered: HashMap<(u64, u64), u64>,
@@ -454,14 +482,23 @@ struct ProxyState {
     parked: Vec<(u64, QueuedMessage)>,
 }
 
-/// A classic queue held by another node, as this node's vhosts see it.
+/// A queue held by other nodes, as this node's vhosts see it: a classic queue of another
+/// node, or a quorum queue with no member here.
 pub struct ClassicProxy {
     myself: Weak<ClassicProxy>,
     cluster: Arc<Cluster>,
     runtime: tokio::runtime::Handle,
-    owner: NodeId,
+    /// `classic` or `quorum`.
+    kind: &'static str,
+    /// The node asked now: a classic queue's owner, or a quorum queue's member node.
+    owner: AtomicU64,
+    /// The nodes that may be asked, in order of preference (a classic queue's owner alone).
+    candidates: Vec<NodeId>,
+    /// Candidates that answered that they hold no member.
+    not_here: Mutex<Vec<NodeId>>,
     name: String,
     vhost: String,
+    /// The key its requests name the queue with (see [`via_key`]).
     key: String,
     auto_delete: bool,
     arguments: FieldTable,
@@ -481,31 +518,50 @@ impl std::fmt::Debug for ClassicProxy {
         f.debug_struct("ClassicProxy")
             .field("vhost", &self.vhost)
             .field("name", &self.name)
-            .field("owner", &self.owner)
+            .field("owner", &self.owner())
             .finish()
     }
 }
 
 impl ClassicProxy {
-    /// The proxy of classic queue `name` of `vhost`, held by node `owner`, and registered to
-    /// receive the owner's deliveries.
+    /// The proxy of queue `name` of `vhost`, and registered to receive deliveries: a classic
+    /// queue (`quorum` false) held by node `owner`, or a quorum queue declared on node
+    /// `owner` (asked first; the cluster's other nodes after it).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         cluster: Arc<Cluster>,
         runtime: tokio::runtime::Handle,
         owner: NodeId,
+        quorum: bool,
         vhost: &str,
         name: &str,
         auto_delete: bool,
         arguments: FieldTable,
     ) -> Arc<ClassicProxy> {
-        let key = crate::node::group_key(vhost, name);
+        let group = crate::node::group_key(vhost, name);
+        let (kind, key, candidates) = if quorum {
+            let me = cluster.node_id();
+            let mut c = vec![owner];
+            c.extend(
+                cluster
+                    .nodes()
+                    .into_keys()
+                    .filter(|n| *n != owner && *n != me),
+            );
+            ("quorum", via_key(&group), c)
+        } else {
+            ("classic", group, vec![owner])
+        };
         let resource = format!("queue '{name}' in vhost '{vhost}'");
         let args = QueueArgs::parse(&resource, &arguments).unwrap_or_default();
         let p = Arc::new_cyclic(|me| ClassicProxy {
             myself: me.clone(),
             cluster: cluster.clone(),
             runtime,
-            owner,
+            kind,
+            owner: AtomicU64::new(owner),
+            candidates,
+            not_here: Mutex::new(Vec::new()),
             name: name.to_string(),
             vhost: vhost.to_string(),
             key: key.clone(),
@@ -529,16 +585,82 @@ impl ClassicProxy {
         p
     }
 
-    /// A request to the owner's node, waited for on this (worker) thread; `None` when the
-    /// node cannot be asked.
-    fn call_owner(&self, req: Request) -> Option<Response> {
-        match self.cluster.call_blocking(self.owner, req, CALL_TIMEOUT)? {
-            Ok(r) => Some(r),
-            Err(e) => {
-                debug!(queue = %self.name, owner = self.owner, error = %e, "the queue's node did not answer");
-                None
+    /// The node asked now.
+    fn owner(&self) -> NodeId {
+        self.owner.load(Ordering::Acquire)
+    }
+
+    /// The node to ask: the one asked until now while it is connected, else the first
+    /// connected candidate that did not answer [`NOT_HERE`] (a quorum queue's proxy).
+    fn pick(&self) -> NodeId {
+        let now = self.owner();
+        if self.candidates.len() < 2 {
+            return now;
+        }
+        let mut not_here = self.not_here.lock();
+        if self.cluster.generation(now).is_some() && !not_here.contains(&now) {
+            return now;
+        }
+        let usable = |n: &&NodeId| self.cluster.generation(**n).is_some();
+        let next = match self
+            .candidates
+            .iter()
+            .filter(usable)
+            .find(|n| !not_here.contains(n))
+        {
+            Some(n) => *n,
+            None => {
+                // Every connected node said no: members may have been added since.
+                not_here.clear();
+                self.candidates.iter().find(usable).copied().unwrap_or(now)
+            }
+        };
+        if next != now {
+            debug!(queue = %self.name, from = now, to = next, "quorum queue reached through another node");
+            self.owner.store(next, Ordering::Release);
+        }
+        next
+    }
+
+    /// Notes that `node` holds no member of the queue, when `answer` says so (a quorum
+    /// queue's proxy then asks another node); returns whether it did.
+    fn noted_not_here(&self, node: NodeId, answer: &str) -> bool {
+        if answer != NOT_HERE || self.candidates.len() < 2 {
+            return false;
+        }
+        let mut not_here = self.not_here.lock();
+        if !not_here.contains(&node) {
+            not_here.push(node);
+        }
+        true
+    }
+
+    /// A request to the queue's node, waited for on this (worker) thread; `None` when the
+    /// node cannot be asked. A node that holds no member of a quorum queue passes the
+    /// request on to the next candidate.
+    fn call_owner(&self, make: impl Fn() -> Request) -> Option<Response> {
+        for _ in 0..self.candidates.len() {
+            let node = self.pick();
+            let r = match self.cluster.call_blocking(node, make(), CALL_TIMEOUT)? {
+                Ok(r) => r,
+                Err(e) => {
+                    debug!(queue = %self.name, owner = node, error = %e, "the queue's node did not answer");
+                    return None;
+                }
+            };
+            let refused = match &r {
+                Response::Done(Err(e))
+                | Response::Got(Err(e))
+                | Response::Purged(Err(e))
+                | Response::Counts(Err(e)) => e.as_str(),
+                Response::Deleted(Err((_, e))) => e.as_str(),
+                _ => "",
+            };
+            if !self.noted_not_here(node, refused) {
+                return Some(r);
             }
         }
+        None
     }
 
     /// Sends settlements of consumer `consumer` (0: basic.get) to the owner's node.
@@ -551,15 +673,16 @@ impl ClassicProxy {
             consumer,
             settlements: items,
         };
-        if !self.cluster.cast(self.owner, cast) {
-            debug!(queue = %self.name, owner = self.owner, "settlements not sent: the queue's node is not connected (it returns the messages)");
+        if !self.cluster.cast(self.owner(), cast) {
+            debug!(queue = %self.name, owner = self.owner(), "settlements not sent: the queue's node is not connected (it returns the messages)");
         }
     }
 
     /// Tells the owner's node this node's consumers when they changed since it last took
     /// them, or the connection to it is new.
     fn sync_subscription(&self) {
-        let Some(generation) = self.cluster.generation(self.owner) else {
+        let node = self.pick();
+        let Some(generation) = self.cluster.generation(node) else {
             return;
         };
         let (consumers, want) = {
@@ -567,7 +690,7 @@ impl ClassicProxy {
             if self.deleted.load(Ordering::Acquire) || st.pending {
                 return;
             }
-            let want = (generation, st.version);
+            let want = (node, generation, st.version);
             if st.sent == Some(want) {
                 return;
             }
@@ -588,7 +711,7 @@ impl ClassicProxy {
                     exclusive: c.c.exclusive,
                 })
                 .collect();
-            if consumers.is_empty() && st.sent.is_none_or(|s| s.0 != generation) {
+            if consumers.is_empty() && st.sent.is_none_or(|s| (s.0, s.1) != (node, generation)) {
                 st.sent = Some(want);
                 return;
             }
@@ -604,11 +727,10 @@ impl ClassicProxy {
                 term: 0,
                 consumers,
             };
-            let r = me
-                .cluster
-                .call(me.owner, req, Duration::ZERO, CALL_TIMEOUT)
-                .await;
+            let r = me.cluster.call(node, req, Duration::ZERO, CALL_TIMEOUT).await;
             let ok = matches!(r, Ok(Response::Subscribed(Ok(()))));
+            let elsewhere =
+                matches!(&r, Ok(Response::Subscribed(Err(e))) if me.noted_not_here(node, e));
             {
                 let mut st = me.inner.lock();
                 st.pending = false;
@@ -618,7 +740,7 @@ impl ClassicProxy {
                     debug!(queue = %me.name, answer = ?r, "consumers not registered at the queue's node");
                 }
             }
-            if ok {
+            if ok || elsewhere {
                 me.sync_subscription();
                 me.offer_parked();
             }
@@ -668,10 +790,14 @@ impl ClassicProxy {
             let req = Request::ClassicCounts {
                 group: me.key.clone(),
             };
+            let node = me.pick();
             let r = me
                 .cluster
-                .call(me.owner, req, Duration::ZERO, CALL_TIMEOUT)
+                .call(node, req, Duration::ZERO, CALL_TIMEOUT)
                 .await;
+            if let Ok(Response::Counts(Err(e))) = &r {
+                me.noted_not_here(node, e);
+            }
             let mut c = me.counts.lock();
             c.2 = false;
             if let Ok(Response::Counts(Ok((ready, unacked, consumers)))) = r {
@@ -758,7 +884,7 @@ impl GroupServer for ClassicProxy {
     }
 
     fn deliver(&self, peer: NodeId, _term: u64, consumer: u64, delivery: RemoteMessage) {
-        if peer != self.owner {
+        if peer != self.owner() {
             return;
         }
         let Some(me) = self.myself.upgrade() else {
@@ -800,7 +926,7 @@ impl GroupServer for ClassicProxy {
     }
 
     fn peer_lost(&self, peer: NodeId) {
-        if peer == self.owner {
+        if peer == self.owner() {
             // The owner returns what it handed out; the consumers register again.
             let mut st = self.inner.lock();
             st.sent = None;
@@ -822,7 +948,7 @@ impl QueueBackend for ClassicProxy {
         &self.vhost
     }
     fn kind(&self) -> &'static str {
-        "classic"
+        self.kind
     }
     fn durable(&self) -> bool {
         true
@@ -893,20 +1019,23 @@ impl QueueBackend for ClassicProxy {
             group: self.key.clone(),
             message: WireMessage(message),
         };
-        match self.cluster.send_now(self.owner, req) {
+        let node = self.pick();
+        match self.cluster.send_now(node, req) {
             Ok(pending) => {
+                let me = self.myself.upgrade();
                 self.runtime.spawn(async move {
-                    let ok = matches!(
-                        pending.wait(PUBLISH_WAIT).await,
-                        Ok(Response::Proposed(Ok(())))
-                    );
+                    let r = pending.wait(PUBLISH_WAIT).await;
+                    let ok = matches!(r, Ok(Response::Proposed(Ok(()))));
+                    if let (Ok(Response::Proposed(Err(e))), Some(me)) = (&r, me) {
+                        me.noted_not_here(node, e);
+                    }
                     if let Some((sink, token)) = waiter {
                         sink.complete(&[token], ok);
                     }
                 });
             }
             Err(e) => {
-                debug!(queue = %self.name, owner = self.owner, error = %e, "publish to a queue whose node is not reachable refused");
+                debug!(queue = %self.name, owner = node, error = %e, "publish to a queue whose node is not reachable refused");
                 fail(waiter);
             }
         }
@@ -928,7 +1057,7 @@ impl QueueBackend for ClassicProxy {
                 self.resource_name()
             )));
         }
-        let req = Request::CheckConsume {
+        let req = || Request::CheckConsume {
             group: self.key.clone(),
             exclusive: consumer.exclusive,
         };
@@ -982,7 +1111,7 @@ impl QueueBackend for ClassicProxy {
     fn touch(&self) {}
 
     fn get(&self, no_ack: bool) -> Option<(QueuedMessage, u32)> {
-        let req = Request::Get {
+        let req = || Request::Get {
             group: self.key.clone(),
             no_ack,
         };
@@ -1038,7 +1167,7 @@ impl QueueBackend for ClassicProxy {
     }
 
     fn purge(&self) -> u32 {
-        let req = Request::Purge {
+        let req = || Request::Purge {
             group: self.key.clone(),
         };
         match self.call_owner(req) {
@@ -1048,24 +1177,32 @@ impl QueueBackend for ClassicProxy {
     }
 
     fn unavailable(&self) -> Option<String> {
-        if self.cluster.generation(self.owner).is_some() {
+        let node = self.pick();
+        if self.cluster.generation(node).is_some() {
             return None;
         }
         let host = self
             .cluster
             .nodes()
-            .get(&self.owner)
+            .get(&node)
             .and_then(|a| a.rsplit_once(':').map(|(h, _)| h.to_string()))
             .unwrap_or_default();
-        Some(format!(
-            "home node 'warren-{}@{host}' of durable queue '{}' in vhost '{}' is down or \
-             inaccessible",
-            self.owner, self.name, self.vhost
-        ))
+        Some(if self.kind == "quorum" {
+            format!(
+                "no node holding a member of quorum queue '{}' in vhost '{}' is reachable",
+                self.name, self.vhost
+            )
+        } else {
+            format!(
+                "home node 'warren-{node}@{host}' of durable queue '{}' in vhost '{}' is down \
+                 or inaccessible",
+                self.name, self.vhost
+            )
+        })
     }
 
     fn delete_at_owner(&self, if_unused: bool, if_empty: bool) -> Option<Result<u32>> {
-        let req = Request::ClassicDelete {
+        let req = || Request::ClassicDelete {
             group: self.key.clone(),
             if_unused,
             if_empty,
@@ -1145,6 +1282,6 @@ impl QueueBackend for ClassicProxy {
         None
     }
     fn owner_node(&self) -> Option<u64> {
-        Some(self.owner)
+        Some(self.owner())
     }
 }

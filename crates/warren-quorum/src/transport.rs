@@ -221,12 +221,15 @@ pub enum Request {
         /// Its declared arguments, an AMQP field table (encoded as on the wire).
         arguments: Vec<u8>,
     },
-    /// Delete this node's member of a deleted quorum queue.
+    /// Delete this node's member of a quorum queue.
     DeleteMember {
         /// The queue's vhost.
         vhost: String,
         /// The queue's name.
         name: String,
+        /// The queue stays (only this node's member is removed): the node reaches it
+        /// through the other members from then on (see [`crate::proxy`]).
+        stays: bool,
     },
     /// Propose `batch` in group `group`, whose leader is the answering node: what a member
     /// that does not lead forwards (publishes of its clients). Proposed in arrival order.
@@ -673,8 +676,9 @@ impl Cluster {
         self.classic_server(key).map(|s| s as Arc<dyn GroupServer>)
     }
 
-    /// The server of classic queue `key` held here, made when first asked (see
-    /// [`crate::proxy`]); `None` when this node holds no such classic queue.
+    /// The server of classic queue `key` held here, or of this node's member of quorum queue
+    /// `key` (a [`crate::proxy::via_key`]), made when first asked (see [`crate::proxy`]);
+    /// `None` when this node holds no such queue.
     fn classic_server(&self, key: &str) -> Option<Arc<crate::proxy::ClassicServer>> {
         let mut classic = self.classic.lock();
         if let Some(s) = classic.get(key) {
@@ -686,7 +690,12 @@ impl Cluster {
         let (vhost, name) = crate::proxy::split_key(key)?;
         let broker = self.host.get()?.broker()?;
         let q = broker.vhost(vhost)?.queue(name, 0).ok()?;
-        if q.kind() != "classic" || q.owner_node().is_some() || q.exclusive_owner().is_some() {
+        let kind = if crate::proxy::is_via(key) {
+            "quorum"
+        } else {
+            "classic"
+        };
+        if q.kind() != kind || q.owner_node().is_some() || q.exclusive_owner().is_some() {
             return None;
         }
         let s = crate::proxy::ClassicServer::new(self.myself.clone(), key, q, &broker);
@@ -712,20 +721,41 @@ impl Cluster {
     }
 
     /// Deletes this node's member of queue `name` of `vhost` (its queue, locally: the other
-    /// members are not asked to go). Errors: the refusal's text.
+    /// members are not asked to go). When the queue `stays` (only this member was removed),
+    /// a proxy takes its place, with its bindings, so that the queue is still reached from
+    /// here (see [`crate::proxy`]). Errors: the refusal's text.
     pub(crate) async fn delete_member_here(
         &self,
         vhost: String,
         name: String,
+        stays: bool,
     ) -> Result<(), String> {
         let Some(host) = self.host.get().cloned() else {
             return Err("the node is starting".into());
         };
         let key = crate::node::group_key(&vhost, &name);
         self.leaving.lock().insert(key.clone());
-        let r = tokio::task::spawn_blocking(move || host.delete_member(&vhost, &name))
-            .await
-            .unwrap_or_else(|e| Err(e.to_string()));
+        let metadata = self.metadata_group().filter(|_| stays);
+        let me = self.node_id();
+        let r = tokio::task::spawn_blocking(move || {
+            let kept = metadata.as_ref().and_then(|_| {
+                let v = host.broker()?.vhost(&vhost)?;
+                let q = v.queue(&name, 0).ok()?;
+                Some((v.bindings_to_queue(&name), q.arguments().clone()))
+            });
+            host.delete_member(&vhost, &name)?;
+            if let (Some(m), Some((bindings, arguments))) = (metadata, kept) {
+                let Some(v) = host.broker().and_then(|b| b.vhost(&vhost)) else {
+                    return Ok(());
+                };
+                if m.put_proxy(&v, me, &name, false, arguments) {
+                    v.apply_replicated(&bindings);
+                }
+            }
+            Ok(())
+        })
+        .await
+        .unwrap_or_else(|e| Err(e.to_string()));
         self.leaving.lock().remove(&key);
         r
     }
@@ -1160,10 +1190,9 @@ impl Cluster {
                             });
                             s.publish(&b, message.0, done);
                         }
-                        _ => conn.answer(
-                            id,
-                            Response::Proposed(Err("no such classic queue on this node".into())),
-                        ),
+                        _ => {
+                            conn.answer(id, Response::Proposed(Err(crate::proxy::NOT_HERE.into())))
+                        }
                     }
                 }
                 Wire::Request {
@@ -1172,7 +1201,7 @@ impl Cluster {
                 } => {
                     let r = match self.classic_server(&group) {
                         Some(s) => Ok(s.counts()),
-                        None => Err("no such classic queue on this node".into()),
+                        None => Err(crate::proxy::NOT_HERE.into()),
                     };
                     conn.answer(id, Response::Counts(r));
                 }
@@ -1197,7 +1226,7 @@ impl Cluster {
                 } => {
                     let r = match self.server(&group) {
                         Some(s) => s.subscribe(conn.peer, term, consumers),
-                        None => Err("no such quorum queue on this node".into()),
+                        None => Err(crate::proxy::NOT_HERE.into()),
                     };
                     conn.answer(id, Response::Subscribed(r));
                 }
@@ -1207,7 +1236,7 @@ impl Cluster {
                 } => {
                     let r = match self.server(&group) {
                         Some(s) => s.purge(),
-                        None => Err("no such quorum queue on this node".into()),
+                        None => Err(crate::proxy::NOT_HERE.into()),
                     };
                     conn.answer(id, Response::Purged(r));
                 }
@@ -1217,7 +1246,7 @@ impl Cluster {
                 } => {
                     let r = match self.server(&group) {
                         Some(s) => s.check_consume(exclusive),
-                        None => Err("no such quorum queue on this node".into()),
+                        None => Err(crate::proxy::NOT_HERE.into()),
                     };
                     conn.answer(id, Response::Done(r));
                 }
@@ -1227,7 +1256,7 @@ impl Cluster {
                 } => {
                     let r = match self.server(&group) {
                         Some(s) => s.get(conn.peer, no_ack),
-                        None => Err("no such quorum queue on this node".into()),
+                        None => Err(crate::proxy::NOT_HERE.into()),
                     };
                     conn.answer(id, Response::Got(r));
                 }
@@ -1304,8 +1333,12 @@ impl Cluster {
                 let Some((broker, (vhost, name))) = broker.zip(
                     crate::proxy::split_key(&group).map(|(v, n)| (v.to_string(), n.to_string())),
                 ) else {
-                    return Response::Deleted(Err((404, "no such queue here".into())));
+                    return Response::Deleted(Err((404, crate::proxy::NOT_HERE.into())));
                 };
+                if crate::proxy::is_via(&group) && self.classic_server(&group).is_none() {
+                    // No member of the quorum queue here: the proxy asks another node.
+                    return Response::Deleted(Err((404, crate::proxy::NOT_HERE.into())));
+                }
                 let r = tokio::task::spawn_blocking(move || {
                     let v = broker
                         .vhost(&vhost)
@@ -1318,8 +1351,8 @@ impl Cluster {
                 Response::Deleted(r)
             }
             Request::ClassicCounts { .. } => Response::Counts(Err("not handled".into())),
-            Request::DeleteMember { vhost, name } => {
-                Response::Done(self.delete_member_here(vhost, name).await)
+            Request::DeleteMember { vhost, name, stays } => {
+                Response::Done(self.delete_member_here(vhost, name, stays).await)
             }
             Request::Initialize { group, members } => match self.group(&group) {
                 Some(r) => {

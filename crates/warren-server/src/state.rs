@@ -112,6 +112,9 @@ impl warren_quorum::MemberHost for MemberHost {
         let vh = broker
             .vhost(vhost)
             .ok_or_else(|| format!("no vhost '{vhost}' on this node"))?;
+        // The stand-in through which this node reached the queue makes way for the member
+        // (the bindings stay).
+        vh.replace_remote_queue(name);
         let existed = vh.queue(name, CLUSTER_CONNECTION_ID).is_ok();
         let d = warren_broker::vhost::QueueDeclare {
             name: name.to_string(),
@@ -121,7 +124,8 @@ impl warren_quorum::MemberHost for MemberHost {
             auto_delete: false,
             arguments,
         };
-        vh.declare_queue(&d, CLUSTER_CONNECTION_ID)
+        // The declare that made the queue reaches the other nodes already.
+        warren_broker::replica::unreplicated(|| vh.declare_queue(&d, CLUSTER_CONNECTION_ID))
             .map(|_| !existed)
             .map_err(|e| e.text)
     }
@@ -135,9 +139,12 @@ impl warren_quorum::MemberHost for MemberHost {
         let Some(vh) = broker.vhost(vhost) else {
             return Ok(());
         };
-        vh.delete_queue(name, false, false, CLUSTER_CONNECTION_ID)
-            .map(|_| ())
-            .map_err(|e| e.text)
+        // The delete (or member removal) that asked for this reaches the other nodes already.
+        warren_broker::replica::unreplicated(|| {
+            vh.delete_queue(name, false, false, CLUSTER_CONNECTION_ID)
+        })
+        .map(|_| ())
+        .map_err(|e| e.text)
     }
 }
 

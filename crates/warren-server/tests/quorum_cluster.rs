@@ -885,17 +885,31 @@ async fn members_are_added_and_removed() {
     declare_with(&ch, q, "x-quorum-initial-group-size", AMQPValue::LongInt(2)).await;
     wait_for_member(&node2, q).await;
     wait_members(api[0], q, &[name(1), name(2)]).await;
-    assert!(count_on(&node3, q).await.is_none(), "no member on node 3");
     ch.confirm_select(ConfirmSelectOptions::default())
         .await
         .expect("confirm.select");
     publish_confirmed(&ch, q, (0..50).map(|i| format!("m{i}"))).await;
+    // Node 3 holds no member and reaches the queue through the members: its counts, and its
+    // clients' publishes, confirmed once the group has them.
+    let queue_on = |port: u16| async move { api_get(port, &format!("/api/queues/%2F/{q}")).await };
+    let on3 = queue_on(api[2]).await;
+    assert!(on3["members"].is_null(), "a stand-in on node 3: {on3}");
+    assert_eq!(on3["type"], "quorum", "{on3}");
+    wait_count(&node3, q, 50).await;
+    let c3 = node3.connect().await;
+    let ch3 = c3.create_channel().await.expect("channel");
+    ch3.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirm.select");
+    publish_confirmed(&ch3, q, (50..60).map(|i| format!("m{i}"))).await;
+    wait_count(&node1, q, 60).await;
 
     // Added on node 3, asked of node 2 (which does not lead): node 3 catches up.
     let (status, body) = api_replicas(api[1], q, true, &name(3)).await;
     assert_eq!(status, 204, "{body}");
     assert_eq!(members_on(api[0], q).await, vec![name(1), name(2), name(3)]);
-    wait_count(&node3, q, 50).await;
+    wait_count(&node3, q, 60).await;
+    assert_eq!(members_on(api[2], q).await, vec![name(1), name(2), name(3)]);
     // With three members, no single node is critical.
     let critical = "/api/health/checks/node-is-quorum-critical";
     assert_eq!(api_status(api[0], critical).await.0, 200);
@@ -917,15 +931,17 @@ async fn members_are_added_and_removed() {
     assert_eq!(api_status(api[0], critical).await.0, 200);
     drop(ch);
     let _ = conn.close(200, "bye".into()).await;
+    // Node 1's member makes way for a stand-in.
     let deadline = Instant::now() + Duration::from_secs(15);
-    while count_on(&node1, q).await.is_some() {
+    while !queue_on(api[0]).await["members"].is_null() {
         assert!(Instant::now() < deadline, "node 1 kept its member's queue");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // The remaining members elect a leader and have every message.
-    let c3 = node3.connect().await;
-    let ch3 = c3.create_channel().await.expect("channel");
-    let mut cons = ch3
+    // The remaining members elect a leader and have every message; a consumer on node 1
+    // gets them through them.
+    let c1 = node1.connect().await;
+    let ch1 = c1.create_channel().await.expect("channel");
+    let mut cons = ch1
         .basic_consume(
             q.into(),
             "after".into(),
@@ -934,9 +950,10 @@ async fn members_are_added_and_removed() {
         )
         .await
         .expect("basic.consume");
-    for i in 0..50 {
+    for i in 0..60 {
         assert_eq!(next_delivery(&mut cons, true).await.0, format!("m{i}"));
     }
+    wait_count(&node3, q, 0).await;
 
     // `warren ctl cluster status` lists the nodes.
     let (ok, out, err) = ctl(api[2], &["cluster", "status"]);
@@ -951,7 +968,101 @@ async fn members_are_added_and_removed() {
     assert_eq!(status, 400, "{body}");
     assert!(body.contains("last member"), "{body}");
     drop(cons);
+    let _ = c1.close(200, "bye".into()).await;
     let _ = c3.close(200, "bye".into()).await;
+
+    // A queue with one member (node 1): bound, published to, got from, consumed from and
+    // deleted on the other nodes.
+    let q = "single";
+    let conn = node1.connect().await;
+    let ch = conn.create_channel().await.expect("channel");
+    declare_with(&ch, q, "x-quorum-initial-group-size", AMQPValue::LongInt(1)).await;
+    wait_count(&node2, q, 0).await;
+    let c2 = node2.connect().await;
+    let ch2 = c2.create_channel().await.expect("channel");
+    within(
+        "queue.bind",
+        ch2.queue_bind(
+            q.into(),
+            "amq.direct".into(),
+            "to-single".into(),
+            Default::default(),
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .expect("bound on node 2");
+    let c3 = node3.connect().await;
+    let ch3 = c3.create_channel().await.expect("channel");
+    ch3.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirm.select");
+    eventually("the binding routes on node 3", || {
+        let ch3 = ch3.clone();
+        async move {
+            let confirm = ch3
+                .basic_publish(
+                    "amq.direct".into(),
+                    "to-single".into(),
+                    BasicPublishOptions {
+                        mandatory: true,
+                        ..Default::default()
+                    },
+                    b"s0",
+                    persistent(),
+                )
+                .await
+                .unwrap()
+                .await
+                .unwrap();
+            confirm.is_ack() && confirm.take_message().is_none()
+        }
+    })
+    .await;
+    publish_confirmed(&ch3, q, (1..5).map(|i| format!("s{i}"))).await;
+    wait_count(&node1, q, 5).await;
+    let got = within(
+        "basic.get",
+        ch2.basic_get(q.into(), lapin::options::BasicGetOptions::default()),
+    )
+    .await
+    .expect("basic.get")
+    .expect("a message");
+    assert_eq!(got.delivery.data, b"s0");
+    got.delivery
+        .ack(BasicAckOptions::default())
+        .await
+        .expect("ack");
+    let mut cons = ch3
+        .basic_consume(
+            q.into(),
+            "on-3".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("basic.consume on node 3");
+    for i in 1..5 {
+        assert_eq!(next_delivery(&mut cons, true).await.0, format!("s{i}"));
+    }
+    wait_count(&node1, q, 0).await;
+    drop(cons);
+    within(
+        "queue.delete",
+        ch2.queue_delete(q.into(), Default::default()),
+    )
+    .await
+    .expect("deleted on node 2");
+    for n in [&node1, &node2, &node3] {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while count_on(n, q).await.is_some() {
+            assert!(Instant::now() < deadline, "{q} left on port {}", n.port);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    for c in [conn, c2, c3] {
+        let _ = c.close(200, "bye".into()).await;
+    }
     drop(node1);
     drop(node2);
     drop(node3);
@@ -1358,6 +1469,16 @@ async fn nodes_are_added_to_and_removed_from_a_running_cluster() {
         members_on(api[0], "wide").await.len() == 4
     })
     .await;
+    // A quorum queue declared before node 4 joined is reached from it, through its members.
+    wait_count(&node4, "grown", 0).await;
+    let c4 = node4.connect().await;
+    let ch4 = c4.create_channel().await.unwrap();
+    ch4.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    publish_confirmed(&ch4, "grown", (0..5).map(|i| format!("g{i}"))).await;
+    wait_count(&node1, "grown", 5).await;
+    let _ = c4.close(200, "bye".into()).await;
 
     // grow and shrink over the vhost's quorum queues.
     let (ok, out, err) = ctl(api[0], &["quorum", "grow", name4]);
@@ -1366,10 +1487,19 @@ async fn nodes_are_added_to_and_removed_from_a_running_cluster() {
         members_on(api[0], "grown").await.len() == 4
     })
     .await;
+    // Its member on node 4 took the stand-in's place, and caught up.
+    assert_eq!(members_on(api[3], "grown").await.len(), 4);
+    wait_count(&node4, "grown", 5).await;
     let (ok, out, err) = ctl(api[2], &["quorum", "shrink", name4]);
     assert!(ok && out.contains("wide: removed"), "shrink: {out} {err}");
     eventually("three members each after the shrink", || async {
         members_on(api[0], "grown").await.len() == 3 && members_on(api[0], "wide").await.len() == 3
+    })
+    .await;
+    // Node 4 reaches them through the members again.
+    eventually("stand-ins on node 4", || async {
+        let g = api_get(api[3], "/api/queues/%2F/grown").await;
+        g["members"].is_null() && g["messages"] == 5
     })
     .await;
     let (ok, out, err) = ctl(api[0], &["quorum", "grow", name4]);

@@ -535,15 +535,6 @@ impl VHost {
         self.maybe_compact(topo);
     }
 
-    /// The commands of `commands` that the cluster replicates (see [`crate::replica`]).
-    fn replicated(commands: &[TopologyCommand]) -> Vec<TopologyCommand> {
-        commands
-            .iter()
-            .filter(|c| crate::replica::sent_to_cluster(c))
-            .cloned()
-            .collect()
-    }
-
     /// Hands a change to the cluster's metadata group, when there is one. For a change a
     /// client asked for (`what` names it), under [`deferring`] the reply also waits until
     /// the change is committed; a change that cannot be committed is refused with 541
@@ -554,7 +545,9 @@ impl VHost {
         let Some(r) = self.replicator.get() else {
             return;
         };
-        let commands = Self::replicated(commands);
+        if crate::replica::is_unreplicated() {
+            return;
+        }
         if commands.is_empty() {
             return;
         }
@@ -580,7 +573,27 @@ impl VHost {
                 })
             }
         };
-        r.topology(&self.name, commands, done);
+        r.topology(&self.name, commands.to_vec(), done);
+    }
+
+    /// The bindings to queue `name`, as the records that add them: what a node puts back
+    /// with [`VHost::apply_replicated`] when its copy of the queue makes way for a stand-in
+    /// (see [`VHost::put_remote_queue`]).
+    pub fn bindings_to_queue(&self, name: &str) -> Vec<TopologyCommand> {
+        let topo = self.topology.read();
+        let dest = Destination::Queue(name.to_string());
+        topo.exchanges
+            .values()
+            .flat_map(|x| {
+                x.bindings()
+                    .iter()
+                    .filter(|b| b.destination == dest)
+                    .map(|b| TopologyCommand::AddBinding {
+                        source: x.name.clone(),
+                        binding: b.clone(),
+                    })
+            })
+            .collect()
     }
 
     /// Applies a durable topology change another node of the cluster made (see

@@ -304,6 +304,20 @@ impl VHost {
         Some(q)
     }
 
+    /// Takes away stand-in `name` (see [`VHost::put_remote_queue`]) and leaves its bindings,
+    /// for a queue held here that takes its place (this node's new member of a quorum queue):
+    /// the stand-in's consumers here are cancelled. Returns it, or `None` when there is no
+    /// such queue or it is held here.
+    pub fn replace_remote_queue(&self, name: &str) -> Option<Arc<Queue>> {
+        let q = {
+            let mut topo = self.topology.write();
+            topo.queues.get(name)?.owner_node()?;
+            topo.queues.remove(name)?
+        };
+        finish_queue_delete(&q);
+        Some(q)
+    }
+
     /// Enqueues `msg` (published on another node of the cluster, already routed there) on
     /// queue `name` held here, writing it to the store when it is persistent and the queue
     /// durable; `waiter` is completed once it is on disk (or at once).

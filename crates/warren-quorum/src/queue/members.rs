@@ -176,8 +176,13 @@ impl QuorumQueue {
             }
             .await;
             if let Err(e) = joined {
-                // The new member is not part of the group: it goes again.
-                let req = Request::DeleteMember { vhost, name };
+                // The new member is not part of the group: it goes again (and the node
+                // reaches the queue through the members, as before).
+                let req = Request::DeleteMember {
+                    vhost,
+                    name,
+                    stays: true,
+                };
                 let _ = cluster
                     .call(node, req, START_TIMEOUT / 2, START_TIMEOUT)
                     .await;
@@ -198,9 +203,13 @@ impl QuorumQueue {
                 .map_err(|e| e.to_string())?;
             info!(queue = %self.name, vhost = %self.vhost, node, "quorum queue member removed");
             let deleted = if node == self.node.cfg.node_id {
-                cluster.delete_member_here(vhost, name).await
+                cluster.delete_member_here(vhost, name, true).await
             } else {
-                let req = Request::DeleteMember { vhost, name };
+                let req = Request::DeleteMember {
+                    vhost,
+                    name,
+                    stays: true,
+                };
                 match cluster
                     .call(node, req, START_TIMEOUT / 2, START_TIMEOUT)
                     .await
