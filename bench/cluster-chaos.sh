@@ -18,6 +18,8 @@
 #   CONSUMERS     consumers per queue per node (default 1)
 #   SETTLE        seconds to wait after the last fault before draining (default 10)
 #   KEEP          1 keeps the data directories too (default: only the logs are kept)
+#   GROUP_SIZE    x-quorum-initial-group-size of the queues (default: every node); with 2,
+#                 the third node's clients reach each queue through the members' nodes
 #
 # Needs python3 with pika (pip install pika). The node logs, the fault log and the raw
 # delivery records stay in the temporary directory printed at the start; the summary goes to
@@ -36,7 +38,8 @@ WINDOW=${WINDOW:-100}
 CONSUMERS=${CONSUMERS:-1}
 SETTLE=${SETTLE:-10}
 KEEP=${KEEP:-0}
-export DURATION QUEUES SEED FAULT_EVERY RATE WINDOW CONSUMERS SETTLE
+GROUP_SIZE=${GROUP_SIZE:-0}
+export DURATION QUEUES SEED FAULT_EVERY RATE WINDOW CONSUMERS SETTLE GROUP_SIZE
 
 log() { echo "[cluster-chaos $(date -u +%H:%M:%S)] $*" >&2; }
 

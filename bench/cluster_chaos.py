@@ -49,6 +49,7 @@ CONFIRM_TIMEOUT = float(os.environ.get("CONFIRM_TIMEOUT", "8"))
 PREFETCH = int(os.environ.get("PREFETCH", "50"))
 QUIET = float(os.environ.get("QUIET", "10"))
 DRAIN_MAX = float(os.environ.get("DRAIN_MAX", "120"))
+GROUP_SIZE = int(os.environ.get("GROUP_SIZE", "0"))
 
 T0 = time.time()
 NODES = {}
@@ -485,8 +486,11 @@ def queue_stats():
 def declare():
     conn = pika.BlockingConnection(params(IDS[0]))
     ch = conn.channel()
+    args = {"x-queue-type": "quorum"}
+    if GROUP_SIZE > 0:
+        args["x-quorum-initial-group-size"] = GROUP_SIZE
     for q in QNAMES:
-        ch.queue_declare(q, durable=True, arguments={"x-queue-type": "quorum"})
+        ch.queue_declare(q, durable=True, arguments=args)
     conn.close()
     deadline = time.time() + 30
     for n in IDS:
@@ -501,7 +505,8 @@ def declare():
                     log(f"node {n} never got queue {q}")
                     sys.exit(2)
                 time.sleep(0.2)
-    log(f"declared {', '.join(QNAMES)} on node {IDS[0]}; every node has them")
+    members = f"{GROUP_SIZE} members each" if GROUP_SIZE > 0 else "a member on every node"
+    log(f"declared {', '.join(QNAMES)} on node {IDS[0]} ({members}); every node has them")
 
 
 def leadership_lines():
@@ -641,6 +646,7 @@ def main():
         f"| DURATION | {DURATION:.0f} s |", f"| QUEUES | {QUEUES} |", f"| SEED | {SEED} |",
         f"| FAULT_EVERY | {FAULT_EVERY} s |", f"| RATE | {RATE:.0f}/s per publisher |",
         f"| WINDOW | {WINDOW} |", f"| CONSUMERS | {CONSUMERS} per queue per node |",
+        f"| GROUP_SIZE | {GROUP_SIZE or 'every node'} |",
         "",
         "| figure | value |", "|---|---|",
         f"| published (sent) | {sent} |",

@@ -43,7 +43,7 @@ use openraft::{
     StorageError, StorageIOError, StoredMembership,
 };
 use parking_lot::Mutex;
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::Cursor;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -151,9 +151,13 @@ pub struct MetadataGroup {
     node: Arc<QuorumNode>,
     broker: Weak<Broker>,
     raft: OnceLock<Raft<TypeConfig>>,
-    /// Nonces of this process's proposals not applied yet by this node's state machine
-    /// (already applied here when they were made).
-    mine: Mutex<HashSet<u64>>,
+    /// This process's proposals not applied yet by this node's state machine (already
+    /// applied here when they were made): nonce -> [`Self::foreign`] when it was made.
+    mine: Mutex<HashMap<u64, u64>>,
+    /// How many other nodes' changes this node has applied: when one was applied between
+    /// this node's own change and that change's commit, the own change is applied again at
+    /// its place in the log, so that every node ends with the log order's outcome.
+    foreign: AtomicU64,
     next_nonce: AtomicU64,
     submit: mpsc::UnboundedSender<Pending>,
 }
@@ -177,7 +181,8 @@ impl MetadataGroup {
             node: node.clone(),
             broker,
             raft: OnceLock::new(),
-            mine: Mutex::new(HashSet::new()),
+            mine: Mutex::new(HashMap::new()),
+            foreign: AtomicU64::new(0),
             next_nonce: AtomicU64::new(1),
             submit: tx,
         });
@@ -351,21 +356,41 @@ impl MetadataGroup {
     fn submit(&self, change: Change, done: Done) {
         let nonce = self.next_nonce.fetch_add(1, Ordering::Relaxed);
         let payload = encode_change(self.node.cfg.node_id, nonce, &change);
-        self.mine.lock().insert(nonce);
+        let foreign = self.foreign.load(Ordering::Acquire);
+        self.mine.lock().insert(nonce, foreign);
         if let Err(mpsc::error::SendError((_, done))) = self.submit.send((payload, done)) {
             self.mine.lock().remove(&nonce);
             done(Err("the cluster's metadata group is stopped".into()));
         }
     }
 
-    /// Applies one committed change to this node's broker, unless this process made it.
+    /// Applies one committed change to this node's broker, unless this process made it (and
+    /// applied it then) and applied no other node's change since: two conflicting changes
+    /// made at the same moment on two nodes are each applied first on their own node, and
+    /// then again in log order, so that every node keeps the later one.
     fn apply_change(&self, origin: NodeId, nonce: u64, change: Change) {
-        if origin == self.node.cfg.node_id && self.mine.lock().remove(&nonce) {
-            return;
+        let own = origin == self.node.cfg.node_id;
+        let made_at = if own {
+            self.mine.lock().remove(&nonce)
+        } else {
+            None
+        };
+        match made_at {
+            Some(at) if at == self.foreign.load(Ordering::Acquire) => return,
+            Some(_) => debug!(nonce, "own metadata change applied again in log order"),
+            None => {}
         }
         let Some(broker) = self.broker.upgrade() else {
             return;
         };
+        self.apply_committed(&broker, origin, change);
+        if made_at.is_none() {
+            self.foreign.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Applies one committed change (see [`Self::apply_change`]).
+    fn apply_committed(&self, broker: &Broker, origin: NodeId, change: Change) {
         match change {
             Change::Topology { vhost, commands } => {
                 let elsewhere = origin != self.node.cfg.node_id;

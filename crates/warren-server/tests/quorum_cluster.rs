@@ -1400,6 +1400,44 @@ async fn metadata_is_replicated_to_every_node() {
     wait_for_exchange(&node3, "late").await;
     let gone = api_status(api[2], "/api/exchanges/%2F/orders").await.0;
     assert_eq!(gone, 404, "the exchange deleted while node 3 was down");
+
+    // The same new exchange declared at the same moment with two types on two nodes: each
+    // node may answer declare-ok, and every node ends with the type later in the log.
+    let c2 = node2.connect().await;
+    let opts = lapin::options::ExchangeDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    for i in 0..8 {
+        let x = format!("clash{i}");
+        let a = c1.create_channel().await.unwrap();
+        let b = c2.create_channel().await.unwrap();
+        let (ra, rb) = tokio::join!(
+            a.exchange_declare(
+                x.as_str().into(),
+                lapin::ExchangeKind::Direct,
+                opts,
+                FieldTable::default()
+            ),
+            b.exchange_declare(
+                x.as_str().into(),
+                lapin::ExchangeKind::Fanout,
+                opts,
+                FieldTable::default()
+            ),
+        );
+        assert!(ra.is_ok() || rb.is_ok(), "{ra:?} {rb:?}");
+        let path = format!("/api/exchanges/%2F/{x}");
+        eventually("every node has the same type", || async {
+            let mut types = Vec::new();
+            for port in api {
+                types.push(api_status(port, &path).await.1["type"].clone());
+            }
+            types[0].is_string() && types.iter().all(|t| *t == types[0])
+        })
+        .await;
+    }
+    let _ = c2.close(200, "bye".into()).await;
     let _ = c1.close(200, "bye".into()).await;
     drop((node1, node2, node3));
     let _ = std::fs::remove_dir_all(&root);

@@ -576,6 +576,55 @@ impl VHost {
         r.topology(&self.name, commands.to_vec(), done);
     }
 
+    /// A replicated exchange declare whose exchange is here with another definition (the
+    /// same exchange declared at the same moment on two nodes, each applying its own first):
+    /// the exchange takes the replicated definition and keeps its bindings, so that every
+    /// node ends with the definition later in the log. Returns whether `c` was that.
+    fn redefine_exchange(&self, topo: &mut Topology, c: &TopologyCommand) -> bool {
+        let TopologyCommand::PutExchange {
+            name,
+            kind,
+            auto_delete,
+            internal,
+            arguments,
+        } = c
+        else {
+            return false;
+        };
+        let Some(x) = topo.exchanges.get(name) else {
+            return false;
+        };
+        if x.durable
+            && x.kind == *kind
+            && x.auto_delete == *auto_delete
+            && x.internal == *internal
+            && x.arguments == *arguments
+        {
+            return false;
+        }
+        tracing::info!(
+            vhost = %self.name,
+            exchange = %name,
+            "exchange redefined by a declare made at the same moment on another node"
+        );
+        let mut nx = Exchange::new(
+            name.clone(),
+            *kind,
+            true,
+            *auto_delete,
+            *internal,
+            arguments.clone(),
+        );
+        nx.apply_policy(topo.policies.applied(name, Target::Exchange));
+        if let Some(old) = topo.exchanges.insert(name.clone(), nx) {
+            let nx = topo.exchanges.get_mut(name).expect("just inserted");
+            for b in old.bindings() {
+                nx.bind(b.clone());
+            }
+        }
+        true
+    }
+
     /// The bindings to queue `name`, as the records that add them: what a node puts back
     /// with [`VHost::apply_replicated`] when its copy of the queue makes way for a stand-in
     /// (see [`VHost::put_remote_queue`]).
@@ -609,7 +658,9 @@ impl VHost {
             .cloned()
             .collect();
         for c in &applied {
-            self.apply(&mut topo, c);
+            if !self.redefine_exchange(&mut topo, c) {
+                self.apply(&mut topo, c);
+            }
         }
         let n = applied.len();
         if n > 0 {
