@@ -277,8 +277,9 @@ impl QuorumNode {
     }
 
     /// Adds (`add`) or removes the member on node `node` of quorum queue `name` of `vhost`
-    /// (see [`crate::QuorumQueue::change_member`]). Errors: why not, as text; the queue not
-    /// being a quorum queue with a member on this node among them.
+    /// (see [`crate::QuorumQueue::change_member`]), through a node that holds a member when
+    /// this one does not. Errors: why not, as text; no member of the queue on this node nor
+    /// on a node it is connected to.
     pub async fn change_member(
         &self,
         vhost: &str,
@@ -286,13 +287,34 @@ impl QuorumNode {
         node: u64,
         add: bool,
     ) -> Result<(), String> {
+        let key = group_key(vhost, name);
         let q = self
             .queues
             .lock()
-            .get(&group_key(vhost, name))
-            .and_then(std::sync::Weak::upgrade)
-            .ok_or_else(|| format!("no quorum queue '{name}' in vhost '{vhost}' on this node"))?;
-        q.change_member(node, add).await
+            .get(&key)
+            .and_then(std::sync::Weak::upgrade);
+        if let Some(q) = q {
+            return q.change_member(node, add).await;
+        }
+        let missing = || format!("no quorum queue '{name}' in vhost '{vhost}' on this node");
+        let cluster = self.cluster().ok_or_else(missing)?;
+        for peer in cluster.connected() {
+            let req = Request::ChangeMember {
+                group: key.clone(),
+                node,
+                add,
+            };
+            let timeout = crate::queue::members::CHANGE_TIMEOUT;
+            match cluster.call(peer, req, Duration::ZERO, timeout).await {
+                Ok(Response::Done(r)) => return r,
+                Ok(_) => continue,
+                Err(e) => warn!(peer, error = %e, "member change not asked of a node"),
+            }
+        }
+        Err(format!(
+            "no member of quorum queue '{name}' in vhost '{vhost}' on this node or on a node \
+             it is connected to"
+        ))
     }
 
     /// Adds node `id` at inter-node address `address` to the running cluster (`Some`), or

@@ -47,7 +47,7 @@ use warren_store::{Completion, Location, Store};
 
 mod backend;
 mod dispatch;
-mod members;
+pub(crate) mod members;
 mod remote;
 
 type NodeId = u64;

@@ -249,8 +249,9 @@ pub enum Request {
         /// Every consumer the sender's clients have on the queue now.
         consumers: Vec<RemoteConsumer>,
     },
-    /// Add (`add`) or remove the member on node `node` of group `group`, whose leader is
-    /// the answering node. Answered with [`Response::Done`].
+    /// Add (`add`) or remove the member on node `node` of group `group`, of which the
+    /// answering node holds a member (it passes the change on to the leader when it does
+    /// not lead). Answered with [`Response::Done`], or [`Response::NoGroup`].
     ChangeMember {
         /// The group's key.
         group: String,

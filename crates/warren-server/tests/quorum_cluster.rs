@@ -1047,6 +1047,10 @@ async fn members_are_added_and_removed() {
     }
     wait_count(&node1, q, 0).await;
     drop(cons);
+    // A member added on node 2, asked of node 3, which holds none.
+    let (status, body) = api_replicas(api[2], q, true, &name(2)).await;
+    assert_eq!(status, 204, "{body}");
+    wait_members(api[0], q, &[name(1), name(2)]).await;
     within(
         "queue.delete",
         ch2.queue_delete(q.into(), Default::default()),

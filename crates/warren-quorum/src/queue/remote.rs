@@ -475,7 +475,9 @@ impl GroupServer for QuorumQueue {
         let me = self.myself();
         Box::pin(async move {
             match me {
-                Some(q) => q.change_member_here(node, add).await,
+                // At the leader's node, from here when this member does not lead (asked by a
+                // node without a member).
+                Some(q) => q.change_member(node, add).await,
                 None => Err("the queue is being deleted".into()),
             }
         })
