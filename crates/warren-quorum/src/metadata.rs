@@ -221,6 +221,11 @@ impl MetadataGroup {
             read_applied(&applied_path)
         };
         self.restore_proxies(&store, applied);
+        if membership.membership().voter_ids().next().is_some() {
+            // Nodes added or removed since the seed list was written, as of the last applied
+            // entry (the log's later entries, below).
+            self.node.set_cluster_nodes(nodes_of(&membership));
+        }
         let sm = MetaMachine {
             group: Arc::downgrade(&self),
             applied,
@@ -243,7 +248,25 @@ impl MetadataGroup {
         let cluster = self.node.cluster().ok_or("not in a cluster")?.clone();
         cluster.register_group(GROUP, raft.clone());
         cluster.set_metadata(Arc::downgrade(&self));
-        let known = raft.metrics().borrow().membership_config.clone();
+        // The membership openraft found in the log (it reports it once it has read the log).
+        let known = if fresh {
+            raft.metrics().borrow().membership_config.clone()
+        } else {
+            raft.wait(Some(Duration::from_secs(3)))
+                .metrics(
+                    |m| {
+                        m.membership_config
+                            .membership()
+                            .voter_ids()
+                            .next()
+                            .is_some()
+                    },
+                    "the metadata group's membership",
+                )
+                .await
+                .map(|m| m.membership_config.clone())
+                .unwrap_or_else(|_| raft.metrics().borrow().membership_config.clone())
+        };
         if known.membership().voter_ids().next().is_some() {
             // Nodes added or removed since the seed list was written.
             self.node.set_cluster_nodes(nodes_of(&known));

@@ -997,28 +997,7 @@ async fn members_are_added_and_removed() {
     ch3.confirm_select(ConfirmSelectOptions::default())
         .await
         .expect("confirm.select");
-    eventually("the binding routes on node 3", || {
-        let ch3 = ch3.clone();
-        async move {
-            let confirm = ch3
-                .basic_publish(
-                    "amq.direct".into(),
-                    "to-single".into(),
-                    BasicPublishOptions {
-                        mandatory: true,
-                        ..Default::default()
-                    },
-                    b"s0",
-                    persistent(),
-                )
-                .await
-                .unwrap()
-                .await
-                .unwrap();
-            confirm.is_ack() && confirm.take_message().is_none()
-        }
-    })
-    .await;
+    publish_once_routed(&ch3, "amq.direct", "to-single", b"s0").await;
     publish_confirmed(&ch3, q, (1..5).map(|i| format!("s{i}"))).await;
     wait_count(&node1, q, 5).await;
     let got = within(
@@ -1447,6 +1426,31 @@ async fn metadata_is_replicated_to_every_node() {
     let _ = std::fs::remove_dir_all(&root);
 }
 
+/// Publishes `body` to exchange `x` with routing key `key` (mandatory, persistent) on `ch`, a
+/// channel in confirm mode, until it is confirmed and routed (a binding made on another node
+/// reaches this one within a moment).
+async fn publish_once_routed(ch: &lapin::Channel, x: &str, key: &str, body: &[u8]) {
+    eventually("the binding routes", || async {
+        let confirm = ch
+            .basic_publish(
+                x.into(),
+                key.into(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..Default::default()
+                },
+                body,
+                persistent(),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        confirm.is_ack() && confirm.take_message().is_none()
+    })
+    .await;
+}
+
 /// Declares durable topic exchange `x` on `ch`.
 async fn declare_exchange(ch: &lapin::Channel, x: &str) {
     within(
@@ -1471,7 +1475,7 @@ async fn nodes_are_added_to_and_removed_from_a_running_cluster() {
     let (root, secret, ports) = cluster("quorum-cluster-nodes");
     let four = [ports[0], ports[1], ports[2], free_port()];
     let api = [free_port(), free_port(), free_port(), free_port()];
-    let [node1, node2, _node3] =
+    let [node1, node2, node3] =
         [1, 2, 3].map(|id| start_node_with_api(id, &ports, &secret, &root, api[id - 1]));
     let name4 = "warren-4@127.0.0.1";
 
@@ -1497,10 +1501,20 @@ async fn nodes_are_added_to_and_removed_from_a_running_cluster() {
     let (ok, out, err) = ctl(api[1], &["cluster", "add-node", &add]);
     assert!(ok, "add-node: {out} {err}");
     wait_for_exchange(&node4, "before").await;
-    eventually("four running nodes, seen from node 1", || async {
-        let nodes = api_get(api[0], "/api/nodes").await;
+    let four_running = |port: u16| async move {
+        let nodes = api_get(port, "/api/nodes").await;
         let nodes = nodes.as_array().cloned().unwrap_or_default();
         nodes.len() == 4 && nodes.iter().all(|n| n["running"] == true)
+    };
+    eventually("four running nodes, seen from node 1", || {
+        four_running(api[0])
+    })
+    .await;
+    // Node 3 restarted with its first seed list (nodes 1 to 3) still knows node 4.
+    node3.kill();
+    let _node3 = start_node_with_api(3, &ports, &secret, &root, api[2]);
+    eventually("four running nodes, seen from the restarted node 3", || {
+        four_running(api[2])
     })
     .await;
     // Changes made now reach it; new quorum queues get a member there.
@@ -1820,28 +1834,7 @@ async fn classic_queues_are_reachable_from_every_node() {
     ch3.confirm_select(ConfirmSelectOptions::default())
         .await
         .unwrap();
-    eventually("the binding routes on node 3", || {
-        let ch3 = ch3.clone();
-        async move {
-            let confirm = ch3
-                .basic_publish(
-                    "cx".into(),
-                    "k".into(),
-                    BasicPublishOptions {
-                        mandatory: true,
-                        ..Default::default()
-                    },
-                    b"probe",
-                    persistent(),
-                )
-                .await
-                .unwrap()
-                .await
-                .unwrap();
-            confirm.is_ack() && confirm.take_message().is_none()
-        }
-    })
-    .await;
+    publish_once_routed(&ch3, "cx", "k", b"probe").await;
     let mut confirms = Vec::new();
     for i in 0..50 {
         confirms.push(
