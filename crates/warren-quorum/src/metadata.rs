@@ -459,24 +459,54 @@ impl MetadataGroup {
         auto_delete: bool,
         arguments: FieldTable,
     ) -> bool {
-        let Some(cluster) = self.node.cluster() else {
-            return false;
-        };
         if v.queue(name, 0).is_ok() {
             return false;
         }
+        self.place_proxy(&v.name, owner, name, auto_delete, arguments, |q| {
+            v.put_remote_queue(q)
+        })
+    }
+
+    /// Puts the proxy of quorum queue `name` of `v` in place of this node's member, whose
+    /// removal from the group leaves the node without one, in one step (see
+    /// [`warren_broker::VHost::hand_over_queue`]). False when no member is here.
+    pub(crate) fn hand_over(
+        &self,
+        v: &warren_broker::VHost,
+        name: &str,
+        arguments: FieldTable,
+    ) -> bool {
+        let me = self.node.cfg.node_id;
+        self.place_proxy(&v.name, me, name, false, arguments, |q| {
+            v.hand_over_queue(q)
+        })
+    }
+
+    /// Makes the proxy of queue `name` of vhost `vhost` (see [`Self::put_proxy`]) and has
+    /// `place` put it in the vhost; the proxy is dropped when `place` returns false.
+    fn place_proxy(
+        &self,
+        vhost: &str,
+        owner: NodeId,
+        name: &str,
+        auto_delete: bool,
+        arguments: FieldTable,
+        place: impl FnOnce(Arc<warren_broker::Queue>) -> bool,
+    ) -> bool {
+        let Some(cluster) = self.node.cluster() else {
+            return false;
+        };
         let proxy = crate::proxy::ClassicProxy::new(
             cluster.clone(),
             self.node.runtime.clone(),
             owner,
             !is_classic(&arguments),
-            &v.name,
+            vhost,
             name,
             auto_delete,
             arguments,
         );
-        let q: Arc<warren_broker::Queue> = proxy.clone();
-        if !v.put_remote_queue(q) {
+        if !place(proxy.clone()) {
             use warren_broker::queue::QueueBackend;
             let _ = proxy.mark_deleted();
             return false;

@@ -1220,6 +1220,12 @@ impl QueueBackend for ClassicProxy {
         let ready = self.counts.lock().0.ready;
         self.deleted.store(true, Ordering::Release);
         self.cluster.unregister_proxy(&self.key, self);
+        // What the queue's node handed to this node's consumers and gets goes back to the
+        // queue.
+        let leave = Cast::Leave {
+            group: self.key.clone(),
+        };
+        self.cluster.cast(self.owner(), leave);
         let consumers = {
             let mut st = self.inner.lock();
             st.delivered.clear();

@@ -95,6 +95,13 @@ pub enum Cast {
         /// (message key, requeue, rejected) each.
         settlements: Vec<(u64, bool, bool)>,
     },
+    /// The sending node no longer reaches the queue of group `group` through the receiving
+    /// node (its stand-in or member there was deleted or replaced): the receiver forgets its
+    /// consumers and returns what it had handed to them, as when the connection drops.
+    Leave {
+        /// The group's key.
+        group: String,
+    },
 }
 
 /// What the transport calls on a node's member of a group for the requests above.

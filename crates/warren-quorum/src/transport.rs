@@ -737,23 +737,19 @@ impl Cluster {
         let key = crate::node::group_key(&vhost, &name);
         self.leaving.lock().insert(key.clone());
         let metadata = self.metadata_group().filter(|_| stays);
-        let me = self.node_id();
         let r = tokio::task::spawn_blocking(move || {
-            let kept = metadata.as_ref().and_then(|_| {
-                let v = host.broker()?.vhost(&vhost)?;
-                let q = v.queue(&name, 0).ok()?;
-                Some((v.bindings_to_queue(&name), q.arguments().clone()))
-            });
-            host.delete_member(&vhost, &name)?;
-            if let (Some(m), Some((bindings, arguments))) = (metadata, kept) {
-                let Some(v) = host.broker().and_then(|b| b.vhost(&vhost)) else {
-                    return Ok(());
-                };
-                if m.put_proxy(&v, me, &name, false, arguments) {
-                    v.apply_replicated(&bindings);
+            if let Some(m) = metadata {
+                // The queue stays: a proxy takes the member's place in one step, so that
+                // publishes routed here never find no queue.
+                let v = host.broker().and_then(|b| b.vhost(&vhost));
+                let member = v.as_ref().and_then(|v| v.queue(&name, 0).ok());
+                if let (Some(v), Some(q)) = (&v, member) {
+                    if q.owner_node().is_none() && m.hand_over(v, &name, q.arguments().clone()) {
+                        return Ok(());
+                    }
                 }
             }
-            Ok(())
+            host.delete_member(&vhost, &name)
         })
         .await
         .unwrap_or_else(|e| Err(e.to_string()));
@@ -1162,6 +1158,11 @@ impl Cluster {
                 }
                 // Handled here, in arrival order: a subscription replaces the one before, and
                 // deliveries keep the leader's order.
+                Wire::Cast(Cast::Leave { group }) => {
+                    if let Some(s) = self.server(&group) {
+                        s.peer_lost(conn.peer);
+                    }
+                }
                 Wire::Cast(Cast::Settle {
                     group,
                     consumer,

@@ -112,10 +112,6 @@ impl warren_quorum::MemberHost for MemberHost {
         let vh = broker
             .vhost(vhost)
             .ok_or_else(|| format!("no vhost '{vhost}' on this node"))?;
-        // The stand-in through which this node reached the queue makes way for the member
-        // (the bindings stay).
-        vh.replace_remote_queue(name);
-        let existed = vh.queue(name, CLUSTER_CONNECTION_ID).is_ok();
         let d = warren_broker::vhost::QueueDeclare {
             name: name.to_string(),
             passive: false,
@@ -124,9 +120,11 @@ impl warren_quorum::MemberHost for MemberHost {
             auto_delete: false,
             arguments,
         };
-        // The declare that made the queue reaches the other nodes already.
-        warren_broker::replica::unreplicated(|| vh.declare_queue(&d, CLUSTER_CONNECTION_ID))
-            .map(|_| !existed)
+        // The stand-in through which this node reached the queue makes way for the member
+        // in one step (the bindings stay). The declare that made the queue reaches the other
+        // nodes already.
+        warren_broker::replica::unreplicated(|| vh.declare_in_place_of_stand_in(&d))
+            .map(|(_, created)| created)
             .map_err(|e| e.text)
     }
 

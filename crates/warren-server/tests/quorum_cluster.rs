@@ -2072,3 +2072,122 @@ async fn declare_classic(ch: &lapin::Channel, q: &str) {
     .await
     .expect("classic queue declared");
 }
+
+/// The queue's (ready, unacknowledged) counts as node `port`'s API shows them.
+async fn ready_unacked(port: u16, q: &str) -> (u64, u64) {
+    let v = api_get(port, &format!("/api/queues/%2F/{q}")).await;
+    (
+        v["messages_ready"].as_u64().unwrap_or(u64::MAX),
+        v["messages_unacknowledged"].as_u64().unwrap_or(u64::MAX),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn member_changes_lose_no_publish_and_strand_no_delivery() {
+    let _slot = CLUSTERS.acquire().await.expect("cluster slot");
+    let (root, secret, ports) = cluster("quorum-cluster-changes");
+    let api = [free_port(), free_port(), free_port()];
+    let [node1, _node2, node3] =
+        [1, 2, 3].map(|id| start_node_with_api(id, &ports, &secret, &root, api[id - 1]));
+    let name3 = "warren-3@127.0.0.1";
+    let q = "changing";
+    let c1 = node1.connect().await;
+    let ch1 = c1.create_channel().await.unwrap();
+    declare_with(
+        &ch1,
+        q,
+        "x-quorum-initial-group-size",
+        AMQPValue::LongInt(2),
+    )
+    .await;
+    wait_count(&node3, q, 0).await;
+
+    // Publishes on node 3 (mandatory, confirmed) while node 3's member is added and removed
+    // again and again: each is routed to the queue, through a stand-in or the member.
+    let c3 = node3.connect().await;
+    let pub3 = c3.create_channel().await.unwrap();
+    pub3.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    let publisher = tokio::spawn(async move {
+        let mut sent = 0u32;
+        let deadline = Instant::now() + Duration::from_secs(12);
+        while Instant::now() < deadline {
+            let confirm = pub3
+                .basic_publish(
+                    "".into(),
+                    q.into(),
+                    BasicPublishOptions {
+                        mandatory: true,
+                        ..Default::default()
+                    },
+                    format!("p{sent}").as_bytes(),
+                    persistent(),
+                )
+                .await
+                .unwrap()
+                .await
+                .unwrap();
+            assert!(confirm.is_ack(), "publish {sent} not confirmed");
+            assert!(
+                confirm.take_message().is_none(),
+                "publish {sent} returned unroutable"
+            );
+            sent += 1;
+        }
+        sent
+    });
+    for _ in 0..3 {
+        let (status, body) = api_replicas(api[0], q, true, name3).await;
+        assert_eq!(status, 204, "{body}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let (status, body) = api_replicas(api[0], q, false, name3).await;
+        assert_eq!(status, 204, "{body}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let sent = publisher.await.unwrap();
+    assert!(sent > 0);
+    wait_count(&node1, q, sent).await;
+    let _ = ch1.queue_purge(q.into(), Default::default()).await;
+
+    // A consumer on node 3 holds deliveries it did not ack when node 3's member is added, and
+    // again when it is removed: they go back to the queue each time, none stays checked out.
+    let ch = c3.create_channel().await.unwrap();
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    publish_confirmed(&ch, q, (0..30).map(|i| format!("m{i}"))).await;
+    for add in [true, false] {
+        let consumer_ch = c3.create_channel().await.unwrap();
+        consumer_ch
+            .basic_qos(10, BasicQosOptions::default())
+            .await
+            .unwrap();
+        let mut consumer = consumer_ch
+            .basic_consume(
+                q.into(),
+                "holding".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        for _ in 0..10 {
+            next_delivery(&mut consumer, false).await;
+        }
+        eventually("10 deliveries held", || async {
+            ready_unacked(api[0], q).await == (20, 10)
+        })
+        .await;
+        let (status, body) = api_replicas(api[0], q, add, name3).await;
+        assert_eq!(status, 204, "{body}");
+        eventually("the held deliveries back in the queue", || async {
+            ready_unacked(api[0], q).await == (30, 0)
+        })
+        .await;
+        let _ = consumer_ch.close(200, "bye".into()).await;
+    }
+    let _ = c3.close(200, "bye".into()).await;
+    let _ = c1.close(200, "bye".into()).await;
+    let _ = std::fs::remove_dir_all(&root);
+}

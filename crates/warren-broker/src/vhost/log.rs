@@ -504,7 +504,7 @@ impl VHost {
 
     /// Writes `commands` to the log as [`VHost::save_detached`] does, without replicating
     /// them (changes that came from the cluster).
-    fn store_detached(&self, topo: &mut Topology, commands: Vec<TopologyCommand>) {
+    pub(super) fn store_detached(&self, topo: &mut Topology, commands: Vec<TopologyCommand>) {
         let Some(p) = &self.persist else {
             return;
         };
@@ -623,26 +623,6 @@ impl VHost {
             }
         }
         true
-    }
-
-    /// The bindings to queue `name`, as the records that add them: what a node puts back
-    /// with [`VHost::apply_replicated`] when its copy of the queue makes way for a stand-in
-    /// (see [`VHost::put_remote_queue`]).
-    pub fn bindings_to_queue(&self, name: &str) -> Vec<TopologyCommand> {
-        let topo = self.topology.read();
-        let dest = Destination::Queue(name.to_string());
-        topo.exchanges
-            .values()
-            .flat_map(|x| {
-                x.bindings()
-                    .iter()
-                    .filter(|b| b.destination == dest)
-                    .map(|b| TopologyCommand::AddBinding {
-                        source: x.name.clone(),
-                        binding: b.clone(),
-                    })
-            })
-            .collect()
     }
 
     /// Applies a durable topology change another node of the cluster made (see
@@ -910,4 +890,23 @@ impl VHost {
             }
         }
     }
+}
+
+/// The bindings to queue `name` in `topo`, as the records that add them: what a node writes
+/// again when its copy of the queue makes way for a stand-in (see
+/// [`VHost::hand_over_queue`]).
+pub(super) fn bindings_to(topo: &Topology, name: &str) -> Vec<TopologyCommand> {
+    let dest = Destination::Queue(name.to_string());
+    topo.exchanges
+        .values()
+        .flat_map(|x| {
+            x.bindings()
+                .iter()
+                .filter(|b| b.destination == dest)
+                .map(|b| TopologyCommand::AddBinding {
+                    source: x.name.clone(),
+                    binding: b.clone(),
+                })
+        })
+        .collect()
 }

@@ -143,6 +143,17 @@ impl VHost {
         connection_id: u64,
     ) -> Result<(Arc<Queue>, QueueCounts)> {
         let mut topo = self.topology.write();
+        self.declare_in(&mut topo, name, d, connection_id)
+    }
+
+    /// [`VHost::declare_queue_as`] under the topology lock.
+    fn declare_in(
+        &self,
+        topo: &mut super::Topology,
+        name: String,
+        d: &QueueDeclare,
+        connection_id: u64,
+    ) -> Result<(Arc<Queue>, QueueCounts)> {
         // As in RabbitMQ, the arguments of an existing queue are only compared (an invalid
         // value is reported as inequivalent); they are validated when the queue is created.
         if let Some(q) = topo.queues.get(&name) {
@@ -194,7 +205,7 @@ impl VHost {
             };
             let undo = Undo::added(Removed::AddedQueue(q.clone()));
             let what = format!("failed to declare {}", self.queue_resource(&name));
-            self.save(&mut topo, vec![put], undo, what)?;
+            self.save(topo, vec![put], undo, what)?;
         }
         crate::registry::bump(&self.churn.queue_created);
         Ok((q, QueueCounts::default()))
@@ -304,18 +315,62 @@ impl VHost {
         Some(q)
     }
 
-    /// Takes away stand-in `name` (see [`VHost::put_remote_queue`]) and leaves its bindings,
-    /// for a queue held here that takes its place (this node's new member of a quorum queue):
-    /// the stand-in's consumers here are cancelled. Returns it, or `None` when there is no
-    /// such queue or it is held here.
-    pub fn replace_remote_queue(&self, name: &str) -> Option<Arc<Queue>> {
-        let q = {
+    /// Declares queue `d` (non-passive, durable) in place of its stand-in (see
+    /// [`VHost::put_remote_queue`]) in one step, keeping the bindings: this node's new
+    /// member of a quorum queue it reached through other nodes until now. Publishes routed
+    /// here go to the stand-in until then and to the new queue after; the stand-in's
+    /// consumers here are cancelled (basic.cancel). Without a stand-in, a plain declare.
+    /// Returns the queue and whether it was created. Errors: those of queue.declare.
+    pub fn declare_in_place_of_stand_in(&self, d: &QueueDeclare) -> Result<(Arc<Queue>, bool)> {
+        let (declared, stand_in) = {
             let mut topo = self.topology.write();
-            topo.queues.get(name)?.owner_node()?;
-            topo.queues.remove(name)?
+            let stand_in = match topo.queues.get(&d.name) {
+                Some(q) if q.owner_node().is_some() => topo.queues.remove(&d.name),
+                _ => None,
+            };
+            let existed = stand_in.is_none() && topo.queues.contains_key(&d.name);
+            match self.declare_in(&mut topo, d.name.clone(), d, 0) {
+                Ok((q, _)) => ((q, !existed), stand_in),
+                Err(e) => {
+                    if let Some(s) = stand_in {
+                        topo.queues.insert(d.name.clone(), s);
+                    }
+                    return Err(e);
+                }
+            }
         };
-        finish_queue_delete(&q);
-        Some(q)
+        if let Some(s) = stand_in {
+            finish_queue_delete(&s);
+        }
+        Ok(declared)
+    }
+
+    /// Puts `stand_in` (see [`VHost::put_remote_queue`]) in place of the queue of that name
+    /// held here, in one step, keeping the bindings, and deletes the queue held here: this
+    /// node's member of a quorum queue was removed, and the queue is reached through the other
+    /// members from then on. Nothing is replicated: the definitions log here records the
+    /// removal and the bindings again. Returns false (and changes nothing) when no queue of
+    /// that name is held here.
+    pub fn hand_over_queue(&self, stand_in: Arc<Queue>) -> bool {
+        let name = stand_in.name().to_string();
+        let old = {
+            let mut topo = self.topology.write();
+            match topo.queues.get(&name) {
+                Some(q) if q.owner_node().is_none() => {}
+                _ => return false,
+            }
+            let mut commands = vec![TopologyCommand::RemoveQueue { name: name.clone() }];
+            commands.extend(super::log::bindings_to(&topo, &name));
+            stand_in.apply_policy(topo.policies.applied(&name, Target::Queue(stand_in.kind())));
+            let old = topo.queues.insert(name, stand_in);
+            self.store_detached(&mut topo, commands);
+            old
+        };
+        if let Some(q) = old {
+            crate::registry::bump(&self.churn.queue_deleted);
+            finish_queue_delete(&q);
+        }
+        true
     }
 
     /// Enqueues `msg` (published on another node of the cluster, already routed there) on

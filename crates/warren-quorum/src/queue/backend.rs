@@ -316,6 +316,14 @@ impl QueueBackend for QuorumQueue {
         let raft = self.raft.get().cloned();
         node.unregister_queue(&key, self);
         if let Some(c) = node.cluster() {
+            // What the leader handed to this node's consumers goes back to the queue (a
+            // member removed from the group, or deleted before the leader).
+            let leader = raft
+                .as_ref()
+                .and_then(|r| r.metrics().borrow().current_leader);
+            if let Some(l) = leader.filter(|l| *l != node.cfg.node_id) {
+                c.cast(l, crate::remote::Cast::Leave { group: key.clone() });
+            }
             c.unregister_group(&key);
             // Deleted here by a client: the other members go too (a member deleted at another
             // node's request does not ask back).
