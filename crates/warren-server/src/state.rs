@@ -224,6 +224,14 @@ impl ServerState {
             None => warren_quorum::QuorumNode::new(quorum_config, runtime),
             Some(c) => {
                 let settings = cluster_settings(c, &config.tls)?;
+                if let Some(dir) = &config.storage.data_dir {
+                    // A data directory in use by another process is refused before this
+                    // node talks to the cluster under that process's node id.
+                    drop(
+                        warren_broker::data_dir::DataDir::open(dir)
+                            .map_err(|e| std::io::Error::other(e.to_string()))?,
+                    );
+                }
                 let listener = bind_cluster(&c.listen)?;
                 warren_quorum::QuorumNode::clustered(quorum_config, runtime, settings, listener)?
             }
