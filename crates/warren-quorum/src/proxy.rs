@@ -1017,18 +1017,33 @@ impl QueueBackend for ClassicProxy {
         // Sent now, in the order of the publishes; answered once the owner holds it.
         let req = Request::ClassicPublish {
             group: self.key.clone(),
-            message: WireMessage(message),
+            message: WireMessage(message.clone()),
         };
         let node = self.pick();
         match self.cluster.send_now(node, req) {
             Ok(pending) => {
                 let me = self.myself.upgrade();
                 self.runtime.spawn(async move {
-                    let r = pending.wait(PUBLISH_WAIT).await;
-                    let ok = matches!(r, Ok(Response::Proposed(Ok(()))));
-                    if let (Ok(Response::Proposed(Err(e))), Some(me)) = (&r, me) {
-                        me.noted_not_here(node, e);
+                    let mut r = pending.wait(PUBLISH_WAIT).await;
+                    // A node without a member of the quorum queue: the next one is asked.
+                    let mut node = node;
+                    let mut tries = 1;
+                    while let (Ok(Response::Proposed(Err(e))), Some(me)) = (&r, &me) {
+                        if !me.noted_not_here(node, e) || tries >= me.candidates.len() {
+                            break;
+                        }
+                        tries += 1;
+                        node = me.pick();
+                        let again = Request::ClassicPublish {
+                            group: me.key.clone(),
+                            message: WireMessage(message.clone()),
+                        };
+                        r = match me.cluster.send_now(node, again) {
+                            Ok(p) => p.wait(PUBLISH_WAIT).await,
+                            Err(_) => break,
+                        };
                     }
+                    let ok = matches!(r, Ok(Response::Proposed(Ok(()))));
                     if let Some((sink, token)) = waiter {
                         sink.complete(&[token], ok);
                     }

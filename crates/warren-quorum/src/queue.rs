@@ -586,6 +586,26 @@ impl QuorumQueue {
                     .ok()
                     .and_then(|m| m.current_leader);
             }
+            if let (Some(_), Some(gone)) = (cluster, leader) {
+                // (A member that has not learnt the membership yet knows no voters.)
+                let voter = |m: &openraft::RaftMetrics<u64, openraft::BasicNode>, l: u64| {
+                    let mut voters = m.membership_config.membership().voter_ids().peekable();
+                    voters.peek().is_none() || voters.any(|v| v == l)
+                };
+                if !voter(&raft.metrics().borrow(), gone) {
+                    // The leader's member was just removed from the group: it steps down,
+                    // and the next leader is waited for.
+                    leader = raft
+                        .wait(Some(LEADER_WAIT))
+                        .metrics(
+                            move |m| m.current_leader.is_some_and(|l| l != gone && voter(m, l)),
+                            "a leader among the members",
+                        )
+                        .await
+                        .ok()
+                        .and_then(|m| m.current_leader);
+                }
+            }
             if let (Some(cluster), Some(gone)) = (cluster, leader) {
                 if gone != self.node.cfg.node_id && cluster.generation(gone).is_none() {
                     // The leader's node is not reachable (it died, most likely): the next

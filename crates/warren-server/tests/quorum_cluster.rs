@@ -2187,6 +2187,16 @@ async fn member_changes_lose_no_publish_and_strand_no_delivery() {
         .await;
         let _ = consumer_ch.close(200, "bye".into()).await;
     }
+    // Node 1, which node 3's stand-in asks first, loses its member too: node 3's publishes
+    // are passed on to node 2, none refused on the way.
+    let (status, body) = api_replicas(api[0], q, false, "warren-1@127.0.0.1").await;
+    assert_eq!(status, 204, "{body}");
+    eventually("node 2 alone holds the queue", || async {
+        members_on(api[1], q).await == ["warren-2@127.0.0.1"]
+    })
+    .await;
+    publish_confirmed(&ch, q, (30..40).map(|i| format!("m{i}"))).await;
+    wait_count(&node3, q, 40).await;
     let _ = c3.close(200, "bye".into()).await;
     let _ = c1.close(200, "bye".into()).await;
     let _ = std::fs::remove_dir_all(&root);
