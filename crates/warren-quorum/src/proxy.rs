@@ -1274,6 +1274,23 @@ impl QueueBackend for ClassicProxy {
         }
         counts
     }
+    fn fresh_counts(&self) -> QueueCounts {
+        let req = || Request::ClassicCounts {
+            group: self.key.clone(),
+        };
+        if let Some(Response::Counts(Ok((ready, unacked, consumers)))) = self.call_owner(req) {
+            let fresh = QueueCounts {
+                ready,
+                unacked,
+                consumers,
+            };
+            let mut c = self.counts.lock();
+            c.0 = fresh;
+            c.1 = Some(Instant::now());
+            return fresh;
+        }
+        self.counts()
+    }
     fn ready_bytes(&self) -> u64 {
         0
     }

@@ -2197,6 +2197,13 @@ async fn member_changes_lose_no_publish_and_strand_no_delivery() {
     .await;
     publish_confirmed(&ch, q, (30..40).map(|i| format!("m{i}"))).await;
     wait_count(&node3, q, 40).await;
+    // queue.declare-ok on a node without a member counts as of now, as RabbitMQ's.
+    within("queue.purge", ch.queue_purge(q.into(), Default::default()))
+        .await
+        .unwrap();
+    assert_eq!(count_on(&node3, q).await, Some(0));
+    publish_confirmed(&ch, q, (0..3).map(|i| format!("n{i}"))).await;
+    assert_eq!(count_on(&node3, q).await, Some(3));
     let _ = c3.close(200, "bye".into()).await;
     let _ = c1.close(200, "bye".into()).await;
     let _ = std::fs::remove_dir_all(&root);

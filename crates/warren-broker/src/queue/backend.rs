@@ -271,6 +271,13 @@ pub trait QueueBackend: Send + Sync + std::fmt::Debug {
     /// Ready, unacked and consumer counts (queue.declare-ok, the management API).
     fn counts(&self) -> QueueCounts;
 
+    /// [`QueueBackend::counts`] as of now: a queue held by another node asks it (and waits
+    /// for the answer) rather than reporting what it last learnt. For queue.declare-ok, whose
+    /// counts RabbitMQ reports exactly.
+    fn fresh_counts(&self) -> QueueCounts {
+        self.counts()
+    }
+
     /// Body bytes of the ready messages: RabbitMQ's `message_bytes_ready`.
     fn ready_bytes(&self) -> u64;
 

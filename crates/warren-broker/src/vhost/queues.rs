@@ -117,7 +117,7 @@ impl VHost {
         if d.passive {
             let q = self.queue(&d.name, connection_id)?;
             q.touch();
-            let counts = q.counts();
+            let counts = q.fresh_counts();
             return Ok((q, counts));
         }
         self.check_server_named(d)?;
@@ -142,8 +142,13 @@ impl VHost {
         d: &QueueDeclare,
         connection_id: u64,
     ) -> Result<(Arc<Queue>, QueueCounts)> {
-        let mut topo = self.topology.write();
-        self.declare_in(&mut topo, name, d, connection_id)
+        let (q, counts) = self.declare_in(&mut self.topology.write(), name, d, connection_id)?;
+        if q.owner_node().is_some() {
+            // Asked of the queue's node, once the topology is unlocked.
+            let counts = q.fresh_counts();
+            return Ok((q, counts));
+        }
+        Ok((q, counts))
     }
 
     /// [`VHost::declare_queue_as`] under the topology lock.
