@@ -880,7 +880,10 @@ impl Cluster {
             },
         )
         .await?;
-        let Handshake::Proof { mac } = read_frame(&mut sock, MAX_HANDSHAKE_FRAME).await? else {
+        let Handshake::Proof { mac } = read_frame(&mut sock, MAX_HANDSHAKE_FRAME)
+            .await
+            .map_err(|e| closed_while_authenticating(e, peer))?
+        else {
             return Err(bad("expected proof"));
         };
         handshake_mac(
@@ -930,7 +933,9 @@ impl Cluster {
             node,
             nonce: peer_nonce,
             mac,
-        } = read_frame(&mut sock, MAX_HANDSHAKE_FRAME).await?
+        } = read_frame(&mut sock, MAX_HANDSHAKE_FRAME)
+            .await
+            .map_err(|e| closed_while_authenticating(e, peer))?
         else {
             return Err(bad("expected challenge"));
         };
@@ -959,7 +964,10 @@ impl Cluster {
         .into_bytes()
         .to_vec();
         write_frame(&mut sock, &Handshake::Proof { mac }).await?;
-        let Handshake::Welcome = read_frame(&mut sock, MAX_HANDSHAKE_FRAME).await? else {
+        let Handshake::Welcome = read_frame(&mut sock, MAX_HANDSHAKE_FRAME)
+            .await
+            .map_err(|e| closed_while_authenticating(e, peer))?
+        else {
             return Err(bad("expected welcome"));
         };
         Ok(sock)
@@ -1500,6 +1508,21 @@ impl Drop for PendingCall {
 /// Returns once the flag behind `rx` is set (or its sender is gone).
 async fn stopped(rx: &mut watch::Receiver<bool>) {
     let _ = rx.wait_for(|s| *s).await;
+}
+
+/// A handshake read that failed: when the other node closed the connection, the error says
+/// what most likely made it refuse this node.
+fn closed_while_authenticating(e: std::io::Error, peer: NodeId) -> std::io::Error {
+    if e.kind() != std::io::ErrorKind::UnexpectedEof {
+        return e;
+    }
+    std::io::Error::new(
+        e.kind(),
+        format!(
+            "node {peer} closed the connection during authentication: its cluster secret \
+             (or its seed list) differs from this node's"
+        ),
+    )
 }
 
 #[cfg(test)]
