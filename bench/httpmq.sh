@@ -18,6 +18,11 @@
 #            the HTTP floor (examples/http_floor.rs: the same axum/hyper stack answering
 #            HTTPMQ_PUT_OK with no queue work), against Warren, and Warren's `opt=status`
 #            (no store); SKIP_FLOOR=1 leaves them out;
+#   versus:  with HTTPMQ=<an httpmq binary> (Go + LevelDB, github.com/sysulq/httpmq, built
+#            separately), VERSUS_ROUNDS (3) interleaved rounds of the wrk and ab rows above
+#            against httpmq and against Warren, each on a fresh data directory, and the ratio
+#            of the medians: the issue's targets are ratios to httpmq on the same machine;
+#            SKIP_MAIN=1 runs only these rounds (and the floor, unless SKIP_FLOOR=1);
 #   amqp:    warren-perf 1p/1c transient and 1p/1c persistent+confirms(100), DURATION s;
 #            with BASELINE_WARREN=<another warren binary> (e.g. one built from main), the same
 #            rows on it too, alternating, to show what this build costs AMQP.
@@ -37,6 +42,10 @@ SKIP_FLOOR=${SKIP_FLOOR:-}
 FLOOR_ROUNDS=${FLOOR_ROUNDS:-3}
 FLOOR_PORT=${FLOOR_PORT:-11299}
 BASELINE_WARREN=${BASELINE_WARREN:-}
+HTTPMQ=${HTTPMQ:-}
+VERSUS_ROUNDS=${VERSUS_ROUNDS:-3}
+HTTPMQ_PORT=${HTTPMQ_PORT:-11300}
+SKIP_MAIN=${SKIP_MAIN:-}
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 
 for t in wrk ab jq; do
@@ -143,6 +152,67 @@ if [ -z "$SKIP_FLOOR" ]; then
         row "| floor round $round: Warren status (no store) | $rps req/s | $p50 | $p99 | $cpu |"
         stop_broker
     done
+fi
+
+# One server for the versus rounds: "warren" or "httpmq", on a fresh data directory, at $URL.
+start_server() { # kind
+    if [ "$1" = httpmq ]; then
+        rm -rf "$WORK/hq.db"
+        "$HTTPMQ" -ip 127.0.0.1 -port "$HTTPMQ_PORT" -db "$WORK/hq.db" >>"$WORK/httpmq.log" 2>&1 &
+        BROKER_PID=$!
+        URL="http://127.0.0.1:$HTTPMQ_PORT"
+        for _ in $(seq 100); do curl -s "$URL/" >/dev/null 2>&1 && return 0; sleep 0.05; done
+        echo "httpmq did not start: $(tail -5 "$WORK/httpmq.log")" >&2
+        exit 1
+    fi
+    URL="http://127.0.0.1:$HTTP_PORT"
+    start_broker
+}
+# Messages got by a get run: httpmq and Warren both count gets in `getpos` (Warren's status
+# line is httpsqs's text, which both serve).
+status_field() { # queue field-prefix
+    curl -s "$URL/?name=$1&opt=status" | awk -F': ' -v f="$2" 'index($0, f) == 1 {print $2}'
+}
+if [ -n "$HTTPMQ" ]; then
+    VERSUS="$WORK/versus.txt"
+    : >"$VERSUS"
+    for round in $(seq "$VERSUS_ROUNDS"); do
+        for kind in httpmq warren; do
+            log "versus round $round: $kind"
+            start_server "$kind"
+            cpu=$(timed "$WORK/v-put" wrk -t2 -c100 -d"${DURATION}s" --latency -s "$WORK/put.lua" "$URL/?name=vq&opt=put")
+            read -r rps p50 p99 <<<"$(wrk_summary "$WORK/v-put")"
+            echo "$kind wrk-put $rps" >>"$VERSUS"
+            row "| versus round $round: $kind, wrk -t2 -c100 POST put 512 B | $rps req/s ($(status_field vq 'Put position') puts) | $p50 | $p99 | $cpu |"
+            g0=$(status_field vq 'Get position')
+            cpu=$(timed "$WORK/v-get" wrk -t2 -c100 -d"${DURATION}s" --latency "$URL/?name=vq&opt=get")
+            read -r rps p50 p99 <<<"$(wrk_summary "$WORK/v-get")"
+            got=$(( $(status_field vq 'Get position') - g0 ))
+            echo "$kind wrk-get $((got / DURATION))" >>"$VERSUS"
+            row "| versus round $round: $kind, wrk -t2 -c100 GET get | $rps req/s, $((got / DURATION)) msg/s got ($(status_field vq 'Number of unread') left) | $p50 | $p99 | $cpu |"
+            cpu=$(timed "$WORK/v-abput" ab -k -c 1000 -n "$AB_N" "$URL/?name=vab&opt=put&data=$BODY512")
+            read -r rps p50 p99 <<<"$(ab_summary "$WORK/v-abput")"
+            echo "$kind ab-put $rps" >>"$VERSUS"
+            row "| versus round $round: $kind, ab -k -c 1000 -n $AB_N GET put data= 512 B | $rps req/s ($(status_field vab 'Put position') puts) | $p50 | $p99 | $cpu |"
+            cpu=$(timed "$WORK/v-abget" ab -k -c 1000 -n "$AB_N" "$URL/?name=vab&opt=get")
+            read -r rps p50 p99 <<<"$(ab_summary "$WORK/v-abget")"
+            echo "$kind ab-get $rps" >>"$VERSUS"
+            row "| versus round $round: $kind, ab -k -c 1000 -n $AB_N GET get | $rps req/s ($(status_field vab 'Get position') got) | $p50 | $p99 | $cpu |"
+            stop_broker
+        done
+    done
+    URL="http://127.0.0.1:$HTTP_PORT"
+    median() { sort -n | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
+    for w in wrk-put wrk-get ab-put ab-get; do
+        h=$(awk -v w="$w" '$1 == "httpmq" && $2 == w {print $3}' "$VERSUS" | median)
+        x=$(awk -v w="$w" '$1 == "warren" && $2 == w {print $3}' "$VERSUS" | median)
+        row "| versus, median of $VERSUS_ROUNDS rounds: $w | Warren $x / httpmq $h = $(awk -v x="$x" -v h="$h" 'BEGIN {printf "%.2fx", (h > 0) ? x / h : 0}') | | | |"
+    done
+fi
+if [ -n "$SKIP_MAIN" ]; then
+    printf '\n| workload | rate | p50 | p99 | CPU broker / load tool (%% of one core) |\n|---|---:|---:|---:|---:|\n'
+    cat "$RESULTS"
+    exit 0
 fi
 
 start_broker

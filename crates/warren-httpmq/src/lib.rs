@@ -26,10 +26,9 @@
 mod listener;
 pub mod state;
 
-use axum::body::Bytes;
-use axum::extract::{ConnectInfo, DefaultBodyLimit, State};
-use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
-use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -44,7 +43,7 @@ use warren_broker::queue::{Positions, Queue, Settlement};
 use warren_broker::vhost::QueueDeclare;
 use warren_broker::{Actor, Ops, VHost};
 
-pub use listener::{BoundedListener, Peer, Tls};
+pub use listener::{BoundedListener, Tls};
 use state::{QueueState, StateFile};
 
 /// The largest `maxqueue` a queue may be given (httpsqs's bound).
@@ -807,7 +806,7 @@ fn respond(reply: Reply, charset: Option<&str>) -> Response {
             .unwrap_or(HeaderValue::from_static("text/plain")),
         None => HeaderValue::from_static("text/plain"),
     };
-    let mut r = (StatusCode::OK, reply.body).into_response();
+    let mut r = Response::new(Full::new(reply.body));
     r.headers_mut().insert(header::CONTENT_TYPE, content_type);
     r.headers_mut().insert(
         header::X_CONTENT_TYPE_OPTIONS,
@@ -902,43 +901,45 @@ fn store_ack() -> (
     (done, rx)
 }
 
+/// A reply of the API: a complete body (every reply is small or already in memory).
+type Response = hyper::Response<Full<Bytes>>;
+
+/// A reply with `status` and no body.
+fn status_only(status: StatusCode) -> Response {
+    let mut r = Response::new(Full::default());
+    *r.status_mut() = status;
+    r
+}
+
+/// Serves one request from `peer`: reads its body (at most [`Settings::max_body_bytes`],
+/// else 413 and nothing is stored; within [`BODY_READ_TIMEOUT`], else 408 and the
+/// connection is closed), then answers it.
 async fn route(
-    State(app): State<Arc<Httpmq>>,
-    ConnectInfo(peer): ConnectInfo<Peer>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    body: axum::body::Body,
+    app: Arc<Httpmq>,
+    peer: SocketAddr,
+    req: hyper::Request<hyper::body::Incoming>,
 ) -> Response {
-    // A client has [`BODY_READ_TIMEOUT`] to send the whole body, as it has for the headers.
+    let (parts, body) = req.into_parts();
     let limit = app.settings.max_body_bytes;
     let body =
-        match tokio::time::timeout(BODY_READ_TIMEOUT, axum::body::to_bytes(body, limit)).await {
-            Ok(Ok(b)) => b,
+        match tokio::time::timeout(BODY_READ_TIMEOUT, Limited::new(body, limit).collect()).await {
+            Ok(Ok(b)) => b.to_bytes(),
             // Over the limit (or the client went away, when no one reads the answer).
-            Ok(Err(_)) => return StatusCode::PAYLOAD_TOO_LARGE.into_response(),
+            Ok(Err(_)) => return status_only(StatusCode::PAYLOAD_TOO_LARGE),
             Err(_) => {
-                let mut r = StatusCode::REQUEST_TIMEOUT.into_response();
+                let mut r = status_only(StatusCode::REQUEST_TIMEOUT);
                 r.headers_mut()
                     .insert(header::CONNECTION, HeaderValue::from_static("close"));
                 return r;
             }
         };
-    app.handle_from(&method, &uri, &headers, body, peer.0).await
+    app.handle_from(&parts.method, &parts.uri, &parts.headers, body, peer)
+        .await
 }
 
 /// How long a client may take to send a request's body (as [`HEADER_READ_TIMEOUT`] bounds
 /// its headers).
 const BODY_READ_TIMEOUT: Duration = HEADER_READ_TIMEOUT;
-
-/// The API's router (every path is served as `/`, as httpsqs does).
-pub fn router(app: Arc<Httpmq>) -> axum::Router {
-    let limit = app.settings.max_body_bytes;
-    axum::Router::new()
-        .fallback(route)
-        .layer(DefaultBodyLimit::max(limit))
-        .with_state(app)
-}
 
 /// Waits until `rx` turns true (or its sender is gone).
 async fn stopped(rx: &mut tokio::sync::watch::Receiver<bool>) {
@@ -968,9 +969,7 @@ pub async fn serve(
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     use axum::serve::Listener;
-    use tower_service::Service;
     let mut bounded = BoundedListener::new(listener, app.settings.max_connections, tls)?;
-    let router = router(app.clone());
     let mut http = hyper::server::conn::http1::Builder::new();
     http.title_case_headers(true)
         .timer(hyper_util::rt::TokioTimer::new())
@@ -1006,13 +1005,11 @@ pub async fn serve(
             Some(_) = connections.join_next(), if !connections.is_empty() => continue,
             _ = stopped(&mut shutdown) => break,
         };
-        let router = router.clone();
-        let service =
-            hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
-                req.extensions_mut().insert(ConnectInfo(Peer(peer)));
-                let mut router = router.clone();
-                async move { router.call(req).await }
-            });
+        let app = app.clone();
+        let service = hyper::service::service_fn(move |req| {
+            let app = app.clone();
+            async move { Ok::<_, std::convert::Infallible>(route(app, peer, req).await) }
+        });
         let connection = http.serve_connection(hyper_util::rt::TokioIo::new(io), service);
         let mut stop = shutdown.clone();
         connections.spawn(async move {

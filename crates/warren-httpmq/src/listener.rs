@@ -189,8 +189,3 @@ impl axum::serve::Listener for BoundedListener {
         Ok(self.local)
     }
 }
-
-/// The client's address of a request (inserted by [`crate::serve`] as axum's
-/// `ConnectInfo`).
-#[derive(Debug, Clone, Copy)]
-pub struct Peer(pub SocketAddr);

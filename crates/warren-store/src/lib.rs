@@ -977,8 +977,14 @@ fn writer_loop(inner: Arc<Inner>) {
                     && st.pending_bytes < inner.cfg.max_batch_bytes / 2
                     && !st.shutdown
                 {
+                    // Appends notify the writer: wait out the delay (or until the batch is
+                    // half full), not just until the next append.
                     let deadline = Instant::now() + inner.cfg.fsync_delay;
-                    let _ = inner.wake_writer.wait_until(&mut st, deadline);
+                    while st.pending_bytes < inner.cfg.max_batch_bytes / 2
+                        && !st.shutdown
+                        && !inner.wake_writer.wait_until(&mut st, deadline).timed_out()
+                    {
+                    }
                 }
                 let batch: VecDeque<(u32, u64, Bytes)> = std::mem::take(&mut st.pending)
                     .into_iter()
