@@ -30,6 +30,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use parking_lot::Mutex;
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -118,6 +119,9 @@ impl Default for Settings {
 pub struct Httpmq {
     node: Arc<dyn Node>,
     settings: Settings,
+    /// [`Settings::user`] and [`Settings::vhost`], shared by every request's actor.
+    user: Arc<str>,
+    vhost_name: Arc<str>,
     /// `opt=maxqueue` settings by queue name.
     maxqueue: Mutex<HashMap<String, u64>>,
     /// The last state written, to skip unchanged checkpoints; the lock also orders writes.
@@ -175,6 +179,8 @@ impl Httpmq {
         }
         Ok(Arc::new(Httpmq {
             node,
+            user: settings.user.as_str().into(),
+            vhost_name: settings.vhost.as_str().into(),
             settings,
             maxqueue: Mutex::new(maxqueue),
             written: tokio::sync::Mutex::new(saved),
@@ -262,7 +268,7 @@ impl Httpmq {
     fn actor(
         &self,
         headers: &HeaderMap,
-        params: &Params,
+        params: &Params<'_>,
         peer: SocketAddr,
     ) -> Result<Actor, Refused> {
         let broker = self.node.broker();
@@ -283,7 +289,7 @@ impl Httpmq {
                     password: &password,
                 };
                 match broker.login(credentials, source) {
-                    Ok(l) => l.user,
+                    Ok(l) => Arc::from(l.user),
                     Err(e) => {
                         return Err(Refused::Credentials(format!(
                             "basic authentication of user '{name}' failed: {e}"
@@ -309,7 +315,7 @@ impl Httpmq {
                         }
                     }
                 }
-                self.settings.user.clone()
+                self.user.clone()
             }
         };
         let tags: Vec<warren_broker::access::UserTag> = broker
@@ -318,9 +324,9 @@ impl Httpmq {
             .map(|u| u.tags.clone())
             .unwrap_or_default();
         Ok(Actor::new(
-            user.as_str(),
+            user,
             tags,
-            self.settings.vhost.as_str(),
+            self.vhost_name.clone(),
             HTTPMQ_CONNECTION,
             Some(peer),
         ))
@@ -335,22 +341,21 @@ impl Httpmq {
         body: Bytes,
         peer: SocketAddr,
     ) -> Response {
+        const FORM: &[u8] = b"application/x-www-form-urlencoded";
+        let form = headers.get(header::CONTENT_TYPE).is_some_and(|v| {
+            let v = v.as_bytes().trim_ascii_start();
+            v.len() >= FORM.len() && v[..FORM.len()].eq_ignore_ascii_case(FORM)
+        });
+        // Parameters borrow from the query and from this (shared) copy of a form body.
+        let form_body = (*method == Method::POST && form).then(|| body.clone());
         let mut params = Params::parse(uri.query().unwrap_or("").as_bytes());
-        let form = headers
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| {
-                v.trim_start()
-                    .to_ascii_lowercase()
-                    .starts_with("application/x-www-form-urlencoded")
-            });
         let mut raw_body = None;
         if *method == Method::POST {
-            if form {
+            if let Some(form_body) = &form_body {
                 // As httpmq (Go's FormValue): the form's fields win over the query's. A
                 // form-typed body without a `data` field is the data itself (httpsqs's
                 // `curl -d 'text' "http://host/?name=q&opt=put"`).
-                let mut fields = Params::parse(&body);
+                let mut fields = Params::parse(form_body);
                 if fields.get("data").is_none() && !body.is_empty() {
                     raw_body = Some(body);
                 }
@@ -381,7 +386,7 @@ impl Httpmq {
         respond(reply, charset.as_deref())
     }
 
-    async fn operate(&self, actor: &Actor, params: &Params, raw_body: Option<Bytes>) -> Reply {
+    async fn operate(&self, actor: &Actor, params: &Params<'_>, raw_body: Option<Bytes>) -> Reply {
         let name = params
             .get("name")
             .and_then(|n| std::str::from_utf8(n).ok())
@@ -635,7 +640,7 @@ impl Httpmq {
     /// `Queue::peek_position`: at most one spill-file entry and one message record read from
     /// disk, as a basic.get reading a paged-out message does), or `HTTPMQ_VIEW_ERROR` for a
     /// position not yet put or already read (taken by a get or delivered over AMQP).
-    fn view(&self, actor: &Actor, vhost: &Arc<VHost>, name: &str, params: &Params) -> Reply {
+    fn view(&self, actor: &Actor, vhost: &Arc<VHost>, name: &str, params: &Params<'_>) -> Reply {
         let ops = Ops::new(self.node.broker(), vhost, actor);
         if ops.authorize(&Operation::BasicGet { queue: name }).is_err() {
             return Reply::text(AUTH_FAILED);
@@ -699,7 +704,7 @@ impl Httpmq {
         actor: &Actor,
         vhost: &Arc<VHost>,
         name: &str,
-        params: &Params,
+        params: &Params<'_>,
     ) -> Reply {
         let ops = Ops::new(self.node.broker(), vhost, actor);
         let configure = Operation::QueueDeclare {
@@ -853,39 +858,46 @@ fn basic_auth(value: &HeaderValue) -> Option<(String, String)> {
     Some((u.to_string(), p.to_string()))
 }
 
-/// Query (or form body) parameters, URL-decoded to bytes; the first of repeated keys wins.
+/// Query (or form body) parameters, URL-decoded to bytes (borrowed from the request where
+/// nothing needs decoding); the first of repeated keys wins.
 #[derive(Debug, Default)]
-struct Params(Vec<(Vec<u8>, Vec<u8>)>);
+struct Params<'a>(Vec<(Param<'a>, Param<'a>)>);
 
-impl Params {
-    fn parse(raw: &[u8]) -> Params {
-        let decode = |s: &[u8]| -> Vec<u8> {
+/// A decoded key or value of [`Params`].
+type Param<'a> = Cow<'a, [u8]>;
+
+impl<'a> Params<'a> {
+    fn parse(raw: &'a [u8]) -> Params<'a> {
+        let decode = |s: &'a [u8]| -> Param<'a> {
+            if !s.iter().any(|&b| b == b'+' || b == b'%') {
+                return Cow::Borrowed(s);
+            }
             let plus: Vec<u8> = s
                 .iter()
                 .map(|&b| if b == b'+' { b' ' } else { b })
                 .collect();
-            percent_encoding::percent_decode(&plus).collect()
+            Cow::Owned(percent_encoding::percent_decode(&plus).collect())
         };
         Params(
             raw.split(|&b| b == b'&')
                 .filter(|kv| !kv.is_empty())
                 .map(|kv| match kv.iter().position(|&b| b == b'=') {
                     Some(i) => (decode(&kv[..i]), decode(&kv[i + 1..])),
-                    None => (decode(kv), Vec::new()),
+                    None => (decode(kv), Cow::Borrowed(&[][..])),
                 })
                 .collect(),
         )
     }
 
-    fn extend_from(&mut self, other: Params) {
+    fn extend_from(&mut self, other: Params<'a>) {
         self.0.extend(other.0);
     }
 
     fn get(&self, key: &str) -> Option<&[u8]> {
         self.0
             .iter()
-            .find(|(k, _)| k == key.as_bytes())
-            .map(|(_, v)| v.as_slice())
+            .find(|(k, _)| k.as_ref() == key.as_bytes())
+            .map(|(_, v)| v.as_ref())
     }
 }
 
