@@ -92,7 +92,8 @@ pub struct StoreConfig {
     /// Largest batch, bytes, written under one fsync; appenders wait when this much is pending.
     pub max_batch_bytes: usize,
     /// How long the writer waits for more appends before writing a batch that is still small
-    /// (0 = write as soon as anything is pending; the batch still grows during each fsync).
+    /// (under half of `max_batch_bytes`; 0 = write as soon as anything is pending; the batch
+    /// still grows during each fsync).
     pub fsync_delay: Duration,
     /// A segment is compacted once its live records take less than this fraction of it
     /// (0.0 never copies a live message; a settled segment whose `ACK` records or `DELIVERED`
