@@ -923,7 +923,7 @@ fn status_only(status: StatusCode) -> Response {
     r
 }
 
-/// Serves one request from `peer`: reads its body (at most [`Settings::max_body_bytes`],
+/// Serves one request from `peer`: answers 405 to a method other than GET and POST, reads its body (at most [`Settings::max_body_bytes`],
 /// else 413 and nothing is stored; within [`BODY_READ_TIMEOUT`], else 408 and the
 /// connection is closed), then answers it.
 async fn route(
@@ -931,6 +931,14 @@ async fn route(
     peer: SocketAddr,
     req: hyper::Request<hyper::body::Incoming>,
 ) -> Response {
+    // httpsqs's API is GET and POST. Any other method (HEAD from a link checker, a CORS
+    // preflight's OPTIONS) changes nothing: a HEAD get would consume a message it never shows.
+    if req.method() != Method::GET && req.method() != Method::POST {
+        let mut r = status_only(StatusCode::METHOD_NOT_ALLOWED);
+        r.headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static("GET, POST"));
+        return r;
+    }
     let (parts, body) = req.into_parts();
     let limit = app.settings.max_body_bytes;
     let body =

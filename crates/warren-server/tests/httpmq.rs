@@ -1325,6 +1325,30 @@ async fn wrong_credentials_wait_the_login_failure_delay_and_malformed_basic_auth
 }
 
 #[tokio::test]
+async fn methods_other_than_get_and_post_change_nothing() {
+    let dir = tempdir("methods");
+    let mq = Mq::start(&dir).await;
+    ok_put(&mq.get("name=m&opt=put&data=kept").await, 1);
+    for method in ["HEAD", "OPTIONS", "PUT", "DELETE", "PATCH"] {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        for opt in ["get", "put&data=x", "reset"] {
+            let r = mq
+                .client
+                .request(method.clone(), format!("{}/?name=m&opt={opt}", mq.base))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), StatusCode::METHOD_NOT_ALLOWED, "{method} {opt}");
+            assert_eq!(r.headers()["allow"], "GET, POST", "{method} {opt}");
+        }
+    }
+    let a = mq.get("name=m&opt=get").await;
+    assert_eq!(a.text(), "kept");
+    plain(&mq.get("name=m&opt=get").await, "HTTPMQ_GET_END");
+    mq.stop().await;
+}
+
+#[tokio::test]
 async fn a_body_that_does_not_arrive_in_time_is_answered_408_and_closed() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let dir = tempdir("slowbody");
