@@ -923,9 +923,10 @@ fn status_only(status: StatusCode) -> Response {
     r
 }
 
-/// Serves one request from `peer`: answers 405 to a method other than GET and POST, reads its body (at most [`Settings::max_body_bytes`],
-/// else 413 and nothing is stored; within [`BODY_READ_TIMEOUT`], else 408 and the
-/// connection is closed), then answers it.
+/// Serves one request from `peer`: answers 405 to a method other than GET and POST; reads
+/// its body (at most [`Settings::max_body_bytes`], else 413 and nothing is stored; a body cut
+/// short or malformed: 400; within [`BODY_READ_TIMEOUT`], else 408 and the connection is
+/// closed), then answers it.
 async fn route(
     app: Arc<Httpmq>,
     peer: SocketAddr,
@@ -941,11 +942,24 @@ async fn route(
     }
     let (parts, body) = req.into_parts();
     let limit = app.settings.max_body_bytes;
+    // A declared length over the limit is refused before the body is asked for, so a client
+    // that sent `Expect: 100-continue` is not told to send it.
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return status_only(StatusCode::PAYLOAD_TOO_LARGE);
+    }
     let body =
         match tokio::time::timeout(BODY_READ_TIMEOUT, Limited::new(body, limit).collect()).await {
             Ok(Ok(b)) => b.to_bytes(),
-            // Over the limit (or the client went away, when no one reads the answer).
-            Ok(Err(_)) => return status_only(StatusCode::PAYLOAD_TOO_LARGE),
+            Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
+                return status_only(StatusCode::PAYLOAD_TOO_LARGE)
+            }
+            // A body cut short (the client closed its side before its Content-Length) or
+            // malformed (a bad chunk size).
+            Ok(Err(_)) => return status_only(StatusCode::BAD_REQUEST),
             Err(_) => {
                 let mut r = status_only(StatusCode::REQUEST_TIMEOUT);
                 r.headers_mut()

@@ -419,6 +419,25 @@ async fn a_request_over_the_size_limit_gets_413_and_stores_nothing() {
     let mq = Mq::start_with(&dir, |c| c.httpmq.max_body_bytes = 1024).await;
     let a = mq.post("name=big&opt=put", None, vec![b'x'; 2048]).await;
     assert_eq!(a.status, StatusCode::PAYLOAD_TOO_LARGE);
+    // Without a declared length (chunked), the limit is found while reading; a malformed
+    // body is a bad request. Neither stores anything.
+    let over = format!(
+        "POST /?name=big&opt=put HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n800\r\n{}\r\n0\r\n\r\n",
+        "x".repeat(2048)
+    );
+    let bad =
+        "POST /?name=big&opt=put HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"
+            .to_string();
+    for (request, status) in [(over, "HTTP/1.1 413"), (bad, "HTTP/1.1 400")] {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let addr = mq.base.trim_start_matches("http://").to_string();
+        let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        s.write_all(request.as_bytes()).await.unwrap();
+        let mut reply = vec![0u8; 1024];
+        let n = within("the reply", s.read(&mut reply)).await.unwrap();
+        let text = String::from_utf8_lossy(&reply[..n]);
+        assert!(text.starts_with(status), "{status}: {text}");
+    }
     ok_put(
         &mq.post("name=big&opt=put", None, vec![b'y'; 1024]).await,
         1,
