@@ -15,7 +15,7 @@
 #   backlog: BACKLOG_N (1,000,000) x 1 KiB POST puts, then as many gets, on a fresh broker;
 #            peak RSS (VmHWM) after each phase;
 #   floor:   FLOOR_ROUNDS (3) interleaved rounds of the same `wrk -t2 -c100` POST puts against
-#            the HTTP floor (examples/http_floor.rs: the same axum/hyper stack answering
+#            the HTTP floor (examples/http_floor.rs: the same hyper stack answering
 #            HTTPMQ_PUT_OK with no queue work), against Warren, and Warren's `opt=status`
 #            (no store); SKIP_FLOOR=1 leaves them out;
 #   versus:  with HTTPMQ=<an httpmq binary> (Go + LevelDB, github.com/sysulq/httpmq, built
@@ -95,8 +95,13 @@ stop_broker() {
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 hz=$(getconf CLK_TCK)
 rss_peak_mb() { awk '/VmHWM/ {printf "%d", $2 / 1024}' "/proc/$BROKER_PID/status"; }
-getpos() { curl -s "$URL/?name=$1&opt=status_json" | jq .getpos; }
-putpos() { curl -s "$URL/?name=$1&opt=status_json" | jq .putpos; }
+# A queue's positions, from httpsqs's `opt=status` text (which httpmq serves too).
+status_field() { # queue field-prefix
+    curl -s "$URL/?name=$1&opt=status" | awk -F': ' -v f="$2" 'index($0, f) == 1 {print $2}'
+}
+getpos() { status_field "$1" 'Get position'; }
+putpos() { status_field "$1" 'Put position'; }
+unread() { status_field "$1" 'Number of unread'; }
 
 BODY512=$(head -c 512 /dev/zero | tr '\0' 'x')
 cat >"$WORK/put.lua" <<EOF
@@ -140,7 +145,7 @@ if [ -z "$SKIP_FLOOR" ]; then
         saved=$BROKER_PID; BROKER_PID=$FLOOR_PID
         cpu=$(timed "$WORK/floor" wrk -t2 -c100 -d"${DURATION}s" --latency -s "$WORK/put.lua" "http://127.0.0.1:$FLOOR_PORT/?name=f&opt=put")
         BROKER_PID=$saved
-        kill "$FLOOR_PID"; wait "$FLOOR_PID" 2>/dev/null || true
+        kill "$FLOOR_PID"; wait "$FLOOR_PID" 2>/dev/null || true; FLOOR_PID=""
         read -r rps p50 p99 <<<"$(wrk_summary "$WORK/floor")"
         row "| floor round $round: HTTP floor, wrk POST 512 B | $rps req/s | $p50 | $p99 | $cpu |"
         start_broker
@@ -168,44 +173,47 @@ start_server() { # kind
     URL="http://127.0.0.1:$HTTP_PORT"
     start_broker
 }
-# Messages got by a get run: httpmq and Warren both count gets in `getpos` (Warren's status
-# line is httpsqs's text, which both serve).
-status_field() { # queue field-prefix
-    curl -s "$URL/?name=$1&opt=status" | awk -F': ' -v f="$2" 'index($0, f) == 1 {print $2}'
+# The wrk and ab rows against the server at $URL (label prefix, server kind): wrk puts, wrk
+# gets from that queue (messages actually got, from `getpos`), ab puts, ab gets. Each rate is
+# also appended to $WORK/rates as "<kind> <row> <rate>".
+http_rows() { # label-prefix kind
+    local p=$1 kind=$2 g0 got
+    log "${p}wrk puts"
+    cpu=$(timed "$WORK/wrk-put" wrk -t2 -c100 -d"${DURATION}s" --latency -s "$WORK/put.lua" "$URL/?name=wrkq&opt=put")
+    read -r rps p50 p99 <<<"$(wrk_summary "$WORK/wrk-put")"
+    echo "$kind wrk-put $rps" >>"$WORK/rates"
+    row "| ${p}wrk -t2 -c100 POST put 512 B | $rps req/s ($(putpos wrkq) puts) | $p50 | $p99 | $cpu |"
+    log "${p}wrk gets"
+    g0=$(getpos wrkq)
+    cpu=$(timed "$WORK/wrk-get" wrk -t2 -c100 -d"${DURATION}s" --latency "$URL/?name=wrkq&opt=get")
+    read -r rps p50 p99 <<<"$(wrk_summary "$WORK/wrk-get")"
+    got=$(( $(getpos wrkq) - g0 ))
+    echo "$kind wrk-get $((got / DURATION))" >>"$WORK/rates"
+    row "| ${p}wrk -t2 -c100 GET get | $rps req/s, $((got / DURATION)) msg/s got ($got got, $(unread wrkq) left) | $p50 | $p99 | $cpu |"
+    log "${p}ab puts"
+    cpu=$(timed "$WORK/ab-put" ab -k -c 1000 -n "$AB_N" "$URL/?name=abq&opt=put&data=$BODY512")
+    read -r rps p50 p99 <<<"$(ab_summary "$WORK/ab-put")"
+    echo "$kind ab-put $rps" >>"$WORK/rates"
+    row "| ${p}ab -k -c 1000 -n $AB_N GET put data= 512 B | $rps req/s ($(putpos abq) puts) | $p50 | $p99 | $cpu |"
+    log "${p}ab gets"
+    cpu=$(timed "$WORK/ab-get" ab -k -c 1000 -n "$AB_N" "$URL/?name=abq&opt=get")
+    read -r rps p50 p99 <<<"$(ab_summary "$WORK/ab-get")"
+    echo "$kind ab-get $rps" >>"$WORK/rates"
+    row "| ${p}ab -k -c 1000 -n $AB_N GET get | $rps req/s ($(getpos abq) got) | $p50 | $p99 | $cpu |"
 }
 if [ -n "$HTTPMQ" ]; then
-    VERSUS="$WORK/versus.txt"
-    : >"$VERSUS"
     for round in $(seq "$VERSUS_ROUNDS"); do
         for kind in httpmq warren; do
-            log "versus round $round: $kind"
             start_server "$kind"
-            cpu=$(timed "$WORK/v-put" wrk -t2 -c100 -d"${DURATION}s" --latency -s "$WORK/put.lua" "$URL/?name=vq&opt=put")
-            read -r rps p50 p99 <<<"$(wrk_summary "$WORK/v-put")"
-            echo "$kind wrk-put $rps" >>"$VERSUS"
-            row "| versus round $round: $kind, wrk -t2 -c100 POST put 512 B | $rps req/s ($(status_field vq 'Put position') puts) | $p50 | $p99 | $cpu |"
-            g0=$(status_field vq 'Get position')
-            cpu=$(timed "$WORK/v-get" wrk -t2 -c100 -d"${DURATION}s" --latency "$URL/?name=vq&opt=get")
-            read -r rps p50 p99 <<<"$(wrk_summary "$WORK/v-get")"
-            got=$(( $(status_field vq 'Get position') - g0 ))
-            echo "$kind wrk-get $((got / DURATION))" >>"$VERSUS"
-            row "| versus round $round: $kind, wrk -t2 -c100 GET get | $rps req/s, $((got / DURATION)) msg/s got ($(status_field vq 'Number of unread') left) | $p50 | $p99 | $cpu |"
-            cpu=$(timed "$WORK/v-abput" ab -k -c 1000 -n "$AB_N" "$URL/?name=vab&opt=put&data=$BODY512")
-            read -r rps p50 p99 <<<"$(ab_summary "$WORK/v-abput")"
-            echo "$kind ab-put $rps" >>"$VERSUS"
-            row "| versus round $round: $kind, ab -k -c 1000 -n $AB_N GET put data= 512 B | $rps req/s ($(status_field vab 'Put position') puts) | $p50 | $p99 | $cpu |"
-            cpu=$(timed "$WORK/v-abget" ab -k -c 1000 -n "$AB_N" "$URL/?name=vab&opt=get")
-            read -r rps p50 p99 <<<"$(ab_summary "$WORK/v-abget")"
-            echo "$kind ab-get $rps" >>"$VERSUS"
-            row "| versus round $round: $kind, ab -k -c 1000 -n $AB_N GET get | $rps req/s ($(status_field vab 'Get position') got) | $p50 | $p99 | $cpu |"
+            http_rows "versus round $round: $kind, " "$kind"
             stop_broker
         done
     done
     URL="http://127.0.0.1:$HTTP_PORT"
     median() { sort -n | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
     for w in wrk-put wrk-get ab-put ab-get; do
-        h=$(awk -v w="$w" '$1 == "httpmq" && $2 == w {print $3}' "$VERSUS" | median)
-        x=$(awk -v w="$w" '$1 == "warren" && $2 == w {print $3}' "$VERSUS" | median)
+        h=$(awk -v w="$w" '$1 == "httpmq" && $2 == w {print $3}' "$WORK/rates" | median)
+        x=$(awk -v w="$w" '$1 == "warren" && $2 == w {print $3}' "$WORK/rates" | median)
         row "| versus, median of $VERSUS_ROUNDS rounds: $w | Warren $x / httpmq $h = $(awk -v x="$x" -v h="$h" 'BEGIN {printf "%.2fx", (h > 0) ? x / h : 0}') | | | |"
     done
 fi
@@ -216,28 +224,7 @@ if [ -n "$SKIP_MAIN" ]; then
 fi
 
 start_broker
-log "wrk puts"
-cpu=$(timed "$WORK/wrk-put" wrk -t2 -c100 -d"${DURATION}s" --latency -s "$WORK/put.lua" "$URL/?name=wrkq&opt=put")
-read -r rps p50 p99 <<<"$(wrk_summary "$WORK/wrk-put")"
-put_n=$(putpos wrkq)
-row "| wrk -t2 -c100 POST put 512 B | $rps req/s ($put_n puts) | $p50 | $p99 | $cpu |"
-log "wrk gets"
-g0=$(getpos wrkq)
-cpu=$(timed "$WORK/wrk-get" wrk -t2 -c100 -d"${DURATION}s" --latency "$URL/?name=wrkq&opt=get")
-read -r rps p50 p99 <<<"$(wrk_summary "$WORK/wrk-get")"
-g1=$(getpos wrkq)
-got=$((g1 - g0))
-left=$(curl -s "$URL/?name=wrkq&opt=status_json" | jq .unread)
-row "| wrk -t2 -c100 GET get | $rps req/s, $((got / DURATION)) msg/s got ($got got, $left left) | $p50 | $p99 | $cpu |"
-
-log "ab puts"
-cpu=$(timed "$WORK/ab-put" ab -k -c 1000 -n "$AB_N" "$URL/?name=abq&opt=put&data=$BODY512")
-read -r rps p50 p99 <<<"$(ab_summary "$WORK/ab-put")"
-row "| ab -k -c 1000 -n $AB_N GET put data= 512 B | $rps req/s ($(putpos abq) puts) | $p50 | $p99 | $cpu |"
-log "ab gets"
-cpu=$(timed "$WORK/ab-get" ab -k -c 1000 -n "$AB_N" "$URL/?name=abq&opt=get")
-read -r rps p50 p99 <<<"$(ab_summary "$WORK/ab-get")"
-row "| ab -k -c 1000 -n $AB_N GET get | $rps req/s ($(getpos abq) got) | $p50 | $p99 | $cpu |"
+http_rows "" warren
 
 amqp_rows() { # label
     for spec in "1p/1c transient:--producers 1 --consumers 1 --prefetch 100" \
@@ -270,7 +257,7 @@ if [ -z "$SKIP_BACKLOG" ]; then
     row "| backlog fill ab -k -c 100 POST put 1 KiB | $rps req/s ($(putpos backlog) puts), peak RSS $(rss_peak_mb) MB | $p50 | $p99 | $cpu |"
     cpu=$(timed "$WORK/bl-get" ab -k -c 100 -n "$BACKLOG_N" "$URL/?name=backlog&opt=get")
     read -r rps p50 p99 <<<"$(ab_summary "$WORK/bl-get")"
-    row "| backlog drain ab -k -c 100 GET get | $rps req/s ($(getpos backlog) got, $(curl -s "$URL/?name=backlog&opt=status_json" | jq .unread) left), peak RSS $(rss_peak_mb) MB | $p50 | $p99 | $cpu |"
+    row "| backlog drain ab -k -c 100 GET get | $rps req/s ($(getpos backlog) got, $(unread backlog) left), peak RSS $(rss_peak_mb) MB | $p50 | $p99 | $cpu |"
     du -sh "$WORK/data" | awk '{print "data directory after the drain: " $1}' | tee -a "$RESULTS"
     stop_broker
 fi
