@@ -2,15 +2,16 @@
 //!
 //! Each exchange type keeps the structure that makes routing a lookup rather than a scan:
 //! direct = hash map from routing key, fanout = list, topic = [`TopicTrie`], headers = list of
-//! patterns. Every binding is also kept in [`Exchange::bindings`] in creation order, for
-//! unbinding, listing and cleanup when a queue or exchange goes away.
+//! patterns. Every binding is also kept in creation order ([`Exchange::bindings`], for
+//! listing) and by destination, so that binding, unbinding and the cleanup when a queue or
+//! exchange goes away cost the same with one binding as with 100,000.
 //!
 //! RabbitMQ's delayed-message exchange (`x-delayed-message`, see [`crate::delayed`]) keeps the
 //! table of its `x-delayed-type` and routes like it once a message's delay is over.
 
 use crate::headers::{self, MatchMode};
 use crate::topic::TopicTrie;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use warren_amqp::table::FieldTable;
 
 /// The four exchange types of AMQP 0-9-1 (section 3.1.3), and RabbitMQ's delayed-message
@@ -108,7 +109,12 @@ pub struct Exchange {
     pub internal: bool,
     /// Declared arguments (e.g. `alternate-exchange`).
     pub arguments: FieldTable,
-    bindings: Vec<Binding>,
+    /// Every binding, by creation number (creation order).
+    bindings: BTreeMap<u64, Binding>,
+    /// The creation numbers of each destination's bindings.
+    by_destination: HashMap<Destination, Vec<u64>>,
+    /// The creation number of the next binding.
+    next_binding: u64,
     /// The policy and operator policy that apply, and their merged definition.
     applied: std::sync::Arc<crate::policy::Applied>,
     /// The type whose routing table this exchange keeps: `kind`, or the `x-delayed-type` of
@@ -147,7 +153,9 @@ impl Exchange {
             auto_delete,
             internal,
             arguments,
-            bindings: Vec::new(),
+            bindings: BTreeMap::new(),
+            by_destination: HashMap::new(),
+            next_binding: 0,
             applied: std::sync::Arc::default(),
             routing_kind,
             table,
@@ -161,8 +169,38 @@ impl Exchange {
     }
 
     /// Bindings in creation order.
-    pub fn bindings(&self) -> &[Binding] {
-        &self.bindings
+    pub fn bindings(
+        &self,
+    ) -> impl ExactSizeIterator<Item = &Binding> + DoubleEndedIterator + Clone {
+        self.bindings.values()
+    }
+
+    /// The number of bindings (with this exchange as their source).
+    pub fn binding_count(&self) -> usize {
+        self.bindings.len()
+    }
+
+    /// Whether the identical binding (destination, key and arguments) exists. Costs a hash
+    /// lookup and a look at the destination's own bindings, whatever the exchange's size.
+    pub fn has_binding(&self, binding: &Binding) -> bool {
+        self.find(binding).is_some()
+    }
+
+    /// The creation number of the binding identical to `binding`.
+    fn find(&self, binding: &Binding) -> Option<u64> {
+        self.by_destination
+            .get(&binding.destination)?
+            .iter()
+            .copied()
+            .find(|n| self.bindings.get(n) == Some(binding))
+    }
+
+    /// Whether a binding to `dest` with routing key `key` exists (whatever its arguments).
+    fn has_key(&self, key: &str, dest: &Destination) -> bool {
+        self.by_destination.get(dest).is_some_and(|ns| {
+            ns.iter()
+                .any(|n| self.bindings.get(n).is_some_and(|b| b.routing_key == key))
+        })
     }
 
     /// The alternate exchange (RabbitMQ extension): the `alternate-exchange` argument, else
@@ -189,56 +227,80 @@ impl Exchange {
     /// Adds a binding; returns false when the identical binding already exists (binding is
     /// idempotent in AMQP).
     pub fn bind(&mut self, binding: Binding) -> bool {
-        if self.bindings.contains(&binding) {
+        if self.has_binding(&binding) {
             return false;
         }
-        match &mut self.table {
-            Table::Direct(map) => {
-                let dests = map.entry(binding.routing_key.clone()).or_default();
-                if !dests.contains(&binding.destination) {
-                    dests.push(binding.destination.clone());
+        // The routing table holds (key, destination) once, whatever the arguments.
+        if !self.has_key(&binding.routing_key, &binding.destination) {
+            match &mut self.table {
+                Table::Direct(map) => map
+                    .entry(binding.routing_key.clone())
+                    .or_default()
+                    .push(binding.destination.clone()),
+                Table::Topic(trie) => {
+                    trie.insert(&binding.routing_key, binding.destination.clone())
                 }
+                Table::Fanout | Table::Headers => {}
             }
-            Table::Topic(trie) => trie.insert(&binding.routing_key, binding.destination.clone()),
-            Table::Fanout | Table::Headers => {}
         }
-        self.bindings.push(binding);
+        let n = self.next_binding;
+        self.next_binding += 1;
+        self.by_destination
+            .entry(binding.destination.clone())
+            .or_default()
+            .push(n);
+        self.bindings.insert(n, binding);
         true
     }
 
     /// Removes a binding; returns whether it existed.
     pub fn unbind(&mut self, binding: &Binding) -> bool {
-        let Some(pos) = self.bindings.iter().position(|b| b == binding) else {
+        let Some(n) = self.find(binding) else {
             return false;
         };
-        self.bindings.remove(pos);
+        self.bindings.remove(&n);
+        if let Some(ns) = self.by_destination.get_mut(&binding.destination) {
+            ns.retain(|&m| m != n);
+            if ns.is_empty() {
+                self.by_destination.remove(&binding.destination);
+            }
+        }
         self.reindex_key(&binding.routing_key, &binding.destination);
         true
     }
 
-    /// Removes every binding to `destination`; returns how many were removed.
-    pub fn unbind_destination(&mut self, destination: &Destination) -> usize {
-        let removed: Vec<Binding> = self
-            .bindings
+    /// Bindings to `destination`, in creation order.
+    pub fn bindings_to<'a>(
+        &'a self,
+        destination: &Destination,
+    ) -> impl Iterator<Item = &'a Binding> + 'a {
+        self.by_destination
+            .get(destination)
+            .map(|ns| ns.as_slice())
+            .unwrap_or_default()
             .iter()
-            .filter(|b| &b.destination == destination)
-            .cloned()
+            .filter_map(|n| self.bindings.get(n))
+    }
+
+    /// Removes every binding to `destination`; returns them, in creation order.
+    pub fn unbind_destination(&mut self, destination: &Destination) -> Vec<Binding> {
+        let removed: Vec<Binding> = self
+            .by_destination
+            .remove(destination)
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|n| self.bindings.remove(&n))
             .collect();
-        self.bindings.retain(|b| &b.destination != destination);
         for b in &removed {
             self.reindex_key(&b.routing_key, &b.destination);
         }
-        removed.len()
+        removed
     }
 
     /// After removing a binding, drops (key, destination) from the index unless another binding
     /// with the same key and destination (different arguments) remains.
     fn reindex_key(&mut self, key: &str, dest: &Destination) {
-        let still = self
-            .bindings
-            .iter()
-            .any(|b| b.routing_key == key && &b.destination == dest);
-        if still {
+        if self.has_key(key, dest) {
             return;
         }
         match &mut self.table {
@@ -271,10 +333,10 @@ impl Exchange {
                     dests.iter().for_each(&mut *out);
                 }
             }
-            Table::Fanout => self.bindings.iter().for_each(|b| out(&b.destination)),
+            Table::Fanout => self.bindings.values().for_each(|b| out(&b.destination)),
             Table::Topic(trie) => trie.matches(routing_key, out),
             Table::Headers => {
-                for b in &self.bindings {
+                for b in self.bindings.values() {
                     let mode = MatchMode::from_args(&b.arguments).unwrap_or(MatchMode::All);
                     if headers::matches(&b.arguments, mode, headers) {
                         out(&b.destination);
@@ -355,7 +417,7 @@ mod tests {
         assert!(routed(&x, "other").is_empty());
         assert!(x.unbind(&binding(q("a"), "k")));
         assert_eq!(routed(&x, "k"), vec![q("b")]);
-        assert_eq!(x.unbind_destination(&q("b")), 1);
+        assert_eq!(x.unbind_destination(&q("b")).len(), 1);
         assert!(routed(&x, "k").is_empty());
     }
 
@@ -391,5 +453,49 @@ mod tests {
         x.bind(binding(q("a"), ""));
         x.bind(binding(Destination::Exchange("e".into()), "zzz"));
         assert_eq!(routed(&x, "anything").len(), 2);
+    }
+
+    #[test]
+    fn bindings_keep_creation_order_and_are_found_by_destination() {
+        let mut x = Exchange::new(
+            "t",
+            ExchangeKind::Topic,
+            false,
+            false,
+            false,
+            FieldTable::new(),
+        );
+        for i in 0..1000 {
+            assert!(x.bind(binding(q(&format!("q{i}")), &format!("k.{i}.#"))));
+        }
+        let mut with_args = binding(q("q7"), "k.7.#");
+        with_args
+            .arguments
+            .insert("x-foo", warren_amqp::table::FieldValue::Bool(true));
+        assert!(x.bind(with_args.clone()));
+        assert!(!x.bind(with_args.clone()));
+        assert!(x.bind(binding(q("q7"), "other")));
+        assert_eq!(x.binding_count(), 1002);
+        assert!(x.has_binding(&binding(q("q999"), "k.999.#")));
+        assert!(!x.has_binding(&binding(q("q999"), "k.998.#")));
+        // Unbinding one of two bindings with the same key keeps the route.
+        assert!(x.unbind(&binding(q("q7"), "k.7.#")));
+        assert_eq!(routed(&x, "k.7.z"), vec![q("q7")]);
+        let to7: Vec<&str> = x
+            .bindings_to(&q("q7"))
+            .map(|b| b.routing_key.as_str())
+            .collect();
+        assert_eq!(to7, ["k.7.#", "other"]);
+        let gone = x.unbind_destination(&q("q7"));
+        assert_eq!(gone, vec![with_args, binding(q("q7"), "other")]);
+        assert!(routed(&x, "k.7.z").is_empty());
+        assert!(routed(&x, "other").is_empty());
+        assert_eq!(x.bindings_to(&q("q7")).count(), 0);
+        // The rest, in creation order.
+        let keys: Vec<&str> = x.bindings().map(|b| b.routing_key.as_str()).collect();
+        assert_eq!(keys.len(), 999);
+        assert_eq!(keys[..3], ["k.0.#", "k.1.#", "k.2.#"]);
+        assert_eq!(keys[7], "k.8.#");
+        assert_eq!(routed(&x, "k.500.a.b"), vec![q("q500")]);
     }
 }

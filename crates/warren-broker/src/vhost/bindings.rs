@@ -54,7 +54,7 @@ impl VHost {
             routing_key: routing_key.to_string(),
             arguments: arguments.clone(),
         };
-        if !x.bindings().contains(&binding) {
+        if !x.has_binding(&binding) {
             limits::check_binding(
                 &self.limits.read(),
                 &self.name,
@@ -114,7 +114,7 @@ impl VHost {
             && topo
                 .exchanges
                 .get(source)
-                .is_some_and(|x| x.bindings().contains(&binding));
+                .is_some_and(|x| x.has_binding(&binding));
         if !exists {
             return Ok(());
         }
@@ -124,7 +124,7 @@ impl VHost {
             .get_mut(source)
             .ok_or_else(|| self.no_exchange(source))?;
         let removed = x.unbind(&binding);
-        let (durable_source, now_unused) = (x.durable, x.auto_delete && x.bindings().is_empty());
+        let (durable_source, now_unused) = (x.durable, x.auto_delete && x.binding_count() == 0);
         topo.bindings -= usize::from(removed);
         let mut undo = Undo::default();
         if removed {

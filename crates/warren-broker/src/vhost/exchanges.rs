@@ -118,7 +118,7 @@ impl VHost {
         let Some(x) = topo.exchanges.get(name) else {
             return Ok(());
         };
-        if if_unused && !x.bindings().is_empty() {
+        if if_unused && x.binding_count() > 0 {
             return Err(BrokerError::precondition_failed(format!(
                 "{} in use",
                 self.exchange_resource(name)
@@ -182,7 +182,7 @@ impl VHost {
                 auto_delete: x.auto_delete,
                 internal: x.internal,
                 arguments: x.arguments.clone(),
-                bindings: x.bindings().to_vec(),
+                bindings: x.bindings().cloned().collect(),
                 policy: x.applied_policy().clone(),
             })
             .collect()

@@ -865,7 +865,7 @@ impl VHost {
             }
             TopologyCommand::RemoveExchange { name } => {
                 if let Some(x) = topo.exchanges.remove(name) {
-                    topo.bindings -= x.bindings().len();
+                    topo.bindings -= x.binding_count();
                 }
             }
             TopologyCommand::RemoveQueue { name } => {
@@ -900,13 +900,10 @@ pub(super) fn bindings_to(topo: &Topology, name: &str) -> Vec<TopologyCommand> {
     topo.exchanges
         .values()
         .flat_map(|x| {
-            x.bindings()
-                .iter()
-                .filter(|b| b.destination == dest)
-                .map(|b| TopologyCommand::AddBinding {
-                    source: x.name.clone(),
-                    binding: b.clone(),
-                })
+            x.bindings_to(&dest).map(|b| TopologyCommand::AddBinding {
+                source: x.name.clone(),
+                binding: b.clone(),
+            })
         })
         .collect()
 }

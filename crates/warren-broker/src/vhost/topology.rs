@@ -41,7 +41,7 @@ impl Topology {
     /// auto-delete exchange left without bindings; records each removal in `undo`.
     pub(super) fn remove_exchange(&mut self, name: &str, undo: &mut Undo) {
         if let Some(x) = self.exchanges.remove(name) {
-            self.bindings -= x.bindings().len();
+            self.bindings -= x.binding_count();
             undo.durable |= x.durable;
             undo.steps.push(Removed::Exchange(x));
         }
@@ -63,20 +63,15 @@ impl Topology {
     pub(super) fn unbind_everywhere(&mut self, dest: &Destination, undo: &mut Undo) {
         let mut emptied = Vec::new();
         for x in self.exchanges.values_mut() {
-            let gone: Vec<Binding> = x
-                .bindings()
-                .iter()
-                .filter(|b| &b.destination == dest)
-                .cloned()
-                .collect();
+            let gone = x.unbind_destination(dest);
             if gone.is_empty() {
                 continue;
             }
-            self.bindings -= x.unbind_destination(dest);
+            self.bindings -= gone.len();
             for b in gone {
                 undo.steps.push(Removed::Binding(x.name.clone(), b));
             }
-            if x.auto_delete && x.bindings().is_empty() {
+            if x.auto_delete && x.binding_count() == 0 {
                 emptied.push(x.name.clone());
             }
         }
@@ -91,7 +86,7 @@ impl Topology {
             match step {
                 Removed::AddedExchange(name) => {
                     if let Some(x) = self.exchanges.remove(&name) {
-                        self.bindings -= x.bindings().len();
+                        self.bindings -= x.binding_count();
                     }
                 }
                 Removed::AddedQueue(q) => {
@@ -111,7 +106,7 @@ impl Topology {
                 Removed::Exchange(mut x) => {
                     // Policies may have changed since it was removed.
                     x.apply_policy(self.policies.applied(&x.name, Target::Exchange));
-                    self.bindings += x.bindings().len();
+                    self.bindings += x.binding_count();
                     self.exchanges.insert(x.name.clone(), x);
                 }
                 Removed::Binding(source, b) => {
