@@ -52,7 +52,7 @@ pub use backend::{
     ENQUEUE_ORDER_INLINE,
 };
 use paging::{entry_key, Spilled};
-pub use positions::Positions;
+pub use positions::{PositionedSet, Positions};
 pub use sweeps::SweepSet;
 
 /// The side of a channel that receives deliveries from queues.
@@ -236,6 +236,8 @@ pub struct ClassicQueue {
     sweeps: Weak<SweepSet>,
     /// Set while the queue is in its vhost's sweep set.
     sweep_mark: std::sync::atomic::AtomicBool,
+    /// The vhost's set of queues with positions, joined at the first enqueue.
+    positioned: Weak<PositionedSet>,
 }
 
 #[derive(Default)]
@@ -391,6 +393,7 @@ impl ClassicQueue {
             }),
             sweeps: Weak::new(),
             sweep_mark: std::sync::atomic::AtomicBool::new(false),
+            positioned: Weak::new(),
             overflow_declared: arguments.contains_key("x-overflow"),
             limited: std::sync::atomic::AtomicBool::new(has_length_limit(&args)),
             effective: parking_lot::RwLock::new(Arc::new(args.clone())),
@@ -448,6 +451,7 @@ impl ClassicQueue {
         .with_clock(spec.clock)
         .with_dead_letter_sink(spec.dead_letters);
         q.sweeps = spec.sweeps;
+        q.positioned = spec.positioned;
         if let Some(b) = spec.backing {
             q = q.with_backing(b);
         }
@@ -612,6 +616,11 @@ impl ClassicQueue {
         if !st.deleted {
             st.put_pos += 1;
             let _ = message.position.set(st.put_pos);
+            if st.put_pos == 1 {
+                if let Some(set) = self.positioned.upgrade() {
+                    set.add(this);
+                }
+            }
         }
         let qm = QueuedMessage {
             seq,

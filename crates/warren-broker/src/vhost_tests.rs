@@ -1053,3 +1053,38 @@ fn the_sweep_visits_only_queues_with_something_to_sweep() {
     assert!(v.queue("idle7", 1).is_err(), "expired under the policy");
     assert_eq!(v.swept_queues(), 2);
 }
+
+#[test]
+fn positioned_queues_are_those_that_took_a_position() {
+    let (_clock, v) = clocked();
+    for i in 0..100 {
+        declare_with(&v, &format!("idle{i}"), &[]);
+    }
+    let used = declare_with(&v, "used", &[]);
+    let restored = declare_with(&v, "restored", &[]);
+    declare_with(&v, "gone", &[]);
+    assert!(v.positioned_queues().is_empty());
+    send(&v, "used", b"a");
+    send(&v, "used", b"b");
+    send(&v, "gone", b"c");
+    restored.set_put_position(7);
+    v.track_positions(&restored);
+    let names = |v: &VHost| {
+        let mut n: Vec<String> = v
+            .positioned_queues()
+            .iter()
+            .map(|q| q.name().to_string())
+            .collect();
+        n.sort();
+        n
+    };
+    assert_eq!(names(&v), ["gone", "restored", "used"]);
+    assert_eq!(used.positions().put, 2);
+    v.delete_queue("gone", false, false, 1).unwrap();
+    assert_eq!(names(&v), ["restored", "used"]);
+    // A queue declared again under a deleted one's name joins at its own first enqueue.
+    declare_with(&v, "gone", &[]);
+    assert_eq!(names(&v), ["restored", "used"]);
+    send(&v, "gone", b"d");
+    assert_eq!(names(&v), ["gone", "restored", "used"]);
+}

@@ -40,7 +40,7 @@ use crate::error::ApiError;
 use axum::http::StatusCode;
 use serde_json::{json, Map, Value};
 use std::collections::hash_map::Entry;
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -236,6 +236,9 @@ struct Series {
     /// The samples, oldest first, as runs of equal consecutive samples: an idle object
     /// keeps one run however long its window.
     runs: VecDeque<Run>,
+    /// The timestamp of the last sweep that sampled the object: a series the last sweep
+    /// did not sample is of an object gone.
+    sampled: u64,
 }
 
 /// Equal samples taken at every sweep from `first` to `last` (timestamps, ms).
@@ -404,16 +407,22 @@ impl Rates {
 
     fn record(&self, ts: u64, src: SampleSources) {
         let mut rows: Vec<(Key, usize, Point, u64)> = Vec::new();
-        let mut lengths: HashMap<&str, (u64, u64)> = HashMap::new();
+        let mut lengths: HashMap<String, (u64, u64)> = HashMap::new();
         let (mut ready, mut unacked) = (0, 0);
         for q in &src.queues {
-            let l = lengths.entry(q.vhost.as_str()).or_default();
+            let l = match lengths.get_mut(q.vhost.as_str()) {
+                Some(l) => l,
+                None => lengths.entry(q.vhost.clone()).or_default(),
+            };
             l.0 += q.ready;
             l.1 += q.unacked;
             ready += q.ready;
             unacked += q.unacked;
+        }
+        rows.reserve(src.queues.len());
+        for q in src.queues {
             rows.push((
-                Key::Queue(q.vhost.clone(), q.name.clone()),
+                Key::Queue(q.vhost, q.name),
                 q.ident,
                 point(&q.stats, q.ready, q.unacked),
                 OBJECT_WINDOW_MS,
@@ -494,21 +503,22 @@ impl Rates {
             sweeps.pop_front();
         }
         let previous = sweeps.len().checked_sub(2).map(|i| sweeps[i]);
-        let mut seen = HashSet::with_capacity(rows.len());
         for ((key, ident, p, _), cap) in rows.into_iter().zip(caps) {
             let oldest = sweeps[sweeps.len().saturating_sub(cap)];
-            let s = match series.entry(key.clone()) {
+            let gauge = key == Key::Resources;
+            let from_zero = key.counts_from_zero();
+            let s = match series.entry(key) {
                 Entry::Occupied(e) => e.into_mut(),
                 // A channel that has counted nothing yet keeps no samples (its rates are 0
                 // either way): idle connections' channels cost the store nothing. Its first
                 // counts start from a zero sample at the previous sweep, so that they have a
                 // rate at once.
-                Entry::Vacant(_) if key.counts_from_zero() && p == [0; FIELDS] => {
+                Entry::Vacant(_) if from_zero && p == [0; FIELDS] => {
                     continue;
                 }
                 Entry::Vacant(e) => {
                     let mut runs = VecDeque::with_capacity(1);
-                    if let (true, Some(t)) = (key.counts_from_zero(), previous) {
+                    if let (true, Some(t)) = (from_zero, previous) {
                         runs.push_back(Run {
                             first: t,
                             last: t,
@@ -516,13 +526,17 @@ impl Rates {
                         });
                     }
                     // Room for one run: most objects are idle, and their series stays one.
-                    e.insert(Series { ident, runs })
+                    e.insert(Series {
+                        ident,
+                        runs,
+                        sampled: ts,
+                    })
                 }
             };
-            s.push(ident, ts, p, oldest, key == Key::Resources);
-            seen.insert(key);
+            s.push(ident, ts, p, oldest, gauge);
+            s.sampled = ts;
         }
-        series.retain(|k, _| seen.contains(k));
+        series.retain(|_, s| s.sampled == ts);
         // A new connection's traffic counts from zero at the previous sweep (it opened
         // since), so that it has a rate at once.
         traffic.reserve(src.connections.len().saturating_sub(traffic.len()));

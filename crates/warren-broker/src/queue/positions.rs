@@ -90,3 +90,54 @@ impl Positions {
         self.put.saturating_sub(self.ready)
     }
 }
+
+/// The queues of a vhost that have taken a position (a put position above 0): what the HTTP
+/// queue API checkpoints. A checkpoint then visits only these, not every queue of the vhost:
+/// 100,000 queues that never held a message cost it nothing.
+///
+/// A queue joins when its put position goes from 0 to 1 and when one is restored
+/// ([`PositionedSet::add`]); it leaves once deleted. Held by weak reference, keyed by the
+/// address of its `Arc` (which a weak reference keeps from being reused).
+#[derive(Default)]
+pub struct PositionedSet {
+    queues: Mutex<std::collections::HashMap<usize, Weak<Queue>>>,
+}
+
+impl PositionedSet {
+    /// Adds `q` (nothing when it is in already).
+    pub fn add(&self, q: &Arc<Queue>) {
+        let key = Arc::as_ptr(q) as *const () as usize;
+        self.queues
+            .lock()
+            .entry(key)
+            .or_insert_with(|| Arc::downgrade(q));
+    }
+
+    /// The queues in the set now; drops those deleted meanwhile. (A queue's own lock is never
+    /// taken under the set's: a queue joins while holding its own.)
+    pub fn snapshot(&self) -> Vec<Arc<Queue>> {
+        let live: Vec<(usize, Arc<Queue>)> = {
+            let mut set = self.queues.lock();
+            set.retain(|_, w| w.strong_count() > 0);
+            set.iter()
+                .filter_map(|(k, w)| Some((*k, w.upgrade()?)))
+                .collect()
+        };
+        let mut out = Vec::with_capacity(live.len());
+        let mut deleted = Vec::new();
+        for (k, q) in live {
+            if q.is_deleted() {
+                deleted.push(k);
+            } else {
+                out.push(q);
+            }
+        }
+        if !deleted.is_empty() {
+            let mut set = self.queues.lock();
+            for k in deleted {
+                set.remove(&k);
+            }
+        }
+        out
+    }
+}

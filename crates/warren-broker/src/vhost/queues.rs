@@ -57,6 +57,7 @@ impl VHost {
             dead_letters: self.me.clone(),
             backing: self.backing(),
             sweeps: Arc::downgrade(&self.sweeps),
+            positioned: Arc::downgrade(&self.positioned),
         };
         let q = match self.queue_kind(&spec.arguments) {
             Some(kind) => kind.build(spec),
@@ -236,6 +237,19 @@ impl VHost {
     /// All queues, in no particular order.
     pub fn queues(&self) -> Vec<Arc<Queue>> {
         self.topology.read().queues.values().cloned().collect()
+    }
+
+    /// The queues that have taken a put position (see [`crate::queue::Positions`]): every
+    /// queue that ever enqueued a message, or was given a position by
+    /// [`VHost::track_positions`], and is not deleted. Costs the number of those queues, not
+    /// of all queues.
+    pub fn positioned_queues(&self) -> Vec<Arc<Queue>> {
+        self.positioned.snapshot()
+    }
+
+    /// Adds `q` to [`VHost::positioned_queues`] (a put position restored at start).
+    pub fn track_positions(&self, q: &Arc<Queue>) {
+        self.positioned.add(q);
     }
 
     /// queue.delete; returns the number of ready messages deleted. A missing queue is deleted
