@@ -397,8 +397,9 @@ impl Httpmq {
         let Some(opt) = params.get("opt") else {
             return Reply::text("HTTPMQ_ERROR");
         };
-        // An AMQP queue name: at most 255 bytes (a short string).
-        if name.is_empty() || name.len() > 255 {
+        // An AMQP queue name: at most 255 bytes (a short string). Control characters
+        // (line breaks among them) would garble the lines of `opt=status`.
+        if name.is_empty() || name.len() > 255 || name.chars().any(char::is_control) {
             return Reply::text("HTTPMQ_ERROR");
         }
         let Some(vhost) = self.vhost() else {

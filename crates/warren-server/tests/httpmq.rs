@@ -367,6 +367,11 @@ async fn malformed_requests_get_httpmq_error_and_charset_sets_the_content_type()
         "name=q&opt=",
         "name=q&opt=bogus",
         &format!("name={}&opt=put&data=x", "n".repeat(256)),
+        "name=a%0Ab&opt=put&data=x",
+        "name=a%0Ab&opt=status",
+        "name=a%09b&opt=get",
+        "name=a%7Fb&opt=put&data=x",
+        "name=%C2%85&opt=put&data=x",
     ] {
         plain(&mq.get(q).await, "HTTPMQ_ERROR");
     }
