@@ -4,7 +4,8 @@
 //! direct = hash map from routing key, fanout = list, topic = [`TopicTrie`], headers = list of
 //! patterns. Every binding is also kept in creation order ([`Exchange::bindings`], for
 //! listing) and by destination, so that binding, unbinding and the cleanup when a queue or
-//! exchange goes away cost the same with one binding as with 100,000.
+//! exchange goes away cost the number of that destination's bindings, not of the
+//! exchange's: the same with 100,000 queues bound as with one.
 //!
 //! RabbitMQ's delayed-message exchange (`x-delayed-message`, see [`crate::delayed`]) keeps the
 //! table of its `x-delayed-type` and routes like it once a message's delay is over.
@@ -450,20 +451,28 @@ impl BindingSet {
         true
     }
 
-    /// Removes every binding to `d`; returns them in creation order.
+    /// Removes every binding to `d`; returns them in creation order. Costs the number of
+    /// `d`'s bindings (the index entry goes at once, then any colliding destination's places
+    /// are put back).
     fn remove_destination(&mut self, d: &Destination) -> Vec<Binding> {
         let h = self.hash(d);
-        let places: Vec<u32> = self
-            .slots_of(d)
-            .iter()
-            .copied()
-            .filter(|&i| {
-                self.slots[i as usize]
-                    .as_ref()
-                    .is_some_and(|b| &b.destination == d)
-            })
-            .collect();
-        let removed = places.into_iter().filter_map(|i| self.take(h, i)).collect();
+        let Some(places) = self.by_destination.remove(&h) else {
+            return Vec::new();
+        };
+        let mut removed = Vec::new();
+        let mut others = Vec::new();
+        for &i in places.as_slice() {
+            let slot = &mut self.slots[i as usize];
+            if slot.as_ref().is_some_and(|b| &b.destination == d) {
+                removed.extend(slot.take());
+                self.live -= 1;
+            } else {
+                others.push(i);
+            }
+        }
+        for i in others {
+            self.index(h, i);
+        }
         self.compact();
         removed
     }
@@ -627,5 +636,18 @@ mod tests {
         );
         assert_eq!(routed(&x, "k.983.z"), vec![q("q983")]);
         assert!(routed(&x, "k.984.z").is_empty());
+        // One destination with many bindings, between others: all go at once, in order.
+        for i in 0..3000 {
+            x.bind(binding(q("many"), &format!("m.{i}")));
+            x.bind(binding(q(&format!("o{i}")), &format!("m.{i}")));
+        }
+        let gone = x.unbind_destination(&q("many"));
+        assert_eq!(gone.len(), 3000);
+        assert_eq!(gone[2999].routing_key, "m.2999");
+        assert!(gone
+            .windows(2)
+            .all(|w| w[0].routing_key != w[1].routing_key));
+        assert_eq!(routed(&x, "m.17"), vec![q("o17")]);
+        assert_eq!(x.binding_count(), 3100);
     }
 }

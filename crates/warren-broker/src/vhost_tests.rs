@@ -1088,3 +1088,26 @@ fn positioned_queues_are_those_that_took_a_position() {
     send(&v, "gone", b"d");
     assert_eq!(names(&v), ["gone", "restored", "used"]);
 }
+
+#[test]
+fn the_positioned_set_stays_bounded_without_checkpoints() {
+    // As a broker without the HTTP queue API: reply queues that each take a message and go.
+    let (_clock, v) = clocked();
+    let kept = declare_with(&v, "kept", &[]);
+    send(&v, "kept", b"k");
+    for i in 0..2000 {
+        let name = format!("reply{i}");
+        declare_with(&v, &name, &[]);
+        send(&v, &name, b"r");
+        v.delete_queue(&name, false, false, 1).unwrap();
+        if i % 100 == 99 {
+            // The broker's 50 ms sweep, which lets go of the queues it visited.
+            v.sweep();
+        }
+    }
+    // Pruned whenever it doubles: at most twice what was held at the last pruning (the
+    // queues of the last 100 rounds, not yet let go by a sweep) and 64 more.
+    assert!(v.positioned_held() <= 300, "{}", v.positioned_held());
+    assert_eq!(v.positioned_queues().len(), 1);
+    assert_eq!(kept.positions().put, 1);
+}

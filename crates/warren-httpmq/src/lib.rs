@@ -397,9 +397,14 @@ impl Httpmq {
         let Some(opt) = params.get("opt") else {
             return Reply::text("HTTPMQ_ERROR");
         };
-        // An AMQP queue name: at most 255 bytes (a short string). Control characters
-        // (line breaks among them) would garble the lines of `opt=status`.
-        if name.is_empty() || name.len() > 255 || name.chars().any(char::is_control) {
+        // An AMQP queue name: at most 255 bytes (a short string). Control characters and
+        // Unicode's line and paragraph separators would garble the lines of `opt=status`.
+        if name.is_empty()
+            || name.len() > 255
+            || name
+                .chars()
+                .any(|c| c.is_control() || c == '\u{2028}' || c == '\u{2029}')
+        {
             return Reply::text("HTTPMQ_ERROR");
         }
         let Some(vhost) = self.vhost() else {

@@ -372,6 +372,7 @@ async fn malformed_requests_get_httpmq_error_and_charset_sets_the_content_type()
         "name=a%09b&opt=get",
         "name=a%7Fb&opt=put&data=x",
         "name=%C2%85&opt=put&data=x",
+        "name=a%E2%80%A8b&opt=status",
     ] {
         plain(&mq.get(q).await, "HTTPMQ_ERROR");
     }

@@ -100,44 +100,65 @@ impl Positions {
 /// address of its `Arc` (which a weak reference keeps from being reused).
 #[derive(Default)]
 pub struct PositionedSet {
-    queues: Mutex<std::collections::HashMap<usize, Weak<Queue>>>,
+    inner: Mutex<PositionedInner>,
+}
+
+#[derive(Default)]
+struct PositionedInner {
+    queues: std::collections::HashMap<usize, Weak<Queue>>,
+    /// The set's size after the last pruning of queues gone.
+    pruned_at: usize,
 }
 
 impl PositionedSet {
-    /// Adds `q` (nothing when it is in already).
+    /// Adds `q` (nothing when it is in already). Once the set has doubled since it was last
+    /// pruned, the queues dropped meanwhile leave it, so that it stays within twice the
+    /// number of live queues with positions even when nothing calls
+    /// [`PositionedSet::snapshot`] (a broker without the HTTP queue API, whose short-lived
+    /// reply queues each take a position).
     pub fn add(&self, q: &Arc<Queue>) {
         let key = Arc::as_ptr(q) as *const () as usize;
-        self.queues
-            .lock()
-            .entry(key)
-            .or_insert_with(|| Arc::downgrade(q));
+        let mut inner = self.inner.lock();
+        inner.queues.entry(key).or_insert_with(|| Arc::downgrade(q));
+        if inner.queues.len() > 2 * inner.pruned_at + 64 {
+            inner.queues.retain(|_, w| w.strong_count() > 0);
+            inner.pruned_at = inner.queues.len();
+        }
+    }
+
+    /// Entries held (live or not yet pruned).
+    #[cfg(test)]
+    pub(crate) fn held(&self) -> usize {
+        self.inner.lock().queues.len()
     }
 
     /// The queues in the set now; drops those deleted meanwhile. (A queue's own lock is never
     /// taken under the set's: a queue joins while holding its own.)
     pub fn snapshot(&self) -> Vec<Arc<Queue>> {
         let live: Vec<(usize, Arc<Queue>)> = {
-            let mut set = self.queues.lock();
-            set.retain(|_, w| w.strong_count() > 0);
-            set.iter()
+            let mut inner = self.inner.lock();
+            inner.queues.retain(|_, w| w.strong_count() > 0);
+            inner.pruned_at = inner.queues.len();
+            inner
+                .queues
+                .iter()
                 .filter_map(|(k, w)| Some((*k, w.upgrade()?)))
                 .collect()
         };
-        let mut out = Vec::with_capacity(live.len());
-        let mut deleted = Vec::new();
-        for (k, q) in live {
-            if q.is_deleted() {
-                deleted.push(k);
-            } else {
-                out.push(q);
-            }
-        }
+        let (deleted, out): (Vec<_>, Vec<_>) = live.into_iter().partition(|(_, q)| q.is_deleted());
         if !deleted.is_empty() {
-            let mut set = self.queues.lock();
-            for k in deleted {
-                set.remove(&k);
+            // Each deleted queue is still held here, so its address names it alone.
+            let mut inner = self.inner.lock();
+            for (k, q) in &deleted {
+                if inner
+                    .queues
+                    .get(k)
+                    .is_some_and(|w| std::ptr::addr_eq(w.as_ptr(), Arc::as_ptr(q)))
+                {
+                    inner.queues.remove(k);
+                }
             }
         }
-        out
+        out.into_iter().map(|(_, q)| q).collect()
     }
 }

@@ -247,6 +247,12 @@ impl VHost {
         self.positioned.snapshot()
     }
 
+    /// Entries of the positioned set, pruned or not.
+    #[cfg(test)]
+    pub(crate) fn positioned_held(&self) -> usize {
+        self.positioned.held()
+    }
+
     /// Adds `q` to [`VHost::positioned_queues`] (a put position restored at start).
     pub fn track_positions(&self, q: &Arc<Queue>) {
         self.positioned.add(q);
