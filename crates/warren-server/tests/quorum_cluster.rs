@@ -753,6 +753,21 @@ fn start_node_with_api(id: usize, ports: &[u16], secret: &Path, root: &Path, mgm
 }
 
 /// `warren ctl --port <port> <args>`: (success, stdout, stderr).
+/// `warren ctl quorum grow NODE` on `port`, run again (for up to 20 s) while a queue is
+/// refused because NODE did not answer a Raft call in time: with the whole suite on two
+/// cores a call can time out, and an operator would run the command again.
+async fn grow_retrying(port: u16, node: &str) -> (bool, String, String) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = ctl(port, &["quorum", "grow", node]);
+        let unreachable = r.1.contains("is not reachable") || r.2.contains("is not reachable");
+        if r.0 || !unreachable || Instant::now() > deadline {
+            return r;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 fn ctl(port: u16, args: &[&str]) -> (bool, String, String) {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_warren"))
         .arg("ctl")
@@ -1537,7 +1552,7 @@ async fn nodes_are_added_to_and_removed_from_a_running_cluster() {
     let _ = c4.close(200, "bye".into()).await;
 
     // grow and shrink over the vhost's quorum queues.
-    let (ok, out, err) = ctl(api[0], &["quorum", "grow", name4]);
+    let (ok, out, err) = grow_retrying(api[0], name4).await;
     assert!(ok && out.contains("grown: added"), "grow: {out} {err}");
     eventually("grown has four members", || async {
         members_on(api[0], "grown").await.len() == 4
@@ -1558,7 +1573,7 @@ async fn nodes_are_added_to_and_removed_from_a_running_cluster() {
         g["members"].is_null() && g["messages"] == 5
     })
     .await;
-    let (ok, out, err) = ctl(api[0], &["quorum", "grow", name4]);
+    let (ok, out, err) = grow_retrying(api[0], name4).await;
     assert!(ok, "grow again: {out} {err}");
     eventually("four members each again", || async {
         members_on(api[0], "grown").await.len() == 4 && members_on(api[0], "wide").await.len() == 4
