@@ -270,7 +270,7 @@ fn query_flag(q: &HashMap<String, String>, key: &str) -> bool {
 // ---- JSON shapes ---------------------------------------------------------------------
 
 fn queue_json(app: &App, q: &QueueInfo, ranges: &Ranges) -> Value {
-    let key = [(Key::Queue(q.vhost.clone(), q.name.clone()), q.ident)];
+    let key = [Key::Queue(q.ident)];
     let mut v = json!({
         "name": q.name,
         "vhost": q.vhost,
@@ -321,7 +321,7 @@ fn exchange_json(app: &App, x: &ExchangeInfo, ranges: &Ranges) -> Value {
     // And its `message_stats` once messages went through it.
     if let Some(c) = &x.stats {
         let mut stats = json!({"publish_in": c.publish_in, "publish_out": c.publish_out});
-        let key = [(Key::Exchange(x.vhost.clone(), x.name.clone()), 0)];
+        let key = [Key::Exchange(x.vhost.clone(), x.name.clone())];
         app.rates.message_stats(&mut stats, &key, ranges);
         v["message_stats"] = stats;
     }
@@ -602,7 +602,7 @@ async fn no_items(State(app): S, ConnectInfo(peer): Peer, headers: HeaderMap, q:
 }
 
 fn vhost_json(app: &App, v: &str, ranges: &Ranges) -> Value {
-    let key = [(Key::Vhost(v.to_string()), 0)];
+    let key = [Key::Vhost(v.to_string())];
     let queues = app.backend.queues(Some(v));
     let ready: u64 = queues.iter().map(|q| q.ready).sum();
     let unacked: u64 = queues.iter().map(|q| q.unacked).sum();
@@ -634,11 +634,11 @@ fn vhost_json(app: &App, v: &str, ranges: &Ranges) -> Value {
 
 /// Whose samples the overview's rates come from: the node's for those who see every
 /// vhost, else the vhosts the user sees (their rates summed).
-fn overview_keys(user: &UserInfo, vhosts: &[String]) -> Vec<(Key, usize)> {
+fn overview_keys(user: &UserInfo, vhosts: &[String]) -> Vec<Key> {
     if has(&user.tags, &["administrator", "monitoring"]) {
-        vec![(Key::Node, 0)]
+        vec![Key::Node]
     } else {
-        vhosts.iter().map(|v| (Key::Vhost(v.clone()), 0)).collect()
+        vhosts.iter().map(|v| Key::Vhost(v.clone())).collect()
     }
 }
 
@@ -648,7 +648,7 @@ fn overview_stats(
     app: &App,
     user: &UserInfo,
     vhosts: &[String],
-    keys: &[(Key, usize)],
+    keys: &[Key],
     ranges: &Ranges,
 ) -> Value {
     if has(&user.tags, &["administrator", "monitoring"]) {

@@ -276,10 +276,6 @@ pub struct QueueInfo {
 /// A queue's counters and lengths for the rate sampler.
 #[derive(Debug, Clone)]
 pub struct QueueSample {
-    /// Virtual host.
-    pub vhost: String,
-    /// Name.
-    pub name: String,
     /// See [`QueueInfo::ident`].
     pub ident: usize,
     /// Message counts since the queue was created.
@@ -290,14 +286,28 @@ pub struct QueueSample {
     pub unacked: u64,
 }
 
+/// A vhost's counters and its queues' lengths for the rate sampler.
+#[derive(Debug, Clone, Default)]
+pub struct VhostSample {
+    /// Its name.
+    pub name: String,
+    /// Message counts since the start.
+    pub stats: MessageStats,
+    /// Ready messages in its queues.
+    pub ready: u64,
+    /// Unacknowledged messages in its queues.
+    pub unacked: u64,
+}
+
 /// Everything the rate sampler reads in one sweep.
 #[derive(Debug, Clone, Default)]
 pub struct SampleSources {
     /// The node's message counts.
     pub node: MessageStats,
-    /// Each vhost's message counts.
-    pub vhosts: Vec<(String, MessageStats)>,
-    /// Each queue's.
+    /// Each vhost's message counts, and its queues' lengths.
+    pub vhosts: Vec<VhostSample>,
+    /// Each queue's, but for the queues that have counted nothing (no message, no
+    /// counter above zero).
     pub queues: Vec<QueueSample>,
     /// Each open channel's, by channel id.
     pub channels: Vec<(u64, MessageStats)>,
@@ -744,21 +754,31 @@ impl Backend {
             ..SampleSources::default()
         };
         for v in self.vhost_list(None) {
-            out.vhosts.push((
-                v.name.clone(),
-                per_vhost.get(&v.name).copied().unwrap_or_default(),
-            ));
-            for q in v.queues() {
+            let mut vs = VhostSample {
+                name: v.name.clone(),
+                stats: per_vhost.get(&v.name).copied().unwrap_or_default(),
+                ..VhostSample::default()
+            };
+            let queues = v.queues();
+            out.queues.reserve(queues.len());
+            for q in queues {
                 let c = q.counts();
+                let (ready, unacked) = (u64::from(c.ready), u64::from(c.unacked));
+                vs.ready += ready;
+                vs.unacked += unacked;
+                let stats = queue_stats(&*q);
+                // A queue that has counted nothing has no samples (see `crate::rates`).
+                if ready == 0 && unacked == 0 && stats == MessageStats::default() {
+                    continue;
+                }
                 out.queues.push(QueueSample {
-                    vhost: q.vhost().to_string(),
-                    name: q.name().to_string(),
                     ident: Arc::as_ptr(&q) as *const () as usize,
-                    stats: queue_stats(&*q),
-                    ready: c.ready.into(),
-                    unacked: c.unacked.into(),
+                    stats,
+                    ready,
+                    unacked,
                 });
             }
+            out.vhosts.push(vs);
         }
         out
     }

@@ -48,7 +48,7 @@ pub fn message_stats_json(s: &MessageStats) -> Value {
 pub(crate) fn stats_with_rates(
     app: &App,
     s: &MessageStats,
-    keys: &[(Key, usize)],
+    keys: &[Key],
     ranges: &Ranges,
 ) -> Value {
     let mut v = message_stats_json(s);
@@ -138,7 +138,7 @@ fn channel_json(app: &App, c: &ChannelSnapshot, ranges: &Ranges) -> Value {
         "consumer_count": c.consumers.len(),
         "confirm": c.confirm,
         "transactional": c.transactional,
-        "message_stats": stats_with_rates(app, &c.stats, &[(Key::Channel(c.id), 0)], ranges),
+        "message_stats": stats_with_rates(app, &c.stats, &[Key::Channel(c.id)], ranges),
     })
 }
 
@@ -427,7 +427,7 @@ pub(crate) async fn channel(
             let mut stats = json!({"publish": n.publish_in});
             app.rates.message_stats(
                 &mut stats,
-                &[(Key::ChannelExchange(c.id, x.clone()), 0)],
+                &[Key::ChannelExchange(c.id, x.clone())],
                 &ranges,
             );
             json!({"exchange": {"name": x, "vhost": vhost}, "stats": stats})
@@ -448,7 +448,7 @@ pub(crate) async fn channel(
             });
             app.rates.message_stats(
                 &mut stats,
-                &[(Key::ChannelQueue(c.id, d.queue.clone()), 0)],
+                &[Key::ChannelQueue(c.id, d.queue.clone())],
                 &ranges,
             );
             json!({"queue": {"name": d.queue, "vhost": vhost}, "stats": stats})

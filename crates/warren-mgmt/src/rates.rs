@@ -26,7 +26,8 @@
 //! the web console's default "last minute" charts ask for); at most [`MAX_SAMPLES`] per
 //! object whatever the interval. Equal consecutive samples are kept once, as a run, with
 //! the sweeps' timestamps kept once for all objects: an idle queue or channel costs one
-//! sample, not one per sweep of its window. An object that goes away (a queue
+//! sample, not one per sweep of its window, and one that has counted nothing (no message
+//! ever) costs none: it reads as zeros. An object that goes away (a queue
 //! deleted, a channel closed, a vhost deleted) loses its samples at the next sweep; a queue
 //! deleted and declared again, or a counter that goes backwards, starts a new series.
 //!
@@ -175,8 +176,9 @@ pub enum Key {
     Churn,
     /// A vhost, by name.
     Vhost(String),
-    /// A queue: (vhost, name).
-    Queue(String, String),
+    /// A queue, by the address of its `Arc` while it lives (`QueueInfo::ident`): a queue
+    /// deleted and declared again under the same name starts a new series.
+    Queue(usize),
     /// A channel, by its process-unique id.
     Channel(u64),
     /// An exchange: (vhost, name).
@@ -190,13 +192,13 @@ pub enum Key {
 }
 
 impl Key {
-    /// Series whose counts only start once the object counts something (channels and
-    /// their per-exchange and per-queue counts): their first sample is preceded by a zero
-    /// at the previous sweep, so that they have a rate at once.
+    /// Series whose counts only start once the object counts something (queues, channels
+    /// and their per-exchange and per-queue counts): their first sample is preceded by a
+    /// zero at the previous sweep, so that they have a rate at once.
     fn counts_from_zero(&self) -> bool {
         matches!(
             self,
-            Key::Channel(_) | Key::ChannelExchange(..) | Key::ChannelQueue(..)
+            Key::Queue(_) | Key::Channel(_) | Key::ChannelExchange(..) | Key::ChannelQueue(..)
         )
     }
 }
@@ -230,9 +232,6 @@ struct TrafficSamples {
 }
 
 struct Series {
-    /// Identifies the object behind the key (a queue's address): another one under the
-    /// same key starts a new series.
-    ident: usize,
     /// The samples, oldest first, as runs of equal consecutive samples: an idle object
     /// keeps one run however long its window.
     runs: VecDeque<Run>,
@@ -253,16 +252,15 @@ impl Series {
     /// this series still covers.
     /// A `gauge` series (the node's resources) may go down; in any other, a counter going
     /// back starts a new series.
-    fn push(&mut self, ident: usize, ts: u64, p: Point, oldest: u64, gauge: bool) {
+    fn push(&mut self, ts: u64, p: Point, oldest: u64, gauge: bool) {
         let went_back = !gauge
             && self.runs.back().is_some_and(|last| {
                 (0..FIELDS)
                     .filter(|i| *i != READY && *i != UNACKED)
                     .any(|i| p[i] < last.point[i])
             });
-        if ident != self.ident || went_back {
+        if went_back {
             self.runs.clear();
-            self.ident = ident;
         }
         match self.runs.back_mut() {
             Some(last) if last.point == p => last.last = ts,
@@ -406,46 +404,30 @@ impl Rates {
     }
 
     fn record(&self, ts: u64, src: SampleSources) {
-        let mut rows: Vec<(Key, usize, Point, u64)> = Vec::new();
-        let mut lengths: HashMap<String, (u64, u64)> = HashMap::new();
+        let mut rows: Vec<(Key, Point, u64)> = Vec::with_capacity(src.queues.len() + 8);
         let (mut ready, mut unacked) = (0, 0);
-        for q in &src.queues {
-            let l = match lengths.get_mut(q.vhost.as_str()) {
-                Some(l) => l,
-                None => lengths.entry(q.vhost.clone()).or_default(),
-            };
-            l.0 += q.ready;
-            l.1 += q.unacked;
-            ready += q.ready;
-            unacked += q.unacked;
+        for v in &src.vhosts {
+            ready += v.ready;
+            unacked += v.unacked;
         }
-        rows.reserve(src.queues.len());
-        for q in src.queues {
+        for q in &src.queues {
             rows.push((
-                Key::Queue(q.vhost, q.name),
-                q.ident,
+                Key::Queue(q.ident),
                 point(&q.stats, q.ready, q.unacked),
                 OBJECT_WINDOW_MS,
             ));
         }
-        for (name, stats) in &src.vhosts {
-            let (r, u) = lengths.get(name.as_str()).copied().unwrap_or_default();
+        for v in src.vhosts {
             rows.push((
-                Key::Vhost(name.clone()),
-                0,
-                point(stats, r, u),
+                Key::Vhost(v.name),
+                point(&v.stats, v.ready, v.unacked),
                 WIDE_WINDOW_MS,
             ));
         }
-        rows.push((
-            Key::Node,
-            0,
-            point(&src.node, ready, unacked),
-            WIDE_WINDOW_MS,
-        ));
-        rows.push((Key::Churn, 0, churn_point(&src.churn), WIDE_WINDOW_MS));
+        rows.push((Key::Node, point(&src.node, ready, unacked), WIDE_WINDOW_MS));
+        rows.push((Key::Churn, churn_point(&src.churn), WIDE_WINDOW_MS));
         for (id, stats) in &src.channels {
-            rows.push((Key::Channel(*id), 0, point(stats, 0, 0), OBJECT_WINDOW_MS));
+            rows.push((Key::Channel(*id), point(stats, 0, 0), OBJECT_WINDOW_MS));
         }
         for ((vhost, name), c) in &src.exchanges {
             let mut p = [0; FIELDS];
@@ -453,7 +435,6 @@ impl Rates {
             p[PUBLISH_OUT] = c.publish_out;
             rows.push((
                 Key::Exchange(vhost.clone(), name.clone()),
-                0,
                 p,
                 OBJECT_WINDOW_MS,
             ));
@@ -463,7 +444,6 @@ impl Rates {
             p[PUBLISH] = c.publish_in;
             rows.push((
                 Key::ChannelExchange(*id, exchange.clone()),
-                0,
                 p,
                 OBJECT_WINDOW_MS,
             ));
@@ -476,19 +456,13 @@ impl Rates {
             p[GET_NO_ACK] = d.get_no_ack;
             p[REDELIVER] = d.redeliver;
             p[ACK] = d.ack;
-            rows.push((
-                Key::ChannelQueue(*id, d.queue.clone()),
-                0,
-                p,
-                OBJECT_WINDOW_MS,
-            ));
+            rows.push((Key::ChannelQueue(*id, d.queue.clone()), p, OBJECT_WINDOW_MS));
         }
         if let Some(r) = &src.resources {
             let mut p = [0; FIELDS];
             p[..RESOURCE_FIELDS.len()].copy_from_slice(&r.gauges());
-            rows.push((Key::Resources, 0, p, WIDE_WINDOW_MS));
+            rows.push((Key::Resources, p, WIDE_WINDOW_MS));
         }
-        let caps: Vec<usize> = rows.iter().map(|r| self.cap(r.3)).collect();
         let widest = self.cap(WIDE_WINDOW_MS);
         let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
         let Store {
@@ -503,16 +477,16 @@ impl Rates {
             sweeps.pop_front();
         }
         let previous = sweeps.len().checked_sub(2).map(|i| sweeps[i]);
-        for ((key, ident, p, _), cap) in rows.into_iter().zip(caps) {
-            let oldest = sweeps[sweeps.len().saturating_sub(cap)];
+        for (key, p, window) in rows {
+            let oldest = sweeps[sweeps.len().saturating_sub(self.cap(window))];
             let gauge = key == Key::Resources;
             let from_zero = key.counts_from_zero();
             let s = match series.entry(key) {
                 Entry::Occupied(e) => e.into_mut(),
-                // A channel that has counted nothing yet keeps no samples (its rates are 0
-                // either way): idle connections' channels cost the store nothing. Its first
-                // counts start from a zero sample at the previous sweep, so that they have a
-                // rate at once.
+                // A queue or channel that has counted nothing yet keeps no samples (its
+                // rates are 0 either way): idle queues and idle connections' channels cost
+                // the store nothing. Its first counts start from a zero sample at the
+                // previous sweep, so that they have a rate at once.
                 Entry::Vacant(_) if from_zero && p == [0; FIELDS] => {
                     continue;
                 }
@@ -526,14 +500,10 @@ impl Rates {
                         });
                     }
                     // Room for one run: most objects are idle, and their series stays one.
-                    e.insert(Series {
-                        ident,
-                        runs,
-                        sampled: ts,
-                    })
+                    e.insert(Series { runs, sampled: ts })
                 }
             };
-            s.push(ident, ts, p, oldest, gauge);
+            s.push(ts, p, oldest, gauge);
             s.sampled = ts;
         }
         series.retain(|_, s| s.sampled == ts);
@@ -554,17 +524,24 @@ impl Rates {
     }
 
     /// The samples of `keys` summed by timestamp (the timestamps every key has), oldest
-    /// first; `ident` must match a queue's.
-    fn samples(&self, keys: &[(Key, usize)]) -> Vec<(u64, Point)> {
+    /// first. A queue without samples has counted nothing: zeros over its window.
+    fn samples(&self, keys: &[Key]) -> Vec<(u64, Point)> {
         let store = self.store.lock().unwrap_or_else(|e| e.into_inner());
         let mut sum: BTreeMap<u64, (usize, Point)> = BTreeMap::new();
         let mut found = 0;
-        for (key, ident) in keys {
-            let Some(s) = store.series.get(key).filter(|s| s.ident == *ident) else {
-                continue;
+        let object_cap = self.cap(OBJECT_WINDOW_MS);
+        let zeros = [0; FIELDS];
+        for key in keys {
+            let samples: Box<dyn Iterator<Item = (u64, &Point)>> = match store.series.get(key) {
+                Some(s) => Box::new(s.samples(&store.sweeps)),
+                None if matches!(key, Key::Queue(_)) => {
+                    let from = store.sweeps.len().saturating_sub(object_cap);
+                    Box::new(store.sweeps.range(from..).map(|t| (*t, &zeros)))
+                }
+                None => continue,
             };
             found += 1;
-            for (ts, p) in s.samples(&store.sweeps) {
+            for (ts, p) in samples {
                 let e = sum.entry(ts).or_insert((0, [0; FIELDS]));
                 e.0 += 1;
                 for (sum, v) in e.1.iter_mut().zip(p) {
@@ -618,7 +595,7 @@ impl Rates {
 
     /// Adds the `_details` of every counter in `stats` (a `message_stats` object) for the
     /// object(s) `keys` (several are summed: the overview of a user who sees some vhosts).
-    pub fn message_stats(&self, stats: &mut Value, keys: &[(Key, usize)], ranges: &Ranges) {
+    pub fn message_stats(&self, stats: &mut Value, keys: &[Key], ranges: &Ranges) {
         let Value::Object(m) = stats else { return };
         let samples = self.samples(keys);
         let names: Vec<String> = m.keys().cloned().collect();
@@ -635,7 +612,7 @@ impl Rates {
         for (i, name) in CHURN_FIELDS.iter().enumerate() {
             m.insert((*name).to_string(), Value::from(p[i]));
         }
-        let samples = self.samples(&[(Key::Churn, 0)]);
+        let samples = self.samples(&[Key::Churn]);
         self.decorate_with(&mut m, &samples, &CHURN_FIELDS, ranges.lengths, churn_field);
         Value::Object(m)
     }
@@ -644,7 +621,7 @@ impl Rates {
     /// gauges in `obj` (`mem_used`, `fd_used`, `sockets_used`, `disk_free`, `proc_used`),
     /// from the sampler's samples of them.
     pub fn resources(&self, obj: &mut Map<String, Value>) {
-        let samples = self.samples(&[(Key::Resources, 0)]);
+        let samples = self.samples(&[Key::Resources]);
         self.decorate_with(obj, &samples, &RESOURCE_FIELDS, None, resource_field);
     }
 
@@ -677,7 +654,7 @@ impl Rates {
     /// Adds `messages_details`, `messages_ready_details` and
     /// `messages_unacknowledged_details` to `obj` (a queue, a vhost, the overview's
     /// `queue_totals`) for `keys`.
-    pub fn lengths(&self, obj: &mut Value, keys: &[(Key, usize)], ranges: &Ranges) {
+    pub fn lengths(&self, obj: &mut Value, keys: &[Key], ranges: &Ranges) {
         let Value::Object(m) = obj else { return };
         let samples = self.samples(keys);
         self.decorate(
@@ -747,7 +724,7 @@ fn ranged(samples: &[(u64, Point)], f: fn(&Point) -> u64, r: Range, interval: u6
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::QueueSample;
+    use crate::backend::{QueueSample, VhostSample};
 
     fn sources(publish: u64, ready: u64, queue_ident: usize) -> SampleSources {
         let stats = MessageStats {
@@ -756,10 +733,13 @@ mod tests {
         };
         SampleSources {
             node: stats,
-            vhosts: vec![("/".into(), stats)],
+            vhosts: vec![VhostSample {
+                name: "/".into(),
+                stats,
+                ready,
+                unacked: 0,
+            }],
             queues: vec![QueueSample {
-                vhost: "/".into(),
-                name: "q".into(),
                 ident: queue_ident,
                 stats,
                 ready,
@@ -782,9 +762,9 @@ mod tests {
         }
     }
 
-    fn rate_of(rates: &Rates, key: Key, ident: usize) -> Value {
+    fn rate_of(rates: &Rates, key: Key) -> Value {
         let mut v = json!({"publish": 0, "deliver_get": 0});
-        rates.message_stats(&mut v, &[(key, ident)], &Ranges::default());
+        rates.message_stats(&mut v, &[key], &Ranges::default());
         v
     }
 
@@ -794,19 +774,15 @@ mod tests {
         let now = now_ms();
         rates.record(now - 1000, sources(100, 10, 1));
         rates.record(now, sources(600, 20, 1));
-        let v = rate_of(&rates, Key::Node, 0);
+        let v = rate_of(&rates, Key::Node);
         assert_eq!(v["publish_details"]["rate"], 500.0);
         assert_eq!(v["deliver_get_details"]["rate"], 0.0);
         let mut q = json!({"messages": 20, "messages_ready": 20, "messages_unacknowledged": 0});
-        rates.lengths(
-            &mut q,
-            &[(Key::Queue("/".into(), "q".into()), 1)],
-            &Ranges::default(),
-        );
+        rates.lengths(&mut q, &[Key::Queue(1)], &Ranges::default());
         assert_eq!(q["messages_ready_details"]["rate"], 10.0);
         assert_eq!(q["messages_details"]["rate"], 10.0);
         assert_eq!(
-            rate_of(&rates, Key::Channel(7), 0)["publish_details"]["rate"],
+            rate_of(&rates, Key::Channel(7))["publish_details"]["rate"],
             500.0
         );
     }
@@ -867,21 +843,29 @@ mod tests {
         let now = now_ms();
         rates.record(now - 10_000, sources(100, 0, 1));
         rates.record(now - 9_000, sources(200, 0, 1));
-        assert_eq!(
-            rate_of(&rates, Key::Node, 0)["publish_details"]["rate"],
-            0.0
-        );
-        // A queue declared again under the same name starts over; a wrong ident sees nothing.
+        assert_eq!(rate_of(&rates, Key::Node)["publish_details"]["rate"], 0.0);
+        // A queue declared again under the same name (another ident) starts over from zero
+        // at the previous sweep.
         rates.record(now, sources(300, 0, 2));
-        let q = Key::Queue("/".into(), "q".into());
-        assert_eq!(rates.samples(&[(q.clone(), 2)]).len(), 1);
-        assert!(rates.samples(&[(q.clone(), 1)]).is_empty());
+        let publishes = |rates: &Rates, key: Key| -> Vec<u64> {
+            rates
+                .samples(&[key])
+                .iter()
+                .map(|(_, p)| p[PUBLISH])
+                .collect()
+        };
+        assert_eq!(publishes(&rates, Key::Queue(2)), [0, 300]);
         let mut gone = sources(400, 0, 2);
         gone.queues.clear();
         gone.channels.clear();
         rates.record(now + 1, gone);
-        assert!(rates.samples(&[(q, 2)]).is_empty());
-        assert!(rates.samples(&[(Key::Channel(7), 0)]).is_empty());
+        assert!(!rates
+            .store
+            .lock()
+            .unwrap()
+            .series
+            .contains_key(&Key::Queue(2)));
+        assert!(rates.samples(&[Key::Channel(7)]).is_empty());
     }
 
     #[test]
@@ -924,6 +908,36 @@ mod tests {
     }
 
     #[test]
+    fn idle_queues_keep_no_samples_and_read_as_zeros() {
+        let rates = Rates::new(Duration::from_millis(1000));
+        let now = now_ms() / 1000 * 1000;
+        for i in (1..=3).rev() {
+            rates.record(now - i * 1000, sources(0, 0, 1));
+        }
+        assert!(!rates
+            .store
+            .lock()
+            .unwrap()
+            .series
+            .contains_key(&Key::Queue(1)));
+        let query: HashMap<String, String> = [("lengths_age", "2"), ("lengths_incr", "1")]
+            .into_iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect();
+        let ranges = Ranges::at(&query, now - 1000).unwrap();
+        let mut v = json!({"messages": 0, "messages_ready": 0, "messages_unacknowledged": 0});
+        rates.lengths(&mut v, &[Key::Queue(1)], &ranges);
+        let samples = v["messages_ready_details"]["samples"].as_array().unwrap();
+        assert_eq!(samples.len(), 3, "{v}");
+        assert!(samples.iter().all(|s| s["sample"] == 0), "{v}");
+        // Its first messages count from zero at the previous sweep.
+        rates.record(now, sources(0, 40, 1));
+        let mut q = json!({"messages": 40, "messages_ready": 40, "messages_unacknowledged": 0});
+        rates.lengths(&mut q, &[Key::Queue(1)], &Ranges::default());
+        assert_eq!(q["messages_ready_details"]["rate"], 40.0, "{q}");
+    }
+
+    #[test]
     fn idle_channels_keep_no_samples_until_they_count() {
         let rates = Rates::new(Duration::from_millis(1000));
         let now = now_ms();
@@ -938,7 +952,7 @@ mod tests {
         assert!(rates.store.lock().unwrap().series.contains_key(&Key::Node));
         rates.record(now, sources(300, 0, 1));
         assert_eq!(
-            rate_of(&rates, Key::Channel(7), 0)["publish_details"]["rate"],
+            rate_of(&rates, Key::Channel(7))["publish_details"]["rate"],
             300.0
         );
     }
@@ -956,7 +970,7 @@ mod tests {
             .collect();
         let ranges = Ranges::at(&q, last + 10).unwrap();
         let mut v = json!({"publish": 200});
-        rates.message_stats(&mut v, &[(Key::Node, 0)], &ranges);
+        rates.message_stats(&mut v, &[Key::Node], &ranges);
         let d = &v["publish_details"];
         let samples = d["samples"].as_array().unwrap();
         assert_eq!(samples.len(), 5, "{d}");
