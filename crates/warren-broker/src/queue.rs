@@ -204,8 +204,9 @@ pub struct ClassicQueue {
     auto_delete: bool,
     /// Declared arguments (`x-…`).
     arguments: FieldTable,
-    /// The arguments parsed from `arguments`.
-    declared: QueueArgs,
+    /// The arguments parsed from `arguments`; shared with `effective` while no policy
+    /// changes them (most queues), so that a queue keeps them once.
+    declared: Arc<QueueArgs>,
     /// `arguments` has `x-overflow` (which then wins over a policy's `overflow`).
     overflow_declared: bool,
     /// The settings the queue acts on: `declared` merged with the policies that apply
@@ -369,8 +370,9 @@ impl ClassicQueue {
         let (name, vhost) = (name.into(), vhost.into());
         // Declared arguments were validated by queue.declare; recovered definitions are
         // taken as they are.
-        let args =
-            QueueArgs::parse(&resource("queue", &name, &vhost), &arguments).unwrap_or_default();
+        let args = Arc::new(
+            QueueArgs::parse(&resource("queue", &name, &vhost), &arguments).unwrap_or_default(),
+        );
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         ClassicQueue {
             store_key: store_key(&vhost, &name),
@@ -396,8 +398,8 @@ impl ClassicQueue {
             positioned: Weak::new(),
             overflow_declared: arguments.contains_key("x-overflow"),
             limited: std::sync::atomic::AtomicBool::new(has_length_limit(&args)),
-            effective: parking_lot::RwLock::new(Arc::new(args.clone())),
-            applied: parking_lot::RwLock::new(Arc::default()),
+            applied: parking_lot::RwLock::new(no_policy()),
+            effective: parking_lot::RwLock::new(args.clone()),
             declared: args,
             arguments,
         }
@@ -488,8 +490,16 @@ impl ClassicQueue {
             has_length_limit(&args),
             std::sync::atomic::Ordering::Relaxed,
         );
-        *self.effective.write() = Arc::new(args);
-        *self.applied.write() = Arc::new(applied);
+        *self.effective.write() = if args == *self.declared {
+            self.declared.clone()
+        } else {
+            Arc::new(args)
+        };
+        *self.applied.write() = if applied == crate::policy::Applied::default() {
+            no_policy()
+        } else {
+            Arc::new(applied)
+        };
         changed
     }
 
@@ -696,6 +706,13 @@ impl ClassicQueue {
     pub fn deliveries(&self) -> u64 {
         self.deliveries.load(std::sync::atomic::Ordering::Relaxed)
     }
+}
+
+/// The [`crate::policy::Applied`] of a queue no policy applies to, shared by all of them.
+fn no_policy() -> Arc<crate::policy::Applied> {
+    static NONE: std::sync::LazyLock<Arc<crate::policy::Applied>> =
+        std::sync::LazyLock::new(Arc::default);
+    NONE.clone()
 }
 
 /// True when `args` limit the queue's length (`x-max-length` or `x-max-length-bytes`).

@@ -28,9 +28,14 @@ pub struct TopicTrie<V> {
     root: Node<V>,
 }
 
+/// A trie node: 48 bytes plus its values, so that a binding key of its own (one per queue,
+/// `user.<id>.#`, is common) costs little.
 #[derive(Debug)]
 struct Node<V> {
-    words: HashMap<Box<str>, Node<V>>,
+    /// The children by word; boxed, and only once there is one (most nodes are leaves): 8
+    /// bytes in every node instead of an empty map's 48.
+    #[allow(clippy::box_collection)]
+    words: Option<Box<HashMap<Box<str>, Node<V>>>>,
     star: Option<Box<Node<V>>>,
     hash: Option<Box<Node<V>>>,
     values: Vec<V>,
@@ -39,7 +44,7 @@ struct Node<V> {
 impl<V> Default for Node<V> {
     fn default() -> Self {
         Node {
-            words: HashMap::new(),
+            words: None,
             star: None,
             hash: None,
             values: Vec::new(),
@@ -68,10 +73,16 @@ impl<V: Clone + Eq + Hash> TopicTrie<V> {
             node = match word {
                 "*" => node.star.get_or_insert_with(Default::default),
                 "#" => node.hash.get_or_insert_with(Default::default),
-                w => node.words.entry(w.into()).or_default(),
+                w => node
+                    .words
+                    .get_or_insert_with(Default::default)
+                    .entry(w.into())
+                    .or_default(),
             };
         }
         if !node.values.contains(&value) {
+            // Most keys are bound once: no room for more until there are more.
+            node.values.reserve_exact(1);
             node.values.push(value);
         }
     }
@@ -151,12 +162,18 @@ fn remove_rec<V: Eq>(node: &mut Node<V>, words: &[&str], value: &V) -> bool {
             }
         }
         w => {
-            let Some(child) = node.words.get_mut(w) else {
+            let Some(words) = node.words.as_mut() else {
+                return false;
+            };
+            let Some(child) = words.get_mut(w) else {
                 return false;
             };
             removed = remove_rec(child, rest, value);
             if child.is_empty() {
-                node.words.remove(w);
+                words.remove(w);
+                if words.is_empty() {
+                    node.words = None;
+                }
             }
         }
     }
@@ -165,10 +182,7 @@ fn remove_rec<V: Eq>(node: &mut Node<V>, words: &[&str], value: &V) -> bool {
 
 impl<V> Node<V> {
     fn is_empty(&self) -> bool {
-        self.values.is_empty()
-            && self.words.is_empty()
-            && self.star.is_none()
-            && self.hash.is_none()
+        self.values.is_empty() && self.words.is_none() && self.star.is_none() && self.hash.is_none()
     }
 }
 
@@ -218,7 +232,7 @@ impl Walk {
             node.values.iter().for_each(&mut *out);
             return;
         };
-        if let Some(child) = node.words.get(*first) {
+        if let Some(child) = node.words.as_ref().and_then(|w| w.get(*first)) {
             self.visit(child, rest, below_hash, out);
         }
         if let Some(star) = &node.star {
@@ -295,6 +309,34 @@ mod tests {
         assert_eq!(routed(&["*"], "."), Vec::<String>::new());
         assert_eq!(routed(&["*.*"], "."), vec!["*.*"]);
         assert!(routed(&["*"], "a.b").is_empty());
+    }
+
+    #[test]
+    fn a_key_of_its_own_costs_two_small_nodes() {
+        assert_eq!(
+            std::mem::size_of::<Node<crate::exchange::Destination>>(),
+            48
+        );
+        let mut t = TopicTrie::new();
+        for i in 0..100 {
+            t.insert(&format!("user.{i}.#"), i);
+        }
+        let user = |t: &TopicTrie<i32>| -> usize {
+            let user = &t.root.words.as_ref().unwrap()["user"];
+            let leaf = &user.words.as_ref().unwrap()["7"];
+            assert!(leaf.words.is_none() && leaf.values.is_empty());
+            let hash = leaf.hash.as_ref().unwrap();
+            assert_eq!(
+                (hash.values.as_slice(), hash.values.capacity()),
+                (&[7][..], 1)
+            );
+            user.words.as_ref().unwrap().len()
+        };
+        assert_eq!(user(&t), 100);
+        for i in 0..100 {
+            assert!(t.remove(&format!("user.{i}.#"), &i));
+        }
+        assert!(t.root.is_empty() && t.root.words.is_none());
     }
 
     #[test]

@@ -287,3 +287,33 @@ fn auto_delete_on_last_consumer() {
     assert!(!q.remove_consumer(a.key, "zzz"));
     assert!(q.remove_consumer(a.key, "b"));
 }
+
+#[test]
+fn queues_without_policies_share_their_settings() {
+    use crate::policy::Applied;
+    let new = || ClassicQueue::new("q", "/", true, None, false, FieldTable::new());
+    let (a, b) = (new(), new());
+    assert!(!a.apply_policy(Applied::default()));
+    assert!(Arc::ptr_eq(&a.args(), &a.declared));
+    assert!(Arc::ptr_eq(&a.applied_policy(), &b.applied_policy()));
+    // A policy that changes nothing keeps the settings shared; one that changes them gives
+    // the queue its own.
+    let named = Applied {
+        policy: Some("p".into()),
+        ..Applied::default()
+    };
+    assert!(!a.apply_policy(named.clone()));
+    assert!(Arc::ptr_eq(&a.args(), &a.declared));
+    assert_eq!(a.applied_policy().policy.as_deref(), Some("p"));
+    let limiting = Applied {
+        definition: crate::policy::parse_definition(&serde_json::json!({"max-length": 3}), false)
+            .unwrap(),
+        ..named
+    };
+    assert!(a.apply_policy(limiting));
+    assert_eq!(a.args().max_length, Some(3));
+    assert_eq!(a.declared.max_length, None);
+    assert!(a.apply_policy(Applied::default()));
+    assert_eq!(a.args().max_length, None);
+    assert!(Arc::ptr_eq(&a.args(), &a.declared));
+}
