@@ -11,10 +11,10 @@
 //! would delete the messages of every queue it defines.
 
 use crate::data_dir::DataDir;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use warren_amqp::table::{decode_table, encode_table, Decoder, FieldTable, FieldValue};
+use warren_amqp::table::{decode_table, Decoder, FieldTable, FieldValue};
 use warren_store::{Store, StoreConfig};
 
 const MAGIC: &[u8] = b"WARRENDEFS1\n";
@@ -133,12 +133,14 @@ impl Persistence {
         self.options.data_dir.join("definitions")
     }
 
-    /// Writes `table` as vhost `vhost`'s definitions, atomically: when this returns `Ok`, the
-    /// new definitions are on disk (fsynced, directory included).
+    /// Writes `body`, a field table in AMQP encoding (its `u32` length, then its entries; see
+    /// `Topology::encode_snapshot`), as vhost `vhost`'s definitions, atomically: when this
+    /// returns `Ok`, the new definitions are on disk (fsynced, directory included). Returns
+    /// the bytes written.
     ///
     /// Errors: any I/O error (the old file, or the new one, is left whole), or the broker is
     /// closed.
-    pub fn save_definitions(&self, vhost: &str, table: &FieldTable) -> std::io::Result<u64> {
+    pub fn save_definitions(&self, vhost: &str, body: &[u8]) -> std::io::Result<u64> {
         // Held during the write: a broker that has released the directory writes nothing.
         let held = self.dir.lock();
         if held.is_none() {
@@ -146,12 +148,10 @@ impl Persistence {
         }
         let dir = self.definitions_dir();
         std::fs::create_dir_all(&dir)?;
-        let mut body = BytesMut::new();
-        encode_table(table, &mut body);
         let mut out = Vec::with_capacity(body.len() + 16);
         out.extend_from_slice(MAGIC);
-        out.extend_from_slice(&crc32c::crc32c(&body).to_be_bytes());
-        out.extend_from_slice(&body);
+        out.extend_from_slice(&crc32c::crc32c(body).to_be_bytes());
+        out.extend_from_slice(body);
         let path = dir.join(file_name(vhost));
         let tmp = path.with_extension("tmp");
         let written = (|| {

@@ -5,6 +5,13 @@ use super::*;
 use crate::broker::Broker;
 use crate::message::QueuedMessage;
 
+/// The vhost's snapshot of its durable definitions, decoded.
+fn snapshot(v: &VHost, log_generation: u64) -> FieldTable {
+    let bytes = v.topology.read().encode_snapshot(&v.name, log_generation);
+    let mut d = warren_amqp::table::Decoder::new(&bytes);
+    warren_amqp::table::decode_table(&mut d, 8).unwrap()
+}
+
 fn qd(name: &str) -> QueueDeclare {
     QueueDeclare {
         name: name.into(),
@@ -300,10 +307,7 @@ fn exclusive_queues_are_never_durable() {
         )
         .unwrap();
     }
-    assert!(v
-        .topology
-        .read()
-        .snapshot("/")
+    assert!(snapshot(&v, 1)
         .get("queues")
         .and_then(|q| q.as_array())
         .unwrap()
@@ -1110,4 +1114,81 @@ fn the_positioned_set_stays_bounded_without_checkpoints() {
     assert!(v.positioned_held() <= 300, "{}", v.positioned_held());
     assert_eq!(v.positioned_queues().len(), 1);
     assert_eq!(kept.positions().put, 1);
+}
+
+#[test]
+fn the_snapshot_is_the_durable_definitions_as_one_encoded_table() {
+    let v = VHost::new("/");
+    for (name, durable) in [("x", true), ("transient-x", false)] {
+        v.declare_exchange(&ExchangeDeclare {
+            name: name.into(),
+            kind: "topic".into(),
+            durable,
+            ..Default::default()
+        })
+        .unwrap();
+    }
+    for q in ["b", "a"] {
+        let durable = QueueDeclare {
+            durable: true,
+            ..qd(q)
+        };
+        v.declare_queue(&durable, 1).unwrap();
+        let key = format!("{q}.#");
+        v.bind(
+            "x",
+            Destination::Queue(q.into()),
+            &key,
+            &FieldTable::new(),
+            1,
+        )
+        .unwrap();
+    }
+    v.declare_queue(&qd("transient"), 1).unwrap();
+    v.bind(
+        "x",
+        Destination::Queue("transient".into()),
+        "#",
+        &FieldTable::new(),
+        1,
+    )
+    .unwrap();
+    v.set_policy(
+        false,
+        policy("p", "^a", serde_json::json!({"max-length": 2})),
+    )
+    .unwrap();
+    let t = snapshot(&v, 7);
+    let keys: Vec<&str> = t.0.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(
+        keys,
+        [
+            "name",
+            "policies",
+            "exchanges",
+            "queues",
+            "bindings",
+            "log_generation"
+        ]
+    );
+    let names = |k: &str, field: &str| -> Vec<String> {
+        t.get(k)
+            .and_then(|v| v.as_array())
+            .unwrap()
+            .iter()
+            .map(|e| get_str(e.as_table().unwrap(), field).to_string())
+            .collect()
+    };
+    assert_eq!(names("exchanges", "name"), ["x"]);
+    assert_eq!(names("queues", "name"), ["a", "b"]);
+    assert_eq!(names("bindings", "routing_key"), ["b.#", "a.#"]);
+    assert_eq!(names("policies", "name"), ["p"]);
+    assert_eq!(t.get("log_generation").and_then(|v| v.as_i64()), Some(7));
+    // It is what a restart loads.
+    let w = VHost::new("/");
+    w.load_definitions(&t);
+    let mut queues: Vec<String> = w.queues().iter().map(|q| q.name().to_string()).collect();
+    queues.sort();
+    assert_eq!(queues, ["a", "b"]);
+    assert_eq!(w.queue("a", 1).unwrap().args().max_length, Some(2));
 }

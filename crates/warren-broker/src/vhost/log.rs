@@ -659,7 +659,7 @@ impl VHost {
         let Some(p) = &self.persist else {
             return;
         };
-        let mut snapshot = {
+        let (snapshot, next) = {
             let mut log = self.defs_log.lock();
             if log.compacting || log.bytes <= MIN_COMPACT_BYTES.max(2 * log.snapshot_bytes) {
                 return;
@@ -667,10 +667,11 @@ impl VHost {
             log.compacting = true;
             log.generation += 1;
             log.bytes = 0;
-            topo.snapshot(&self.name)
+            (
+                topo.encode_snapshot(&self.name, log.generation),
+                log.generation,
+            )
         };
-        let next = self.log_generation();
-        snapshot.insert("log_generation", FieldValue::I64(next as i64));
         let failures = p.defs.failures();
         let vhost = self.me.clone();
         p.defs.after_written(Box::new(move |ok| {
@@ -750,8 +751,7 @@ impl VHost {
         }
         let mut log = self.defs_log.lock();
         let next = log.generation + 1;
-        let mut snapshot = topo.snapshot(&self.name);
-        snapshot.insert("log_generation", FieldValue::I64(next as i64));
+        let snapshot = topo.encode_snapshot(&self.name, next);
         let written = p.save_definitions(&self.name, &snapshot)?;
         let dir = p.definitions_dir();
         for generation in 0..next {
