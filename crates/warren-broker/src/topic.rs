@@ -81,8 +81,10 @@ impl<V: Clone + Eq + Hash> TopicTrie<V> {
             };
         }
         if !node.values.contains(&value) {
-            // Most keys are bound once: no room for more until there are more.
-            node.values.reserve_exact(1);
+            if node.values.is_empty() {
+                // Most keys are bound once: no room for more until there are more.
+                node.values.reserve_exact(1);
+            }
             node.values.push(value);
         }
     }

@@ -1041,6 +1041,36 @@ fn the_sweep_visits_only_queues_with_something_to_sweep() {
     assert_eq!(per_message.counts().ready, 0, "expired by the sweep");
     v.sweep();
     assert_eq!(v.swept_queues(), 2);
+    // One taken by a client while it had time left leaves the set with it, and comes back
+    // with it when the client gives it back.
+    let m = Message::new(
+        String::new(),
+        "pm".into(),
+        warren_amqp::properties::BasicProperties {
+            expiration: Some("500".into()),
+            ..Default::default()
+        },
+        bytes::Bytes::from_static(b"y"),
+    );
+    v.publish(Arc::new(m), None).unwrap();
+    let (m, _) = per_message.get(false).unwrap();
+    v.sweep();
+    assert_eq!(v.swept_queues(), 2, "nothing ready to expire");
+    clock.advance(500);
+    per_message.settle(
+        0,
+        vec![crate::queue::Settlement {
+            consumer_tag: None,
+            message: m,
+            requeue: true,
+            rejected: false,
+        }],
+    );
+    assert_eq!(v.swept_queues(), 3);
+    v.sweep();
+    assert_eq!(per_message.counts().ready, 0, "expired once back");
+    v.sweep();
+    assert_eq!(v.swept_queues(), 2);
     send(&v, "ttl", b"a");
     clock.advance(1000);
     v.sweep();

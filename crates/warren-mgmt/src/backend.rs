@@ -71,6 +71,19 @@ fn queue_stats(q: &warren_broker::Queue) -> MessageStats {
     }
 }
 
+/// What tells queue `q` from any other while it lives: a hash of the address of its `Arc`,
+/// its vhost and its name. A queue deleted and declared again under the same name gets
+/// another address while any reference to the old one lives, and a new queue at a freed
+/// address another name; the same name at a reused address is as unlikely as before.
+pub fn queue_ident(q: &Arc<warren_broker::Queue>) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (Arc::as_ptr(q) as *const () as usize).hash(&mut h);
+    q.vhost().hash(&mut h);
+    q.name().hash(&mut h);
+    h.finish()
+}
+
 /// The outcome, to come, of a quorum queue member change: why not, as text.
 pub type MemberChange =
     std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>;
@@ -264,9 +277,9 @@ pub struct QueueInfo {
     pub policy: Arc<warren_broker::policy::Applied>,
     /// Bytes the queue holds in memory, estimated (see `warren_broker::Queue::memory`).
     pub memory: u64,
-    /// Tells this queue from another one declared later under the same name (its
-    /// address, while it lives): what its rate samples are kept under.
-    pub ident: usize,
+    /// Tells this queue from any other, including one declared later under the same name
+    /// or at the same address (see [`queue_ident`]): what its rate samples are kept under.
+    pub ident: u64,
     /// Where its replicas are (quorum queues).
     pub replicas: Option<warren_broker::Replicas>,
     /// The cluster node that holds it, for a classic queue held by another node.
@@ -277,7 +290,9 @@ pub struct QueueInfo {
 #[derive(Debug, Clone)]
 pub struct QueueSample {
     /// See [`QueueInfo::ident`].
-    pub ident: usize,
+    pub ident: u64,
+    /// The address of the queue's `Arc` (see [`Backend::sample_sources`]).
+    pub addr: usize,
     /// Message counts since the queue was created.
     pub stats: MessageStats,
     /// Ready messages.
@@ -734,8 +749,10 @@ impl Backend {
     }
 
     /// What the rate sampler reads: the registry's counters (atomics, no channel asked)
-    /// and each live queue's counts (its lock held for that read only).
-    pub fn sample_sources(&self) -> SampleSources {
+    /// and each live queue's counts (its lock held for that read only). A queue that has
+    /// counted nothing (no counter above zero, no message) is left out unless the address
+    /// of its `Arc` is in `sampled` (the queues with samples: it had messages).
+    pub fn sample_sources(&self, sampled: &std::collections::HashSet<usize>) -> SampleSources {
         let registry = self.broker().registry();
         let (per_vhost, node) = registry.all_stats();
         let mut out = SampleSources {
@@ -759,20 +776,24 @@ impl Backend {
                 stats: per_vhost.get(&v.name).copied().unwrap_or_default(),
                 ..VhostSample::default()
             };
-            let queues = v.queues();
-            out.queues.reserve(queues.len());
-            for q in queues {
+            for q in v.queues() {
                 let c = q.counts();
                 let (ready, unacked) = (u64::from(c.ready), u64::from(c.unacked));
                 vs.ready += ready;
                 vs.unacked += unacked;
                 let stats = queue_stats(&*q);
+                let addr = Arc::as_ptr(&q) as *const () as usize;
                 // A queue that has counted nothing has no samples (see `crate::rates`).
-                if ready == 0 && unacked == 0 && stats == MessageStats::default() {
+                if ready == 0
+                    && unacked == 0
+                    && stats == MessageStats::default()
+                    && !sampled.contains(&addr)
+                {
                     continue;
                 }
                 out.queues.push(QueueSample {
-                    ident: Arc::as_ptr(&q) as *const () as usize,
+                    ident: queue_ident(&q),
+                    addr,
                     stats,
                     ready,
                     unacked,
@@ -1580,7 +1601,7 @@ fn queue_info(q: &Arc<warren_broker::Queue>) -> QueueInfo {
         stats: queue_stats(q.as_ref()),
         policy: q.applied_policy(),
         memory: q.memory(),
-        ident: Arc::as_ptr(q) as *const () as usize,
+        ident: queue_ident(q),
         replicas: q.replicas(),
         owner_node: q.owner_node(),
     }

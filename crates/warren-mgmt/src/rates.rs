@@ -176,9 +176,9 @@ pub enum Key {
     Churn,
     /// A vhost, by name.
     Vhost(String),
-    /// A queue, by the address of its `Arc` while it lives (`QueueInfo::ident`): a queue
-    /// deleted and declared again under the same name starts a new series.
-    Queue(usize),
+    /// A queue, by `QueueInfo::ident`: a queue deleted and declared again under the same
+    /// name starts a new series.
+    Queue(u64),
     /// A channel, by its process-unique id.
     Channel(u64),
     /// An exchange: (vhost, name).
@@ -232,6 +232,8 @@ struct TrafficSamples {
 }
 
 struct Series {
+    /// A queue's address (see `Backend::sample_sources`); 0 for other objects.
+    addr: usize,
     /// The samples, oldest first, as runs of equal consecutive samples: an idle object
     /// keeps one run however long its window.
     runs: VecDeque<Run>,
@@ -399,12 +401,22 @@ impl Rates {
     /// Takes one sample of everything `backend` counts, and forgets the objects gone since
     /// the last sweep.
     pub fn sweep(&self, backend: &Backend) {
-        let src = backend.sample_sources();
+        let sampled: std::collections::HashSet<usize> = {
+            let store = self.store.lock().unwrap_or_else(|e| e.into_inner());
+            store
+                .series
+                .values()
+                .map(|s| s.addr)
+                .filter(|a| *a != 0)
+                .collect()
+        };
+        let src = backend.sample_sources(&sampled);
         self.record(now_ms(), src);
     }
 
     fn record(&self, ts: u64, src: SampleSources) {
-        let mut rows: Vec<(Key, Point, u64)> = Vec::with_capacity(src.queues.len() + 8);
+        // (key, a queue's address, sample, window)
+        let mut rows: Vec<(Key, usize, Point, u64)> = Vec::with_capacity(src.queues.len() + 8);
         let (mut ready, mut unacked) = (0, 0);
         for v in &src.vhosts {
             ready += v.ready;
@@ -413,6 +425,7 @@ impl Rates {
         for q in &src.queues {
             rows.push((
                 Key::Queue(q.ident),
+                q.addr,
                 point(&q.stats, q.ready, q.unacked),
                 OBJECT_WINDOW_MS,
             ));
@@ -420,14 +433,20 @@ impl Rates {
         for v in src.vhosts {
             rows.push((
                 Key::Vhost(v.name),
+                0,
                 point(&v.stats, v.ready, v.unacked),
                 WIDE_WINDOW_MS,
             ));
         }
-        rows.push((Key::Node, point(&src.node, ready, unacked), WIDE_WINDOW_MS));
-        rows.push((Key::Churn, churn_point(&src.churn), WIDE_WINDOW_MS));
+        rows.push((
+            Key::Node,
+            0,
+            point(&src.node, ready, unacked),
+            WIDE_WINDOW_MS,
+        ));
+        rows.push((Key::Churn, 0, churn_point(&src.churn), WIDE_WINDOW_MS));
         for (id, stats) in &src.channels {
-            rows.push((Key::Channel(*id), point(stats, 0, 0), OBJECT_WINDOW_MS));
+            rows.push((Key::Channel(*id), 0, point(stats, 0, 0), OBJECT_WINDOW_MS));
         }
         for ((vhost, name), c) in &src.exchanges {
             let mut p = [0; FIELDS];
@@ -435,6 +454,7 @@ impl Rates {
             p[PUBLISH_OUT] = c.publish_out;
             rows.push((
                 Key::Exchange(vhost.clone(), name.clone()),
+                0,
                 p,
                 OBJECT_WINDOW_MS,
             ));
@@ -444,6 +464,7 @@ impl Rates {
             p[PUBLISH] = c.publish_in;
             rows.push((
                 Key::ChannelExchange(*id, exchange.clone()),
+                0,
                 p,
                 OBJECT_WINDOW_MS,
             ));
@@ -456,12 +477,17 @@ impl Rates {
             p[GET_NO_ACK] = d.get_no_ack;
             p[REDELIVER] = d.redeliver;
             p[ACK] = d.ack;
-            rows.push((Key::ChannelQueue(*id, d.queue.clone()), p, OBJECT_WINDOW_MS));
+            rows.push((
+                Key::ChannelQueue(*id, d.queue.clone()),
+                0,
+                p,
+                OBJECT_WINDOW_MS,
+            ));
         }
         if let Some(r) = &src.resources {
             let mut p = [0; FIELDS];
             p[..RESOURCE_FIELDS.len()].copy_from_slice(&r.gauges());
-            rows.push((Key::Resources, p, WIDE_WINDOW_MS));
+            rows.push((Key::Resources, 0, p, WIDE_WINDOW_MS));
         }
         let widest = self.cap(WIDE_WINDOW_MS);
         let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
@@ -477,7 +503,7 @@ impl Rates {
             sweeps.pop_front();
         }
         let previous = sweeps.len().checked_sub(2).map(|i| sweeps[i]);
-        for (key, p, window) in rows {
+        for (key, addr, p, window) in rows {
             let oldest = sweeps[sweeps.len().saturating_sub(self.cap(window))];
             let gauge = key == Key::Resources;
             let from_zero = key.counts_from_zero();
@@ -493,14 +519,24 @@ impl Rates {
                 Entry::Vacant(e) => {
                     let mut runs = VecDeque::with_capacity(1);
                     if let (true, Some(t)) = (from_zero, previous) {
+                        // Counters from zero; lengths as they are now (a queue that appears
+                        // holding messages, recovered or held by another node, shows no
+                        // growth it did not have).
+                        let mut zero = [0; FIELDS];
+                        zero[READY] = p[READY];
+                        zero[UNACKED] = p[UNACKED];
                         runs.push_back(Run {
                             first: t,
                             last: t,
-                            point: [0; FIELDS],
+                            point: zero,
                         });
                     }
                     // Room for one run: most objects are idle, and their series stays one.
-                    e.insert(Series { runs, sampled: ts })
+                    e.insert(Series {
+                        addr,
+                        runs,
+                        sampled: ts,
+                    })
                 }
             };
             s.push(ts, p, oldest, gauge);
@@ -726,7 +762,7 @@ mod tests {
     use super::*;
     use crate::backend::{QueueSample, VhostSample};
 
-    fn sources(publish: u64, ready: u64, queue_ident: usize) -> SampleSources {
+    fn sources(publish: u64, ready: u64, queue_ident: u64) -> SampleSources {
         let stats = MessageStats {
             publish,
             ..MessageStats::default()
@@ -741,6 +777,7 @@ mod tests {
             }],
             queues: vec![QueueSample {
                 ident: queue_ident,
+                addr: queue_ident as usize,
                 stats,
                 ready,
                 unacked: 0,
@@ -930,11 +967,48 @@ mod tests {
         let samples = v["messages_ready_details"]["samples"].as_array().unwrap();
         assert_eq!(samples.len(), 3, "{v}");
         assert!(samples.iter().all(|s| s["sample"] == 0), "{v}");
-        // Its first messages count from zero at the previous sweep.
-        rates.record(now, sources(0, 40, 1));
+        // Its first counts start from zero at the previous sweep; its lengths as they are
+        // (a queue that appears holding messages did not grow by them).
+        rates.record(now, sources(50, 40, 1));
+        assert_eq!(
+            rate_of(&rates, Key::Queue(1))["publish_details"]["rate"],
+            50.0
+        );
         let mut q = json!({"messages": 40, "messages_ready": 40, "messages_unacknowledged": 0});
         rates.lengths(&mut q, &[Key::Queue(1)], &Ranges::default());
-        assert_eq!(q["messages_ready_details"]["rate"], 40.0, "{q}");
+        assert_eq!(q["messages_ready_details"]["rate"], 0.0, "{q}");
+        // The sampler keeps reading a queue with samples when it drains to nothing (as
+        // `Backend::sample_sources` does for the addresses it is given): its series goes on.
+        rates.record(now + 1000, sources(50, 0, 1));
+        let mut q = json!({"messages": 0, "messages_ready": 0, "messages_unacknowledged": 0});
+        rates.lengths(&mut q, &[Key::Queue(1)], &Ranges::default());
+        assert_eq!(q["messages_ready_details"]["rate"], -40.0, "{q}");
+    }
+
+    #[test]
+    fn a_recovered_queue_that_drains_keeps_its_series() {
+        let rates = Rates::new(Duration::from_millis(1000));
+        let now = now_ms();
+        rates.record(now - 2000, sources(0, 0, 1));
+        // Messages recovered at start: no counter, 30 ready.
+        rates.record(now - 1000, sources(0, 30, 1));
+        let addrs: Vec<usize> = rates
+            .store
+            .lock()
+            .unwrap()
+            .series
+            .values()
+            .map(|s| s.addr)
+            .collect();
+        assert!(addrs.contains(&1), "{addrs:?}");
+        // Purged: every count is zero again, and the queue still has its samples.
+        rates.record(now, sources(0, 0, 1));
+        let ready: Vec<u64> = rates
+            .samples(&[Key::Queue(1)])
+            .iter()
+            .map(|(_, p)| p[READY])
+            .collect();
+        assert_eq!(ready, [30, 30, 0]);
     }
 
     #[test]

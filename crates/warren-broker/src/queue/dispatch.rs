@@ -264,8 +264,13 @@ impl ClassicQueue {
             self.enforce_max_length(&mut st);
         }
         self.dispatch_from(this, &mut st, None);
+        // A requeued message with a deadline waits in the queue again: the sweep expires it.
+        let sweep = requeued && st.has_deadlines && st.ready_count() > 0;
         let dead = self.flush_dead(&mut st);
         drop(st);
+        if sweep {
+            self.join_sweeps(this);
+        }
         self.publish_dead(dead);
     }
 

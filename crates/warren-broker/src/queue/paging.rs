@@ -413,6 +413,7 @@ impl ClassicQueue {
             return;
         }
         let max = st.priority;
+        let mut requeued = false;
         for s in settlements {
             st.unacked = st.unacked.saturating_sub(1);
             if let Some(tag) = &s.consumer_tag {
@@ -428,6 +429,7 @@ impl ClassicQueue {
             if s.requeue {
                 e.redelivered = true;
                 st.paged.insert_sorted(e, |x| entry_key(x, max));
+                requeued = true;
             } else if s.rejected && self.args().dead_letter_exchange.is_some() {
                 match self.read_back(b, e) {
                     Ok(qm) => self.discard(&mut st, qm, DeathReason::Rejected),
@@ -443,8 +445,13 @@ impl ClassicQueue {
             }
         }
         self.dispatch_from(this, &mut st, None);
+        // A requeued message with a deadline waits in the queue again: the sweep expires it.
+        let sweep = requeued && st.has_deadlines && st.ready_count() > 0;
         let dead = self.flush_dead(&mut st);
         drop(st);
+        if sweep {
+            self.join_sweeps(this);
+        }
         self.publish_dead(dead);
     }
 }

@@ -649,11 +649,11 @@ impl VHost {
         n
     }
 
-    /// Compacts when the log has outgrown its threshold: the snapshot is taken now (under the
-    /// topology lock, so that it holds exactly the changes queued so far), appends go to the
-    /// next generation from now on, and the writer thread writes the snapshot once the records
-    /// before it are written (encoding and writing a large snapshot holds no lock), then deletes
-    /// the older logs. When a write failed meanwhile (a change in the snapshot may be rolled
+    /// Compacts when the log has outgrown its threshold: the snapshot is taken and encoded
+    /// now (under the topology lock, so that it holds exactly the changes queued so far; about
+    /// 200 bytes per entry), appends go to the next generation from now on, and the writer
+    /// thread writes the snapshot once the records before it are written (writing it holds no
+    /// lock), then deletes the older logs. When a write failed meanwhile (a change in the snapshot may be rolled
     /// back), the snapshot is not written: recovery then replays both generations.
     fn maybe_compact(&self, topo: &Topology) {
         let Some(p) = &self.persist else {
