@@ -519,12 +519,14 @@ impl Rates {
                 Entry::Vacant(e) => {
                     let mut runs = VecDeque::with_capacity(1);
                     if let (true, Some(t)) = (from_zero, previous) {
-                        // Counters from zero; lengths as they are now (a queue that appears
-                        // holding messages, recovered or held by another node, shows no
-                        // growth it did not have).
+                        // Counters from zero, and the messages the queue's publishes
+                        // explain; those they do not (recovered at start, or counted by
+                        // another node) were there already: a queue that appears holding
+                        // messages shows no growth it did not have.
                         let mut zero = [0; FIELDS];
-                        zero[READY] = p[READY];
-                        zero[UNACKED] = p[UNACKED];
+                        let held = (p[READY] + p[UNACKED]).saturating_sub(p[PUBLISH]);
+                        zero[READY] = p[READY].min(held);
+                        zero[UNACKED] = held - zero[READY];
                         runs.push_back(Run {
                             first: t,
                             last: t,
@@ -967,8 +969,8 @@ mod tests {
         let samples = v["messages_ready_details"]["samples"].as_array().unwrap();
         assert_eq!(samples.len(), 3, "{v}");
         assert!(samples.iter().all(|s| s["sample"] == 0), "{v}");
-        // Its first counts start from zero at the previous sweep; its lengths as they are
-        // (a queue that appears holding messages did not grow by them).
+        // Its first counts start from zero at the previous sweep, and so do the messages
+        // its publishes explain.
         rates.record(now, sources(50, 40, 1));
         assert_eq!(
             rate_of(&rates, Key::Queue(1))["publish_details"]["rate"],
@@ -976,7 +978,7 @@ mod tests {
         );
         let mut q = json!({"messages": 40, "messages_ready": 40, "messages_unacknowledged": 0});
         rates.lengths(&mut q, &[Key::Queue(1)], &Ranges::default());
-        assert_eq!(q["messages_ready_details"]["rate"], 0.0, "{q}");
+        assert_eq!(q["messages_ready_details"]["rate"], 40.0, "{q}");
         // The sampler keeps reading a queue with samples when it drains to nothing (as
         // `Backend::sample_sources` does for the addresses it is given): its series goes on.
         rates.record(now + 1000, sources(50, 0, 1));
