@@ -1004,6 +1004,20 @@ fn policy_commands_round_trip_as_tables() {
     );
 }
 
+/// Publishes to `queue` a message that expires after `ms` (its `expiration` property).
+fn publish_expiring(v: &VHost, queue: &str, ms: u32) {
+    let m = Message::new(
+        String::new(),
+        queue.into(),
+        warren_amqp::properties::BasicProperties {
+            expiration: Some(ms.to_string().into()),
+            ..Default::default()
+        },
+        bytes::Bytes::from_static(b"x"),
+    );
+    v.publish(Arc::new(m), None).unwrap();
+}
+
 #[test]
 fn the_sweep_visits_only_queues_with_something_to_sweep() {
     let (clock, v) = clocked();
@@ -1021,16 +1035,7 @@ fn the_sweep_visits_only_queues_with_something_to_sweep() {
         "only the TTL and x-expires queues stay"
     );
     // A message with its own expiration brings its queue back, until it is gone.
-    let m = Message::new(
-        String::new(),
-        "pm".into(),
-        warren_amqp::properties::BasicProperties {
-            expiration: Some("500".into()),
-            ..Default::default()
-        },
-        bytes::Bytes::from_static(b"x"),
-    );
-    v.publish(Arc::new(m), None).unwrap();
+    publish_expiring(&v, "pm", 500);
     assert_eq!(v.swept_queues(), 3);
     clock.advance(499);
     v.sweep();
@@ -1043,16 +1048,7 @@ fn the_sweep_visits_only_queues_with_something_to_sweep() {
     assert_eq!(v.swept_queues(), 2);
     // One taken by a client while it had time left leaves the set with it, and comes back
     // with it when the client gives it back.
-    let m = Message::new(
-        String::new(),
-        "pm".into(),
-        warren_amqp::properties::BasicProperties {
-            expiration: Some("500".into()),
-            ..Default::default()
-        },
-        bytes::Bytes::from_static(b"y"),
-    );
-    v.publish(Arc::new(m), None).unwrap();
+    publish_expiring(&v, "pm", 500);
     let (m, _) = per_message.get(false).unwrap();
     v.sweep();
     assert_eq!(v.swept_queues(), 2, "nothing ready to expire");
