@@ -72,9 +72,10 @@ fn queue_stats(q: &warren_broker::Queue) -> MessageStats {
 }
 
 /// What tells queue `q` from any other while it lives: a hash of the address of its `Arc`,
-/// its vhost and its name. A queue deleted and declared again under the same name gets
-/// another address while any reference to the old one lives, and a new queue at a freed
-/// address another name; the same name at a reused address is as unlikely as before.
+/// its vhost and its name, so that a new queue at the address of a freed one has another
+/// ident unless it has the same name. A queue deleted and declared again under its old name
+/// at its old address keeps the ident; its rate series then starts anew at the first counter
+/// that went back (see `crate::rates`).
 pub fn queue_ident(q: &Arc<warren_broker::Queue>) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -322,7 +323,7 @@ pub struct SampleSources {
     /// Each vhost's message counts, and its queues' lengths.
     pub vhosts: Vec<VhostSample>,
     /// Each queue's, but for the queues that have counted nothing (no message, no
-    /// counter above zero).
+    /// counter above zero) and have no samples (see [`Backend::sample_sources`]).
     pub queues: Vec<QueueSample>,
     /// Each open channel's, by channel id.
     pub channels: Vec<(u64, MessageStats)>,
