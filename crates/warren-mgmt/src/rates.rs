@@ -507,6 +507,7 @@ impl Rates {
             let oldest = sweeps[sweeps.len().saturating_sub(self.cap(window))];
             let gauge = key == Key::Resources;
             let from_zero = key.counts_from_zero();
+            let queue = matches!(key, Key::Queue(_));
             let s = match series.entry(key) {
                 Entry::Occupied(e) => e.into_mut(),
                 // A queue or channel that has counted nothing yet keeps no samples (its
@@ -527,8 +528,11 @@ impl Rates {
                         let held = (p[READY] + p[UNACKED]).saturating_sub(p[PUBLISH]);
                         zero[READY] = p[READY].min(held);
                         zero[UNACKED] = held - zero[READY];
+                        // A queue read as zeros over its window while it had no samples:
+                        // those zeros stay its history.
+                        let first = if queue { oldest.min(t) } else { t };
                         runs.push_back(Run {
-                            first: t,
+                            first,
                             last: t,
                             point: zero,
                         });
@@ -883,8 +887,7 @@ mod tests {
         rates.record(now - 10_000, sources(100, 0, 1));
         rates.record(now - 9_000, sources(200, 0, 1));
         assert_eq!(rate_of(&rates, Key::Node)["publish_details"]["rate"], 0.0);
-        // A queue declared again under the same name (another ident) starts over from zero
-        // at the previous sweep.
+        // A queue declared again under the same name (another ident) starts over from zero.
         rates.record(now, sources(300, 0, 2));
         let publishes = |rates: &Rates, key: Key| -> Vec<u64> {
             rates
@@ -893,7 +896,8 @@ mod tests {
                 .map(|(_, p)| p[PUBLISH])
                 .collect()
         };
-        assert_eq!(publishes(&rates, Key::Queue(2)), [0, 300]);
+        // (It read as zeros over its window before: those stay.)
+        assert_eq!(publishes(&rates, Key::Queue(2)), [0, 0, 300]);
         let mut gone = sources(400, 0, 2);
         gone.queues.clear();
         gone.channels.clear();
@@ -979,6 +983,18 @@ mod tests {
         let mut q = json!({"messages": 40, "messages_ready": 40, "messages_unacknowledged": 0});
         rates.lengths(&mut q, &[Key::Queue(1)], &Ranges::default());
         assert_eq!(q["messages_ready_details"]["rate"], 40.0, "{q}");
+        // The zeros it read as before stay its history, and a range's rate is from them.
+        let ranges = Ranges::at(&query, now).unwrap();
+        let mut v = json!({"messages": 40, "messages_ready": 40, "messages_unacknowledged": 0});
+        rates.lengths(&mut v, &[Key::Queue(1)], &ranges);
+        let samples: Vec<&Value> = v["messages_ready_details"]["samples"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| &s["sample"])
+            .collect();
+        assert_eq!(samples, [40, 0, 0], "{v}");
+        assert_eq!(v["messages_ready_details"]["rate"], 40.0, "{v}");
         // The sampler keeps reading a queue with samples when it drains to nothing (as
         // `Backend::sample_sources` does for the addresses it is given): its series goes on.
         rates.record(now + 1000, sources(50, 0, 1));
