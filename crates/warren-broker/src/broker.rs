@@ -217,18 +217,23 @@ impl Broker {
                 }
                 continue;
             }
-            let queue = key
-                .split_once('\u{1f}')
-                .and_then(|(v, q)| b.vhost(v)?.durable_queue(q));
+            let queue = key.split_once('\u{1f}').and_then(|(v, q)| {
+                let v = b.vhost(v)?;
+                let q = v.durable_queue(q)?;
+                Some((v, q))
+            });
             match queue {
-                Some(q) => q.recover(&mut entries.into_iter().map(|e| SpillEntry {
-                    seq: e.id,
-                    id: e.id,
-                    location: e.location,
-                    redelivered: e.redelivered,
-                    transient: false,
-                    priority: e.priority,
-                })),
+                Some((v, q)) => {
+                    q.recover(&mut entries.into_iter().map(|e| SpillEntry {
+                        seq: e.id,
+                        id: e.id,
+                        location: e.location,
+                        redelivered: e.redelivered,
+                        transient: false,
+                        priority: e.priority,
+                    }));
+                    v.track_use(&q);
+                }
                 None => {
                     for e in entries {
                         store.ack(&key, e.id, e.location);

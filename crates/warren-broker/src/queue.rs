@@ -52,7 +52,7 @@ pub use backend::{
     ENQUEUE_ORDER_INLINE,
 };
 use paging::{entry_key, Spilled};
-pub use positions::{PositionedSet, Positions};
+pub use positions::{Positions, UsedSet};
 pub use sweeps::SweepSet;
 
 /// The side of a channel that receives deliveries from queues.
@@ -237,8 +237,9 @@ pub struct ClassicQueue {
     sweeps: Weak<SweepSet>,
     /// Set while the queue is in its vhost's sweep set.
     sweep_mark: std::sync::atomic::AtomicBool,
-    /// The vhost's set of queues with positions, joined at the first enqueue.
-    positioned: Weak<PositionedSet>,
+    /// The vhost's set of queues that may hold messages (see `VHost::used_queues`), joined
+    /// at the first enqueue and when messages are recovered.
+    used: Weak<UsedSet>,
 }
 
 #[derive(Default)]
@@ -395,7 +396,7 @@ impl ClassicQueue {
             }),
             sweeps: Weak::new(),
             sweep_mark: std::sync::atomic::AtomicBool::new(false),
-            positioned: Weak::new(),
+            used: Weak::new(),
             overflow_declared: arguments.contains_key("x-overflow"),
             limited: std::sync::atomic::AtomicBool::new(has_length_limit(&args)),
             applied: parking_lot::RwLock::new(no_policy()),
@@ -453,7 +454,7 @@ impl ClassicQueue {
         .with_clock(spec.clock)
         .with_dead_letter_sink(spec.dead_letters);
         q.sweeps = spec.sweeps;
-        q.positioned = spec.positioned;
+        q.used = spec.used;
         if let Some(b) = spec.backing {
             q = q.with_backing(b);
         }
@@ -627,7 +628,7 @@ impl ClassicQueue {
             st.put_pos += 1;
             let _ = message.position.set(st.put_pos);
             if st.put_pos == 1 {
-                if let Some(set) = self.positioned.upgrade() {
+                if let Some(set) = self.used.upgrade() {
                     set.add(this);
                 }
             }

@@ -87,8 +87,8 @@ pub struct VHost {
     churn: Arc<crate::registry::ChurnCounters>,
     /// The queues the sweep visits: those with something to do (see [`SweepSet`]).
     sweeps: Arc<SweepSet>,
-    /// The queues with a put position (see [`VHost::positioned_queues`]).
-    positioned: Arc<crate::queue::PositionedSet>,
+    /// The queues that may hold messages (see [`VHost::used_queues`]).
+    used: Arc<crate::queue::UsedSet>,
     /// Sweeps so far; every [`FULL_SWEEP_EVERY`]th visits every queue.
     sweep_rounds: AtomicU64,
     /// Where durable topology changes made here are replicated, in a cluster (the broker's).
@@ -150,7 +150,7 @@ impl VHost {
             queue_kinds: RwLock::new(HashMap::new()),
             churn: Arc::default(),
             sweeps: Arc::default(),
-            positioned: Arc::default(),
+            used: Arc::default(),
             sweep_rounds: AtomicU64::new(0),
             replicator: Arc::default(),
         }

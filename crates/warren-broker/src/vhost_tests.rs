@@ -1085,7 +1085,7 @@ fn the_sweep_visits_only_queues_with_something_to_sweep() {
 }
 
 #[test]
-fn positioned_queues_are_those_that_took_a_position() {
+fn used_queues_are_those_that_held_a_message() {
     let (_clock, v) = clocked();
     for i in 0..100 {
         declare_with(&v, &format!("idle{i}"), &[]);
@@ -1093,15 +1093,15 @@ fn positioned_queues_are_those_that_took_a_position() {
     let used = declare_with(&v, "used", &[]);
     let restored = declare_with(&v, "restored", &[]);
     declare_with(&v, "gone", &[]);
-    assert!(v.positioned_queues().is_empty());
+    assert!(v.used_queues().is_empty());
     send(&v, "used", b"a");
     send(&v, "used", b"b");
     send(&v, "gone", b"c");
     restored.set_put_position(7);
-    v.track_positions(&restored);
+    v.track_use(&restored);
     let names = |v: &VHost| {
         let mut n: Vec<String> = v
-            .positioned_queues()
+            .used_queues()
             .iter()
             .map(|q| q.name().to_string())
             .collect();
@@ -1120,7 +1120,7 @@ fn positioned_queues_are_those_that_took_a_position() {
 }
 
 #[test]
-fn the_positioned_set_stays_bounded_without_checkpoints() {
+fn the_used_set_stays_bounded_without_checkpoints() {
     // As a broker without the HTTP queue API: reply queues that each take a message and go.
     let (_clock, v) = clocked();
     let kept = declare_with(&v, "kept", &[]);
@@ -1137,8 +1137,8 @@ fn the_positioned_set_stays_bounded_without_checkpoints() {
     }
     // Pruned whenever it doubles: at most twice what was held at the last pruning (the
     // queues of the last 100 rounds, not yet let go by a sweep) and 64 more.
-    assert!(v.positioned_held() <= 300, "{}", v.positioned_held());
-    assert_eq!(v.positioned_queues().len(), 1);
+    assert!(v.used_held() <= 300, "{}", v.used_held());
+    assert_eq!(v.used_queues().len(), 1);
     assert_eq!(kept.positions().put, 1);
 }
 

@@ -377,6 +377,14 @@ fn a_second_queue_kind_is_routed_to_through_the_trait() {
     // A classic queue beside it, and both bound to a topic exchange.
     let (cq, _) = v.declare_queue(&typed("cq", "classic"), 1).unwrap();
     assert_eq!(cq.kind(), "classic");
+    // A queue of another kind may count without a classic enqueue: it is visited by what
+    // visits the used queues from the start; the classic one from its first message.
+    let used = |v: &VHost| {
+        let mut n: Vec<String> = v.used_queues().iter().map(|q| q.name().into()).collect();
+        n.sort();
+        n
+    };
+    assert_eq!(used(&v), ["rq"]);
     v.declare_exchange(&ExchangeDeclare {
         name: "t".into(),
         kind: "topic".into(),
@@ -399,6 +407,7 @@ fn a_second_queue_kind_is_routed_to_through_the_trait() {
     assert!(publish(&v, "t", "a.b"));
     assert!(publish(&v, "t", "x.y"));
     assert!(publish(&v, "t", "a.c"));
+    assert_eq!(used(&v), ["cq", "rq"]);
     // Declare applied the vhost's policies to it; routing reached it for the keys matching its
     // binding only, and the classic queue for every one.
     assert_eq!(
@@ -480,4 +489,29 @@ fn an_unregistered_queue_type_is_still_refused() {
     v.set_queue_kind("classic", Arc::new(Recording::default()));
     let (q, _) = v.declare_queue(&typed("cq", "classic"), 1).unwrap();
     assert_eq!(q.kind(), "classic");
+}
+
+#[test]
+fn a_queue_whose_declare_is_taken_back_is_not_used() {
+    let dir = std::env::temp_dir().join(format!("warren-kind-undo-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (b, _) = warren_broker::Broker::open(warren_broker::StorageOptions::new(&dir)).unwrap();
+    let v = b.vhost("/").unwrap();
+    let kind = Arc::new(Recording::default());
+    v.set_queue_kind("recording", kind.clone());
+    // Saves of the definitions fail: a file where their directory goes.
+    let defs = dir.join("definitions");
+    let _ = std::fs::remove_dir_all(&defs);
+    std::fs::write(&defs, b"not a directory").unwrap();
+    let d = QueueDeclare {
+        durable: true,
+        ..typed("rq", "recording")
+    };
+    assert_eq!(v.declare_queue(&d, 1).unwrap_err().code, 541);
+    // The kind built it (and it joined the used set), the declare took it back.
+    assert_eq!(kind.built.lock().len(), 1);
+    assert!(v.queue("rq", 1).is_err());
+    assert!(v.used_queues().is_empty());
+    b.close();
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -174,7 +174,7 @@ impl Httpmq {
                     // Exact unless both puts and gets happened after the checkpoint.
                     let ready = q.positions().ready;
                     q.set_put_position(s.putpos.max(s.getpos + ready));
-                    v.track_positions(&q);
+                    v.track_use(&q);
                 }
             }
         }
@@ -206,8 +206,9 @@ impl Httpmq {
     }
 
     /// The state to checkpoint now: every queue of the vhost with a position or a maximum.
-    /// Visits only the queues that ever took a position ([`VHost::positioned_queues`]), so
-    /// that a checkpoint costs nothing for queues that never held a message.
+    /// Visits only the queues that may hold messages ([`VHost::used_queues`]; a queue with a
+    /// position is one of them), so that a checkpoint costs nothing for classic queues that
+    /// never held a message.
     fn snapshot(&self) -> StateFile {
         let mut out = StateFile::default();
         let maxqueue = {
@@ -219,7 +220,7 @@ impl Httpmq {
             m.clone()
         };
         if let Some(v) = self.vhost() {
-            for q in v.positioned_queues() {
+            for q in v.used_queues() {
                 if q.is_deleted() || !q.durable() {
                     continue;
                 }

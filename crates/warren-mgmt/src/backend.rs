@@ -750,9 +750,11 @@ impl Backend {
     }
 
     /// What the rate sampler reads: the registry's counters (atomics, no channel asked)
-    /// and each live queue's counts (its lock held for that read only). A queue that has
-    /// counted nothing (no counter above zero, no message) is left out unless the address
-    /// of its `Arc` is in `sampled` (the queues with samples: it had messages).
+    /// and the counts of each queue that may hold messages or have counted any (its lock held
+    /// for that read only; `warren_broker::VHost::used_queues`: a queue that never held a
+    /// message is not visited, so that idle queues cost the sampler nothing). A queue that
+    /// has counted nothing (no counter above zero, no message) is left out unless the
+    /// address of its `Arc` is in `sampled` (the queues with samples: it had messages).
     pub fn sample_sources(&self, sampled: &std::collections::HashSet<usize>) -> SampleSources {
         let registry = self.broker().registry();
         let (per_vhost, node) = registry.all_stats();
@@ -777,7 +779,7 @@ impl Backend {
                 stats: per_vhost.get(&v.name).copied().unwrap_or_default(),
                 ..VhostSample::default()
             };
-            for q in v.queues() {
+            for q in v.used_queues() {
                 let c = q.counts();
                 let (ready, unacked) = (u64::from(c.ready), u64::from(c.unacked));
                 vs.ready += ready;

@@ -410,8 +410,9 @@ pub struct QueueSpec {
     pub backing: Option<super::Backing>,
     /// The vhost's sweep set, which the queue joins when it gets something to sweep.
     pub sweeps: Weak<super::SweepSet>,
-    /// The vhost's set of queues with positions, which the queue joins at its first enqueue.
-    pub positioned: Weak<super::PositionedSet>,
+    /// The vhost's set of queues that may hold messages (see `VHost::used_queues`), which a
+    /// classic queue joins at its first enqueue.
+    pub used: Weak<super::UsedSet>,
 }
 
 /// A kind of queue other than classic, chosen by `x-queue-type` (see

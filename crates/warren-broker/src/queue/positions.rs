@@ -91,31 +91,33 @@ impl Positions {
     }
 }
 
-/// The queues of a vhost that have taken a position (a put position above 0): what the HTTP
-/// queue API checkpoints. A checkpoint then visits only these, not every queue of the vhost:
-/// 100,000 queues that never held a message cost it nothing.
+/// The queues of a vhost that may hold messages or have counted any (see
+/// [`crate::VHost::used_queues`]): what the management rate sampler and the HTTP queue API's
+/// checkpoints visit, instead of every queue of the vhost. 100,000 queues that never held a
+/// message cost them nothing.
 ///
-/// A queue joins when its put position goes from 0 to 1 and when one is restored
-/// ([`PositionedSet::add`]); it leaves once deleted. Held by weak reference, keyed by the
-/// address of its `Arc` (which a weak reference keeps from being reused).
+/// A classic queue joins when its put position goes from 0 to 1 (its first enqueue), when
+/// one is restored and when it recovers messages at start; queues of other kinds and queues
+/// held by other nodes join when they are made ([`UsedSet::add`]). A queue leaves once
+/// deleted. Held by weak reference, keyed by the address of its `Arc` (which a weak
+/// reference keeps from being reused).
 #[derive(Default)]
-pub struct PositionedSet {
-    inner: Mutex<PositionedInner>,
+pub struct UsedSet {
+    inner: Mutex<UsedInner>,
 }
 
 #[derive(Default)]
-struct PositionedInner {
+struct UsedInner {
     queues: std::collections::HashMap<usize, Weak<Queue>>,
     /// The set's size after the last pruning of queues gone.
     pruned_at: usize,
 }
 
-impl PositionedSet {
+impl UsedSet {
     /// Adds `q` (nothing when it is in already). Once the set has doubled since it was last
     /// pruned, the queues dropped meanwhile leave it, so that it stays within twice the
-    /// number of live queues with positions even when nothing calls
-    /// [`PositionedSet::snapshot`] (a broker without the HTTP queue API, whose short-lived
-    /// reply queues each take a position).
+    /// number of live queues in it even when nothing calls [`UsedSet::snapshot`] (short-lived
+    /// reply queues that each take a message and go).
     pub fn add(&self, q: &Arc<Queue>) {
         let key = Arc::as_ptr(q) as *const () as usize;
         let mut inner = self.inner.lock();

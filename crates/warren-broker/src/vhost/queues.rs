@@ -57,10 +57,16 @@ impl VHost {
             dead_letters: self.me.clone(),
             backing: self.backing(),
             sweeps: Arc::downgrade(&self.sweeps),
-            positioned: Arc::downgrade(&self.positioned),
+            used: Arc::downgrade(&self.used),
         };
         let q = match self.queue_kind(&spec.arguments) {
-            Some(kind) => kind.build(spec),
+            Some(kind) => {
+                // Its counts may change without a classic enqueue (replicated from other
+                // members): always in the used set.
+                let q = kind.build(spec);
+                self.used.add(&q);
+                q
+            }
             None => Arc::new(ClassicQueue::from_spec(spec)),
         };
         // Visited once: the first sweep drops it if it has nothing to sweep.
@@ -239,23 +245,36 @@ impl VHost {
         self.topology.read().queues.values().cloned().collect()
     }
 
-    /// The queues that have taken a put position (see [`crate::queue::Positions`]): every
-    /// queue that ever enqueued a message, or was given a position by
-    /// [`VHost::track_positions`], and is not deleted. Costs the number of those queues, not
-    /// of all queues.
-    pub fn positioned_queues(&self) -> Vec<Arc<Queue>> {
-        self.positioned.snapshot()
+    /// The queues of this vhost that may hold messages or have counted any: every classic
+    /// queue that ever took a put position (enqueued a message, see
+    /// [`crate::queue::Positions`]), recovered messages at start, or was added by
+    /// [`VHost::track_use`]; every queue of a kind registered with [`VHost::set_queue_kind`];
+    /// and every queue held by another node. Only queues the vhost holds now under their
+    /// name: not one deleted, replaced, or taken back by a declare that could not be stored.
+    /// A classic queue outside it has never held a message: no lengths, no counters. Costs
+    /// the number of those queues, not of all queues: what visits queues periodically (the
+    /// management rate sampler, the HTTP queue API's checkpoints) visits these.
+    pub fn used_queues(&self) -> Vec<Arc<Queue>> {
+        let mut used = self.used.snapshot();
+        let topo = self.topology.read();
+        used.retain(|q| {
+            topo.queues
+                .get(q.name())
+                .is_some_and(|held| Arc::ptr_eq(held, q))
+        });
+        used
     }
 
-    /// Entries of the positioned set, pruned or not.
+    /// Entries of the used set, pruned or not.
     #[cfg(test)]
-    pub(crate) fn positioned_held(&self) -> usize {
-        self.positioned.held()
+    pub(crate) fn used_held(&self) -> usize {
+        self.used.held()
     }
 
-    /// Adds `q` to [`VHost::positioned_queues`] (a put position restored at start).
-    pub fn track_positions(&self, q: &Arc<Queue>) {
-        self.positioned.add(q);
+    /// Adds `q` to [`VHost::used_queues`] (a put position restored at start, messages
+    /// recovered).
+    pub fn track_use(&self, q: &Arc<Queue>) {
+        self.used.add(q);
     }
 
     /// queue.delete; returns the number of ready messages deleted. A missing queue is deleted
@@ -320,6 +339,8 @@ impl VHost {
             return false;
         }
         q.apply_policy(topo.policies.applied(q.name(), Target::Queue(q.kind())));
+        // Its counts come from the node holding it.
+        self.used.add(&q);
         topo.queues.insert(q.name().to_string(), q);
         true
     }
@@ -387,6 +408,7 @@ impl VHost {
             let mut commands = vec![TopologyCommand::RemoveQueue { name: name.clone() }];
             commands.extend(super::log::bindings_to(&topo, &name));
             stand_in.apply_policy(topo.policies.applied(&name, Target::Queue(stand_in.kind())));
+            self.used.add(&stand_in);
             let old = topo.queues.insert(name, stand_in);
             self.store_detached(&mut topo, commands);
             old
