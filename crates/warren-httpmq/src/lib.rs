@@ -878,8 +878,10 @@ type Param<'a> = Cow<'a, [u8]>;
 
 impl<'a> Params<'a> {
     fn parse(raw: &'a [u8]) -> Params<'a> {
+        // A `data=` value is the whole message (512 bytes and more): the scans for `&`, `=`,
+        // `+` and `%` are memchr's, not a byte at a time.
         let decode = |s: &'a [u8]| -> Param<'a> {
-            if !s.iter().any(|&b| b == b'+' || b == b'%') {
+            if memchr::memchr2(b'+', b'%', s).is_none() {
                 return Cow::Borrowed(s);
             }
             let plus: Vec<u8> = s
@@ -888,15 +890,24 @@ impl<'a> Params<'a> {
                 .collect();
             Cow::Owned(percent_encoding::percent_decode(&plus).collect())
         };
-        Params(
-            raw.split(|&b| b == b'&')
-                .filter(|kv| !kv.is_empty())
-                .map(|kv| match kv.iter().position(|&b| b == b'=') {
+        let mut out = Vec::new();
+        let mut rest = raw;
+        loop {
+            let (kv, next) = match memchr::memchr(b'&', rest) {
+                Some(i) => (&rest[..i], Some(&rest[i + 1..])),
+                None => (rest, None),
+            };
+            if !kv.is_empty() {
+                out.push(match memchr::memchr(b'=', kv) {
                     Some(i) => (decode(&kv[..i]), decode(&kv[i + 1..])),
                     None => (decode(kv), Cow::Borrowed(&[][..])),
-                })
-                .collect(),
-        )
+                });
+            }
+            match next {
+                Some(n) => rest = n,
+                None => return Params(out),
+            }
+        }
     }
 
     fn extend_from(&mut self, other: Params<'a>) {
@@ -1091,6 +1102,22 @@ mod tests {
         assert_eq!(p.get("data"), Some(&b"x y\xff\x00"[..]));
         assert_eq!(p.get("flag"), Some(&b""[..]));
         assert_eq!(p.get("nope"), None);
+        // Empty pieces are skipped; a value keeps its own `=`; a key may be empty.
+        let p = Params::parse(b"&&opt=put&&data=a=b&=x&");
+        assert_eq!(p.0.len(), 3);
+        assert_eq!(p.get("opt"), Some(&b"put"[..]));
+        assert_eq!(p.get("data"), Some(&b"a=b"[..]));
+        assert_eq!(p.get(""), Some(&b"x"[..]));
+        assert!(Params::parse(b"").0.is_empty());
+        let long = [b'x'; 600];
+        let raw = [&b"data="[..], &long[..], b"&opt=get"].concat();
+        let p = Params::parse(&raw);
+        assert!(
+            matches!(p.0[0].1, Cow::Borrowed(_)),
+            "nothing to decode: borrowed"
+        );
+        assert_eq!(p.get("data"), Some(&long[..]));
+        assert_eq!(p.get("opt"), Some(&b"get"[..]));
     }
 
     #[test]
