@@ -84,6 +84,8 @@ pub struct Persistence {
     pub(crate) defs: crate::defs_writer::DefsWriter,
     /// Paging settings.
     pub options: StorageOptions,
+    /// The paging bounds and spill directory every queue's [`crate::queue::Backing`] shares.
+    pub(crate) paging: std::sync::Arc<crate::queue::Paging>,
     spill_counter: AtomicU64,
     /// The locked data directory; `None` once the broker is closed (nothing is written then).
     dir: parking_lot::Mutex<Option<DataDir>>,
@@ -106,10 +108,18 @@ pub struct DefinitionsError {
 
 impl Persistence {
     pub(crate) fn new(store: Store, options: StorageOptions, dir: DataDir) -> Self {
+        let paging = std::sync::Arc::new(crate::queue::Paging {
+            window: options.queue_window,
+            window_bytes: options.queue_window_bytes,
+            unacked_window: options.unacked_window,
+            unacked_window_bytes: options.unacked_window_bytes,
+            spill_dir: options.data_dir.join("spill"),
+        });
         Persistence {
             store,
             defs: crate::defs_writer::DefsWriter::start(),
             options,
+            paging,
             spill_counter: AtomicU64::new(0),
             dir: parking_lot::Mutex::new(Some(dir)),
         }
@@ -120,13 +130,10 @@ impl Persistence {
         self.dir.lock().take();
     }
 
-    /// A fresh spill file path (spill files are scratch space, named by a counter).
-    pub fn spill_path(&self) -> PathBuf {
-        let n = self.spill_counter.fetch_add(1, Ordering::Relaxed);
-        self.options
-            .data_dir
-            .join("spill")
-            .join(format!("{n}.spill"))
+    /// A fresh spill file number (spill files are scratch space, named by a counter; see
+    /// [`crate::queue::Backing::spill_path`]).
+    pub fn spill_number(&self) -> u64 {
+        self.spill_counter.fetch_add(1, Ordering::Relaxed)
     }
 
     pub(crate) fn definitions_dir(&self) -> PathBuf {

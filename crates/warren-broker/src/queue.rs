@@ -163,18 +163,39 @@ pub struct Settlement {
 pub struct Backing {
     /// The message store.
     pub store: Store,
+    /// The bounds and the spill directory, shared by the queues of a broker.
+    pub paging: Arc<Paging>,
+    /// This queue's spill file number (see [`Backing::spill_path`]).
+    pub spill: u64,
+}
+
+/// The paging bounds of [`Backing`], the same for every queue of a broker (one copy, so that
+/// an idle queue does not carry them).
+#[derive(Debug, Clone)]
+pub struct Paging {
     /// Most ready messages held in memory.
     pub window: usize,
     /// Most bytes of ready message bodies held in memory.
     pub window_bytes: usize,
-    /// Path of this queue's spill file (created on first use); a priority queue's files add
-    /// the priority to it.
-    pub spill_path: PathBuf,
     /// Unacknowledged deliveries a channel keeps in memory, beyond which it keeps them as
     /// store locations.
     pub unacked_window: usize,
     /// The same bound in bytes of message bodies.
     pub unacked_window_bytes: usize,
+    /// The directory of the spill files.
+    pub spill_dir: PathBuf,
+}
+
+impl Backing {
+    /// The queue's spill file (created on first use): `<spill_dir>/<spill>.spill`, or
+    /// `<spill_dir>/<spill>.<level>.spill` for priority level `level` of a priority queue.
+    pub fn spill_path(&self, level: Option<usize>) -> PathBuf {
+        let name = match level {
+            Some(l) => format!("{}.{l}.spill", self.spill),
+            None => format!("{}.spill", self.spill),
+        };
+        self.paging.spill_dir.join(name)
+    }
 }
 
 /// A delivery settled by a channel that held it paged out (see [`Queue::page_out`]).

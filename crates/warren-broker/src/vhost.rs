@@ -257,11 +257,8 @@ impl VHost {
     fn backing(&self) -> Option<Backing> {
         self.persist.as_ref().map(|p| Backing {
             store: p.store.clone(),
-            window: p.options.queue_window,
-            window_bytes: p.options.queue_window_bytes,
-            spill_path: p.spill_path(),
-            unacked_window: p.options.unacked_window,
-            unacked_window_bytes: p.options.unacked_window_bytes,
+            paging: p.paging.clone(),
+            spill: p.spill_number(),
         })
     }
 

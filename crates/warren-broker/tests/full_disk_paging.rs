@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use warren_amqp::properties::BasicProperties;
 use warren_amqp::table::{FieldTable, FieldValue};
 use warren_broker::clock::{Clock, ManualClock};
-use warren_broker::queue::{Backing, ClassicQueue};
+use warren_broker::queue::{Backing, ClassicQueue, Paging};
 use warren_broker::{Message, Queue};
 use warren_store::spill::{SpillEntry, SpillFault};
 use warren_store::{Store, StoreConfig};
@@ -29,18 +29,28 @@ fn cfg(dir: &Path) -> StoreConfig {
     }
 }
 
-/// A durable queue paging to `store` beyond 8 messages, its spill file at `spill`.
+/// The number of a spill file named `<n>.spill` (see `Backing::spill_path`).
+fn spill_number(spill: &Path) -> u64 {
+    let stem = spill.file_stem().and_then(|s| s.to_str()).unwrap();
+    stem.parse().expect("a spill file is named <n>.spill")
+}
+
+/// A durable queue paging to `store` beyond 8 messages, its spill file at `spill`
+/// (`<dir>/<n>.spill`).
 fn queue(store: &Store, spill: &Path, clock: &Arc<ManualClock>, args: FieldTable) -> Arc<Queue> {
     Arc::new(
         ClassicQueue::new("q", "/", true, None, false, args)
             .with_clock(clock.clone())
             .with_backing(Backing {
                 store: store.clone(),
-                window: 8,
-                window_bytes: 1 << 20,
-                spill_path: spill.to_path_buf(),
-                unacked_window: 4,
-                unacked_window_bytes: 1 << 20,
+                paging: Arc::new(Paging {
+                    window: 8,
+                    window_bytes: 1 << 20,
+                    unacked_window: 4,
+                    unacked_window_bytes: 1 << 20,
+                    spill_dir: spill.parent().unwrap().to_path_buf(),
+                }),
+                spill: spill_number(spill),
             }),
     )
 }
@@ -119,7 +129,7 @@ fn bodies(range: std::ops::Range<usize>) -> Vec<String> {
 /// Publishes `n` persistent messages and stops the broker.
 fn fill(dir: &Path, clock: &Arc<ManualClock>, n: usize) {
     let (store, _) = Store::open(cfg(dir)).unwrap();
-    let q = queue(&store, &dir.join("first.spill"), clock, FieldTable::new());
+    let q = queue(&store, &dir.join("1.spill"), clock, FieldTable::new());
     for b in bodies(0..n) {
         publish(&q, &store, clock, &b, true);
     }
@@ -138,7 +148,7 @@ fn recovery_onto_a_full_disk_keeps_every_message_in_order() {
     let dir = tempdir("recover-devfull");
     let clock = Arc::new(ManualClock::new(1_000));
     fill(&dir, &clock, 3000);
-    let spill = dir.join("full.spill");
+    let spill = dir.join("2.spill");
     std::os::unix::fs::symlink("/dev/full", &spill).unwrap();
     let (store, q) = recover(&dir, cfg(&dir), &spill, &clock);
     assert_eq!(
@@ -151,7 +161,7 @@ fn recovery_onto_a_full_disk_keeps_every_message_in_order() {
     store.close();
     drop(q);
     // The restart after that has nothing left: every message was delivered (and acked).
-    let (store, q) = recover(&dir, cfg(&dir), &dir.join("again.spill"), &clock);
+    let (store, q) = recover(&dir, cfg(&dir), &dir.join("3.spill"), &clock);
     assert_eq!(q.counts().ready, 0);
     store.close();
     std::fs::remove_dir_all(dir).unwrap();
@@ -170,7 +180,7 @@ fn entries_kept_in_memory_at_recovery_are_paged_out_once_space_returns() {
         spill_write_fault: Some(fault.clone()),
         ..cfg(&dir)
     };
-    let spill = dir.join("spill").join("q.spill");
+    let spill = dir.join("spill").join("4.spill");
     let (store, q) = recover(&dir, config, &spill, &clock);
     assert_eq!(q.counts().ready, 3000);
     assert_eq!(q.ready_in_memory_and_paged_out(), (8, 2992));
@@ -247,7 +257,7 @@ fn run_time_page_out_failure(name: &str, args: FieldTable) {
     let dir = tempdir(name);
     let clock = Arc::new(ManualClock::new(1_000));
     let (store, _) = Store::open(cfg(&dir)).unwrap();
-    let q = queue(&store, &dir.join("q.spill"), &clock, args.clone());
+    let q = queue(&store, &dir.join("5.spill"), &clock, args.clone());
     for b in bodies(0..30) {
         publish(&q, &store, &clock, &b, false);
     }
@@ -306,7 +316,7 @@ fn a_message_that_cannot_be_read_now_stays_queued_in_order() {
     let (store, rec) = Store::open(cfg(&dir)).unwrap();
     std::fs::rename(&broken, &aside).unwrap();
     std::fs::create_dir(&broken).unwrap();
-    let q = queue(&store, &dir.join("q.spill"), &clock, FieldTable::new());
+    let q = queue(&store, &dir.join("5.spill"), &clock, FieldTable::new());
     let entries = rec.queues.get(q.store_key()).cloned().unwrap_or_default();
     q.recover(&mut entries.into_iter().map(|e| SpillEntry {
         seq: e.id,

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use warren_amqp::properties::BasicProperties;
 use warren_amqp::table::{FieldTable, FieldValue};
 use warren_broker::clock::ManualClock;
-use warren_broker::queue::{Backing, ClassicQueue, PagedSettlement, Settlement};
+use warren_broker::queue::{Backing, ClassicQueue, PagedSettlement, Paging, Settlement};
 use warren_broker::{Consumer, DeliveryTarget, Message, Queue, QueuedMessage};
 use warren_store::spill::SpillEntry;
 use warren_store::{Store, StoreConfig};
@@ -37,11 +37,14 @@ fn queue(store: &Store, dir: &Path, clock: &Arc<ManualClock>, args: FieldTable) 
             .with_clock(clock.clone())
             .with_backing(Backing {
                 store: store.clone(),
-                window: 8,
-                window_bytes: 1 << 20,
-                spill_path: dir.join("spill").join(format!("{n}.spill")),
-                unacked_window: 4,
-                unacked_window_bytes: 1 << 20,
+                paging: Arc::new(Paging {
+                    window: 8,
+                    window_bytes: 1 << 20,
+                    unacked_window: 4,
+                    unacked_window_bytes: 1 << 20,
+                    spill_dir: dir.join("spill"),
+                }),
+                spill: n,
             }),
     )
 }

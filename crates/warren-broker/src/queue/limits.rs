@@ -60,7 +60,7 @@ impl ClassicQueue {
     /// Ready messages beyond which a queue with consumers asks publishers to pause: its
     /// in-memory window, or 4096 without a store.
     pub(super) fn pressure_limit(&self) -> usize {
-        self.backing.as_ref().map_or(4096, |b| b.window)
+        self.backing.as_ref().map_or(4096, |b| b.paging.window)
     }
 
     /// Publisher flow control. A queue whose consumers fall behind its publishers would

@@ -59,7 +59,7 @@ impl ClassicQueue {
     }
 
     pub(super) fn window_full(st: &State, b: &Backing) -> bool {
-        st.ready.len() >= b.window || st.ready_bytes >= b.window_bytes
+        st.ready.len() >= b.paging.window || st.ready_bytes >= b.paging.window_bytes
     }
 
     /// What priority `level` holds beyond the window, created on first use (its spill file
@@ -73,12 +73,9 @@ impl ClassicQueue {
         if st.spills.len() <= level {
             st.spills.resize_with(level + 1, || None);
         }
-        let path = match st.priority {
-            Some(_) => b.spill_path.with_extension(format!("{level}.spill")),
-            None => b.spill_path.clone(),
-        };
+        let priority = st.priority.is_some();
         st.spills[level].get_or_insert_with(|| Spilled {
-            file: b.store.spill_file(path),
+            file: b.store.spill_file(b.spill_path(priority.then_some(level))),
             held: VecDeque::new(),
         })
     }
@@ -231,12 +228,14 @@ impl ClassicQueue {
                 _ => break,
             }
         }
-        if st.ready.len() > b.window / 2 || st.ready_bytes > b.window_bytes / 2 || st.spilled() == 0
+        if st.ready.len() > b.paging.window / 2
+            || st.ready_bytes > b.paging.window_bytes / 2
+            || st.spilled() == 0
         {
             return;
         }
         while !Self::window_full(st, b) && st.spilled() > 0 {
-            let want = (b.window - st.ready.len()).clamp(1, 64);
+            let want = (b.paging.window - st.ready.len()).clamp(1, 64);
             let top = (0..st.spills.len())
                 .rev()
                 .find(|&l| st.spilled_at(l) > 0)
@@ -380,7 +379,7 @@ impl ClassicQueue {
     pub fn unacked_window(&self) -> Option<(usize, usize)> {
         self.backing
             .as_ref()
-            .map(|b| (b.unacked_window, b.unacked_window_bytes))
+            .map(|b| (b.paging.unacked_window, b.paging.unacked_window_bytes))
     }
 
     /// Where the store keeps `qm`, delivered from this queue and not yet acknowledged, so
