@@ -224,14 +224,7 @@ impl Broker {
             });
             match queue {
                 Some((v, q)) => {
-                    q.recover(&mut entries.into_iter().map(|e| SpillEntry {
-                        seq: e.id,
-                        id: e.id,
-                        location: e.location,
-                        redelivered: e.redelivered,
-                        transient: false,
-                        priority: e.priority,
-                    }));
+                    q.recover(&mut entries.into_iter().map(SpillEntry::from));
                     v.track_use(&q);
                 }
                 None => {

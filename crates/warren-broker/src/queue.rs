@@ -538,7 +538,7 @@ impl ClassicQueue {
         self
     }
 
-    /// Gives the queue a store to page to beyond `backing.window` ready messages, and (for a
+    /// Gives the queue a store to page to beyond `backing.paging.window` ready messages, and (for a
     /// durable queue) to record settlements of persistent messages in.
     pub fn with_backing(mut self, backing: Backing) -> Self {
         self.backing = Some(backing);

@@ -111,14 +111,7 @@ fn recover(
     let (store, rec) = Store::open(config).unwrap();
     let q = queue(&store, spill, clock, FieldTable::new());
     let entries = rec.queues.get(q.store_key()).cloned().unwrap_or_default();
-    q.recover(&mut entries.into_iter().map(|e| SpillEntry {
-        seq: e.id,
-        id: e.id,
-        location: e.location,
-        redelivered: e.redelivered,
-        transient: false,
-        priority: e.priority,
-    }));
+    q.recover(&mut entries.into_iter().map(SpillEntry::from));
     (store, q)
 }
 
@@ -318,14 +311,7 @@ fn a_message_that_cannot_be_read_now_stays_queued_in_order() {
     std::fs::create_dir(&broken).unwrap();
     let q = queue(&store, &dir.join("5.spill"), &clock, FieldTable::new());
     let entries = rec.queues.get(q.store_key()).cloned().unwrap_or_default();
-    q.recover(&mut entries.into_iter().map(|e| SpillEntry {
-        seq: e.id,
-        id: e.id,
-        location: e.location,
-        redelivered: e.redelivered,
-        transient: false,
-        priority: e.priority,
-    }));
+    q.recover(&mut entries.into_iter().map(SpillEntry::from));
     assert_eq!(q.counts().ready, 3000);
     let before = drain(&q);
     assert!(before.len() < 3000, "read through a broken segment");

@@ -124,14 +124,7 @@ fn reopen(dir: &Path, clock: &Arc<ManualClock>, args: FieldTable) -> (Store, Arc
     let (store, rec) = open(dir);
     let q = queue(&store, dir, clock, args);
     let entries = rec.queues.get(q.store_key()).cloned().unwrap_or_default();
-    q.recover(&mut entries.into_iter().map(|e| SpillEntry {
-        seq: e.id,
-        id: e.id,
-        location: e.location,
-        redelivered: e.redelivered,
-        transient: false,
-        priority: e.priority,
-    }));
+    q.recover(&mut entries.into_iter().map(SpillEntry::from));
     (store, q)
 }
 

@@ -45,6 +45,20 @@ pub struct RecoveredEntry {
     pub priority: u8,
 }
 
+impl From<RecoveredEntry> for crate::spill::SpillEntry {
+    /// The queue entry of a recovered message: at its id's place in the queue, persistent.
+    fn from(e: RecoveredEntry) -> Self {
+        crate::spill::SpillEntry {
+            seq: e.id,
+            id: e.id,
+            location: e.location,
+            redelivered: e.redelivered,
+            transient: false,
+            priority: e.priority,
+        }
+    }
+}
+
 /// What recovery did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RecoveryReport {
