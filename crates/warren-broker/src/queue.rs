@@ -313,6 +313,12 @@ impl State {
             .and_then(Option::as_ref)
             .map_or(0, Spilled::len)
     }
+    /// The priority a delivery of `m` is recorded under in the store (see
+    /// `Store::delivered`): its `priority` property in a priority queue, which delivers in id
+    /// order only within a priority; none in another queue.
+    fn mark_priority(&self, m: &Message) -> Option<u8> {
+        self.priority.map(|_| m.properties.priority.unwrap_or(0))
+    }
     /// The priority whose spill file a message of priority `p` goes to.
     fn level(&self, p: u8) -> usize {
         usize::from(self.priority.map_or(0, |max| p.min(max)))

@@ -8,7 +8,7 @@
 
 use futures_util::StreamExt;
 use lapin::options::{
-    BasicConsumeOptions, BasicGetOptions, BasicPublishOptions, BasicQosOptions,
+    BasicAckOptions, BasicConsumeOptions, BasicGetOptions, BasicPublishOptions, BasicQosOptions,
     ConfirmSelectOptions, QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
@@ -592,6 +592,98 @@ async fn recovery_of_a_version_1_data_directory() {
     assert_eq!(drain_get(&ch, "legacy-q").await.len(), 50);
     assert_eq!(drain_get(&ch, "legacy-prio").await, vec![]);
     assert_eq!(drain_get(&ch, "legacy-marker").await.len(), 2);
+    drop(conn);
+    server.kill();
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// A priority queue delivers its higher priorities first: after a restart, only what was
+/// delivered comes back redelivered, not the lower-priority messages published before the
+/// delivered ones and never delivered (RabbitMQ keeps a priority queue as one queue per
+/// priority, each with its own delivery state).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_priority_queue_flags_as_redelivered_only_what_it_delivered() {
+    let dir = tempdir("prio-redelivered");
+    let server = Server::start(&dir, &[]);
+    let conn = server.connect().await;
+    let ch = within("channel", conn.create_channel()).await.unwrap();
+    let mut args = FieldTable::default();
+    args.insert("x-max-priority".into(), AMQPValue::LongInt(5));
+    let durable = QueueDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    within(
+        "queue.declare",
+        ch.queue_declare("pr".into(), durable, args),
+    )
+    .await
+    .unwrap();
+    within(
+        "confirm.select",
+        ch.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await
+    .unwrap();
+    // 0..100 at priority 0, then 100..200 at priority 5 (4-byte decimal bodies).
+    for i in 0..200u32 {
+        let p = if i < 100 { 0 } else { 5 };
+        let pc = ch
+            .basic_publish(
+                "".into(),
+                "pr".into(),
+                BasicPublishOptions::default(),
+                format!("{i:04}").as_bytes(),
+                persistent().with_priority(p),
+            )
+            .await
+            .unwrap();
+        assert!(within("confirm", pc).await.unwrap().is_ack());
+    }
+    // Ten gets acked (100..110), one left unacked (110) until the broker is killed.
+    for want in 100..111u32 {
+        let m = within(
+            "basic.get",
+            ch.basic_get("pr".into(), BasicGetOptions::default()),
+        )
+        .await
+        .unwrap()
+        .expect("a message");
+        assert_eq!(m.delivery.data, format!("{want:04}").as_bytes());
+        if want < 110 {
+            within(
+                "basic.ack",
+                ch.basic_ack(m.delivery.delivery_tag, BasicAckOptions::default()),
+            )
+            .await
+            .unwrap();
+        }
+    }
+    // The store writes delivery marks ahead of the appends that follow them: once a later
+    // persistent publish is confirmed, the marks are on disk.
+    declare_durable(&ch, "after").await;
+    let pc = ch
+        .basic_publish(
+            "".into(),
+            "after".into(),
+            BasicPublishOptions::default(),
+            b"x",
+            persistent(),
+        )
+        .await
+        .unwrap();
+    assert!(within("confirm", pc).await.unwrap().is_ack());
+    server.kill();
+    drop(conn);
+
+    let server = Server::start(&dir, &[]);
+    let conn = server.connect().await;
+    let ch = within("channel", conn.create_channel()).await.unwrap();
+    let got = drain_get(&ch, "pr").await;
+    let mut want: Vec<(String, bool)> = vec![("0110".to_string(), true)];
+    want.extend((111..200).map(|i| (format!("{i:04}"), false)));
+    want.extend((0..100).map(|i| (format!("{i:04}"), false)));
+    assert_eq!(got, want);
     drop(conn);
     server.kill();
     std::fs::remove_dir_all(dir).unwrap();

@@ -428,6 +428,19 @@ pub struct Recovered {
     pub report: RecoveryReport,
 }
 
+/// The name under which a priority queue's `DELIVERED` watermark for its messages of
+/// priority `priority` is recorded (see [`Store::delivered`]): U+001E, the priority, U+001E,
+/// then the queue's name in store records. Store keys begin with their vhost's name.
+pub fn priority_mark(queue: &str, priority: u8) -> String {
+    format!("\u{1e}{priority}\u{1e}{queue}")
+}
+
+/// The priority and the queue of a [`priority_mark`] name; `None` for any other name.
+pub fn parse_priority_mark(name: &str) -> Option<(u8, &str)> {
+    let (p, queue) = name.strip_prefix('\u{1e}')?.split_once('\u{1e}')?;
+    Some((p.parse().ok()?, queue))
+}
+
 fn segment_path(dir: &Path, n: u32) -> PathBuf {
     dir.join(format!("{n:08}.seg"))
 }
@@ -630,14 +643,21 @@ impl Store {
     /// Queues deliver in id order (a requeued message was delivered before), so every message
     /// of `queue` with an id up to the highest delivered one has been delivered: the store
     /// keeps that watermark per queue and writes one `DELIVERED` record per queue per batch,
-    /// not one per delivery.
-    pub fn delivered(&self, queue: &str, id: u64) {
+    /// not one per delivery. A priority queue delivers in id order only within each priority:
+    /// it gives the message's `priority` property (0 when absent) as `priority`, and the
+    /// watermark is kept per priority ([`priority_mark`]), so that a restart does not flag
+    /// as redelivered the lower-priority messages that waited behind delivered ones.
+    pub fn delivered(&self, queue: &str, priority: Option<u8>, id: u64) {
+        let key = match priority {
+            Some(p) => std::borrow::Cow::Owned(priority_mark(queue, p)),
+            None => std::borrow::Cow::Borrowed(queue),
+        };
         let mut st = self.inner.state.lock();
         let was_empty = st.delivered.is_empty();
-        match st.delivered.get_mut(queue) {
+        match st.delivered.get_mut(key.as_ref()) {
             Some(w) => *w = (*w).max(id),
             None => {
-                st.delivered.insert(queue.to_string(), id);
+                st.delivered.insert(key.into_owned(), id);
             }
         }
         drop(st);
@@ -651,13 +671,23 @@ impl Store {
         self.settle("", 0, loc);
     }
 
-    /// Durable queue `queue` was deleted: its `DELIVERED` watermark no longer needs keeping
-    /// (its messages are settled as they leave, and recovery drops those of a queue that is
-    /// gone). Without this, the record holding it would be copied forward forever.
-    pub fn forget_queue(&self, queue: &str) {
+    /// Durable queue `queue` was deleted: its `DELIVERED` watermark (a priority queue's, one
+    /// per priority, with `priority_queue`) no longer needs keeping (its messages are settled
+    /// as they leave, and recovery drops those of a queue that is gone). Without this, the
+    /// record holding it would be copied forward forever.
+    pub fn forget_queue(&self, queue: &str, priority_queue: bool) {
+        // A priority queue's watermarks, one per priority it delivered (see
+        // [`Store::delivered`]); their names are made before the lock is taken.
+        let by_priority: Vec<String> = if priority_queue {
+            (0..=u8::MAX).map(|p| priority_mark(queue, p)).collect()
+        } else {
+            Vec::new()
+        };
         let mut st = self.inner.state.lock();
-        st.marks.remove(queue);
-        st.delivered.remove(queue);
+        for name in std::iter::once(queue).chain(by_priority.iter().map(String::as_str)) {
+            st.marks.remove(name);
+            st.delivered.remove(name);
+        }
     }
 
     /// Completes `waiter` after everything appended so far is fsynced (a barrier, for

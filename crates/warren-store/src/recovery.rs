@@ -142,6 +142,8 @@ pub(crate) fn recover(dir: &Path) -> std::io::Result<RecoveryResult> {
     let mut msgs: HashMap<u64, Live> = HashMap::new();
     let mut max_id = 0u64;
     let mut delivered_upto: HashMap<u32, u64> = HashMap::new();
+    // A priority queue's watermarks, by (queue, priority) (see `Store::delivered`).
+    let mut priority_upto: HashMap<(u32, u8), u64> = HashMap::new();
     let mut segs: BTreeMap<u32, Seg> = BTreeMap::new();
     let mut marks: HashMap<String, (u64, u32)> = HashMap::new();
     let mut superseded: HashSet<(u32, u64)> = HashSet::new();
@@ -240,9 +242,18 @@ pub(crate) fn recover(dir: &Path) -> std::io::Result<RecoveryResult> {
                     s.legacy |= target.is_none() && settles < seg;
                 }
                 Record::Delivered { id, queue } => {
-                    // Everything of this queue up to `id` has been delivered.
-                    let q = intern(&mut index, &mut names, queue.clone());
-                    let w = delivered_upto.entry(q).or_insert(0);
+                    // Everything of this queue (of this priority) up to `id` has been
+                    // delivered.
+                    let w = match crate::parse_priority_mark(&queue) {
+                        Some((p, base)) => {
+                            let q = intern(&mut index, &mut names, base.to_string());
+                            priority_upto.entry((q, p)).or_insert(0)
+                        }
+                        None => {
+                            let q = intern(&mut index, &mut names, queue.clone());
+                            delivered_upto.entry(q).or_insert(0)
+                        }
+                    };
                     *w = (*w).max(id);
                     let mark = marks.entry(queue).or_insert((id, seg));
                     if id >= mark.0 {
@@ -284,7 +295,11 @@ pub(crate) fn recover(dir: &Path) -> std::io::Result<RecoveryResult> {
             s.live_bytes += n * i64::from(m.location.len);
         }
         for q in &m.queues {
-            let delivered = delivered_upto.get(q).is_some_and(|w| *id <= *w);
+            let delivered = delivered_upto.get(q).is_some_and(|w| *id <= *w)
+                || (!priority_upto.is_empty()
+                    && priority_upto
+                        .get(&(*q, m.priority))
+                        .is_some_and(|w| *id <= *w));
             report.messages += 1;
             queues
                 .entry(names[*q as usize].clone())

@@ -129,7 +129,7 @@ fn one_unacked_message_does_not_pin_the_log() {
     let segment = 64 * 1024;
     let (store, _) = Store::open(cfg(&dir, segment)).unwrap();
     let (pinned, pinned_loc) = publish(&store, b"pinned", &["q"]);
-    store.delivered("q", pinned);
+    store.delivered("q", None, pinned);
     // 32 MB through the queue, each message acked soon after; the first one never is.
     let body = vec![7u8; 1024];
     let mut window = std::collections::VecDeque::new();
@@ -199,7 +199,7 @@ fn messy_log(store: &Store) -> Contents {
             store.ack("b", *id, *loc);
         }
     }
-    store.delivered("b", both[29].0);
+    store.delivered("b", None, both[29].0);
     // A transient page, released, and one kept (neither is recovered).
     let t1 = store
         .append_transient(9_000_000, "", "k", &BasicProperties::default(), b"t1", 5)
@@ -691,7 +691,7 @@ proptest! {
                 Op::Deliver(i) if !live.is_empty() => {
                     // Queues deliver in id order: everything of the queue up to this id.
                     let key = live.keys().nth(i % live.len()).unwrap().clone();
-                    store.delivered(&key.0, key.1);
+                    store.delivered(&key.0, None, key.1);
                     for (k, v) in live.iter_mut() {
                         if k.0 == key.0 && k.1 <= key.1 {
                             v.2 = true;
@@ -931,11 +931,11 @@ fn settled_segments_go_with_compaction_off_and_marks_survive() {
     let (store, _) = Store::open(config()).unwrap();
     // "kept" has a message delivered and never acked; "gone" is deleted.
     let (kept, _) = publish(&store, b"kept", &["kept"]);
-    store.delivered("kept", kept);
+    store.delivered("kept", None, kept);
     let (g, gloc) = publish(&store, b"gone", &["gone"]);
-    store.delivered("gone", g);
+    store.delivered("gone", None, g);
     store.ack("gone", g, gloc);
-    store.forget_queue("gone");
+    store.forget_queue("gone", false);
     sync(&store);
     for _ in 0..100 {
         let (id, loc) = publish(&store, &[6u8; 300], &["c"]);
@@ -996,7 +996,7 @@ fn segment_numbers(dir: &Path) -> Vec<u32> {
 fn log_with_deleted_segments(dir: &Path, config: StoreConfig, segment: u64) {
     let (store, _) = Store::open(config).unwrap();
     let (pinned, _) = publish(&store, b"pinned", &["q"]);
-    store.delivered("q", pinned);
+    store.delivered("q", None, pinned);
     let body = vec![7u8; 512];
     for _ in 0..4 {
         let batch: Vec<_> = (0..200).map(|_| publish(&store, &body, &["q"])).collect();
@@ -1084,7 +1084,7 @@ fn stats_follow_the_files_on_disk() {
     let s0 = store.stats();
     assert_eq!((s0.bytes, s0.segments, s0.fsyncs), (0, 0, 0));
     let (pinned, pinned_loc) = publish(&store, b"pinned", &["q"]);
-    store.delivered("q", pinned);
+    store.delivered("q", None, pinned);
     let body = vec![3u8; 512];
     let mut sent = Vec::new();
     for _ in 0..400 {

@@ -69,7 +69,7 @@ fn recovers_unacked_messages_in_order_per_queue() {
             store.ack("b", *id, *loc);
         }
     }
-    store.delivered("a", sent[1].0);
+    store.delivered("a", None, sent[1].0);
     store.close();
 
     let (store, rec) = Store::open(cfg(&dir)).unwrap();
@@ -85,6 +85,72 @@ fn recovers_unacked_messages_in_order_per_queue() {
     // New ids continue after the recovered ones.
     assert!(store.next_id() > sent.last().unwrap().0);
     store.close();
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn a_priority_queue_keeps_a_delivered_watermark_per_priority() {
+    let dir = tempdir("prio");
+    let (store, _) = Store::open(cfg(&dir)).unwrap();
+    let with_priority = |body: &str, p: u8| {
+        let props = BasicProperties {
+            priority: Some(p),
+            ..persistent()
+        };
+        let id = store.next_id();
+        store
+            .append_publish(
+                id,
+                "",
+                "k",
+                &props,
+                body.as_bytes(),
+                1,
+                &["pq", "plain"],
+                None,
+            )
+            .unwrap();
+        id
+    };
+    // Ten of priority 0, then ten of priority 5; the queue delivers the priority-5 ones
+    // first, and the first three of priority 0 after them.
+    let low: Vec<u64> = (0..10)
+        .map(|i| with_priority(&format!("l{i}"), 0))
+        .collect();
+    let high: Vec<u64> = (0..10)
+        .map(|i| with_priority(&format!("h{i}"), 5))
+        .collect();
+    store.delivered("pq", Some(5), high[9]);
+    store.delivered("pq", Some(0), low[2]);
+    // The same deliveries from a queue without priorities: one watermark.
+    store.delivered("plain", None, high[9]);
+    store.close();
+
+    let (store, rec) = Store::open(cfg(&dir)).unwrap();
+    let flagged = |q: &str| -> Vec<u64> {
+        rec.queues[q]
+            .iter()
+            .filter(|e| e.redelivered)
+            .map(|e| e.id)
+            .collect()
+    };
+    let mut want: Vec<u64> = low[..3].to_vec();
+    want.extend(&high);
+    assert_eq!(
+        flagged("pq"),
+        want,
+        "only what was delivered, at each priority"
+    );
+    assert_eq!(flagged("plain").len(), 20);
+    store.close();
+    // The names the per-priority watermarks are kept under, and what they are not.
+    let name = warren_store::priority_mark("/\u{1f}pq", 7);
+    assert_eq!(
+        warren_store::parse_priority_mark(&name),
+        Some((7, "/\u{1f}pq"))
+    );
+    assert_eq!(warren_store::parse_priority_mark("/\u{1f}pq"), None);
+    assert_eq!(warren_store::parse_priority_mark("\u{1e}x\u{1e}q"), None);
     std::fs::remove_dir_all(dir).unwrap();
 }
 

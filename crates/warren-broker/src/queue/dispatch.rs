@@ -148,6 +148,7 @@ impl ClassicQueue {
                         return;
                     };
                     let (seq, stored, first) = (msg.seq, msg.stored, !msg.redelivered);
+                    let mark = st.mark_priority(&msg.message);
                     let ticket = msg.message.confirm.get().cloned();
                     let c = &mut st.consumers[idx];
                     match c.target.deliver(this, &c.tag, c.no_ack, msg) {
@@ -168,7 +169,7 @@ impl ClassicQueue {
                                 if let (Some(store), true, true) =
                                     (self.store(), first, stored.is_some())
                                 {
-                                    store.delivered(&self.store_key, seq);
+                                    store.delivered(&self.store_key, mark, seq);
                                 }
                             }
                             st.round_robin = (idx - group + 1) % len;
@@ -210,7 +211,7 @@ impl ClassicQueue {
             if let (Some(store), false, true) =
                 (self.store(), msg.redelivered, msg.stored.is_some())
             {
-                store.delivered(&self.store_key, msg.seq);
+                store.delivered(&self.store_key, st.mark_priority(&msg.message), msg.seq);
             }
         }
         let remaining = st.ready_count() as u32;
@@ -288,7 +289,7 @@ impl ClassicQueue {
         let n = self.drop_ready(&mut st);
         st.spills.clear();
         if let Some(store) = self.store() {
-            store.forget_queue(&self.store_key);
+            store.forget_queue(&self.store_key, st.priority.is_some());
         }
         (n, std::mem::take(&mut st.consumers))
     }

@@ -49,7 +49,7 @@ impl ClassicQueue {
         };
         st.unacked += 1;
         if let (Some(store), false, true) = (self.store(), msg.redelivered, msg.stored.is_some()) {
-            store.delivered(&self.store_key, msg.seq);
+            store.delivered(&self.store_key, st.mark_priority(&msg.message), msg.seq);
         }
         drop(st);
         self.publish_dead(dead);
