@@ -59,6 +59,28 @@ async fn publish_indexed(ch: &Channel, queue: &str, n: usize, size: usize, props
     }
 }
 
+/// Declares durable queue `queue` with `x-max-priority` `max` and puts `ch` in confirm mode.
+async fn declare_priority_queue(ch: &Channel, queue: &str, max: i32) {
+    let mut args = FieldTable::default();
+    args.insert("x-max-priority".into(), AMQPValue::LongInt(max));
+    let durable = QueueDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    within(
+        "queue.declare",
+        ch.queue_declare(queue.into(), durable, args),
+    )
+    .await
+    .unwrap();
+    within(
+        "confirm.select",
+        ch.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await
+    .unwrap();
+}
+
 fn index(body: &[u8]) -> u64 {
     u64::from_be_bytes(body[..8].try_into().unwrap())
 }
@@ -380,24 +402,7 @@ async fn priority_queue_pages_to_disk_and_keeps_order_across_restart() {
     let server = Server::start(&dir, &env);
     let conn = server.connect().await;
     let ch = within("channel", conn.create_channel()).await.unwrap();
-    let mut args = FieldTable::default();
-    args.insert("x-max-priority".into(), AMQPValue::LongInt(9));
-    let durable = QueueDeclareOptions {
-        durable: true,
-        ..Default::default()
-    };
-    within(
-        "queue.declare",
-        ch.queue_declare("prio".into(), durable, args),
-    )
-    .await
-    .unwrap();
-    within(
-        "confirm.select",
-        ch.confirm_select(ConfirmSelectOptions::default()),
-    )
-    .await
-    .unwrap();
+    declare_priority_queue(&ch, "prio", 9).await;
     let baseline = server.rss_kib();
     let n = 16_384u64; // 128 MB of 8 KB messages, 128 windows deep
     let prio = |i: u64| ((i * 7) % 10) as u8;
@@ -607,24 +612,7 @@ async fn a_priority_queue_flags_as_redelivered_only_what_it_delivered() {
     let server = Server::start(&dir, &[]);
     let conn = server.connect().await;
     let ch = within("channel", conn.create_channel()).await.unwrap();
-    let mut args = FieldTable::default();
-    args.insert("x-max-priority".into(), AMQPValue::LongInt(5));
-    let durable = QueueDeclareOptions {
-        durable: true,
-        ..Default::default()
-    };
-    within(
-        "queue.declare",
-        ch.queue_declare("pr".into(), durable, args),
-    )
-    .await
-    .unwrap();
-    within(
-        "confirm.select",
-        ch.confirm_select(ConfirmSelectOptions::default()),
-    )
-    .await
-    .unwrap();
+    declare_priority_queue(&ch, "pr", 5).await;
     // 0..100 at priority 0, then 100..200 at priority 5 (4-byte decimal bodies).
     for i in 0..200u32 {
         let p = if i < 100 { 0 } else { 5 };

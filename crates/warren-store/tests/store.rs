@@ -37,9 +37,18 @@ fn persistent() -> BasicProperties {
 }
 
 fn publish(store: &Store, body: &str, queues: &[&str]) -> (u64, Location) {
+    publish_with(store, &persistent(), body, queues)
+}
+
+fn publish_with(
+    store: &Store,
+    props: &BasicProperties,
+    body: &str,
+    queues: &[&str],
+) -> (u64, Location) {
     let id = store.next_id();
     let loc = store
-        .append_publish(id, "", "k", &persistent(), body.as_bytes(), 1, queues, None)
+        .append_publish(id, "", "k", props, body.as_bytes(), 1, queues, None)
         .unwrap();
     (id, loc)
 }
@@ -97,20 +106,7 @@ fn a_priority_queue_keeps_a_delivered_watermark_per_priority() {
             priority: Some(p),
             ..persistent()
         };
-        let id = store.next_id();
-        store
-            .append_publish(
-                id,
-                "",
-                "k",
-                &props,
-                body.as_bytes(),
-                1,
-                &["pq", "plain"],
-                None,
-            )
-            .unwrap();
-        id
+        publish_with(&store, &props, body, &["pq", "plain"]).0
     };
     // Ten of priority 0, then ten of priority 5; the queue delivers the priority-5 ones
     // first, and the first three of priority 0 after them.
