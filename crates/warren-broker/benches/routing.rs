@@ -22,7 +22,7 @@ fn exchange(kind: ExchangeKind) -> Exchange {
 
 fn bind(x: &mut Exchange, key: String, queue: usize) {
     assert!(x.bind(Binding {
-        destination: Destination::Queue(format!("q{queue}")),
+        destination: Destination::Queue(format!("q{queue}").into()),
         routing_key: key,
         arguments: FieldTable::new(),
     }));

@@ -13,16 +13,20 @@ pub const BLOCK: usize = 512;
 
 /// A deque of `T` in blocks of [`BLOCK`]. Callers that keep it sorted use
 /// [`Blocks::insert_sorted`] and [`Blocks::find_mut`].
+/// An empty deque is 16 bytes and allocates nothing: every queue keeps one (its requeued
+/// paged-out messages), nearly always empty.
 #[derive(Debug)]
 pub struct Blocks<T> {
-    blocks: VecDeque<VecDeque<T>>,
+    /// The blocks, in order; `None` while there are none.
+    #[allow(clippy::box_collection)]
+    blocks: Option<Box<VecDeque<VecDeque<T>>>>,
     len: usize,
 }
 
 impl<T> Default for Blocks<T> {
     fn default() -> Self {
         Blocks {
-            blocks: VecDeque::new(),
+            blocks: None,
             len: 0,
         }
     }
@@ -39,31 +43,41 @@ impl<T> Blocks<T> {
         self.len == 0
     }
 
+    /// The blocks, in order (none when empty).
+    fn list(&self) -> impl DoubleEndedIterator<Item = &VecDeque<T>> {
+        self.blocks.iter().flat_map(|l| l.iter())
+    }
+
     /// The first entry.
     pub fn front(&self) -> Option<&T> {
-        self.blocks.front().and_then(VecDeque::front)
+        self.list().next().and_then(VecDeque::front)
     }
 
     /// The last entry.
     pub fn back(&self) -> Option<&T> {
-        self.blocks.back().and_then(VecDeque::back)
+        self.list().next_back().and_then(VecDeque::back)
     }
 
     /// Appends at the back.
     pub fn push_back(&mut self, v: T) {
-        if self.blocks.back().is_none_or(|b| b.len() >= BLOCK) {
-            self.blocks.push_back(VecDeque::with_capacity(BLOCK));
+        let list = self.blocks.get_or_insert_with(Default::default);
+        if list.back().is_none_or(|b| b.len() >= BLOCK) {
+            list.push_back(VecDeque::with_capacity(BLOCK));
         }
-        self.blocks.back_mut().expect("pushed above").push_back(v);
+        list.back_mut().expect("pushed above").push_back(v);
         self.len += 1;
     }
 
     /// Takes the first entry.
     pub fn pop_front(&mut self) -> Option<T> {
-        let first = self.blocks.front_mut()?;
+        let list = self.blocks.as_mut()?;
+        let first = list.front_mut()?;
         let v = first.pop_front();
         if first.is_empty() {
-            self.blocks.pop_front();
+            list.pop_front();
+            if list.is_empty() {
+                self.blocks = None;
+            }
         }
         if v.is_some() {
             self.len -= 1;
@@ -79,45 +93,45 @@ impl<T> Blocks<T> {
             return self.push_back(v);
         }
         // The last block whose first entry is not after `v` (or the first block).
-        let b = self
-            .blocks
+        let list = self.blocks.as_mut().expect("not empty: it has a back");
+        let b = list
             .partition_point(|blk| blk.front().is_some_and(|f| key(f) <= k))
             .saturating_sub(1);
-        let block = &mut self.blocks[b];
+        let block = &mut list[b];
         let at = block.partition_point(|x| key(x) <= k);
         block.insert(at, v);
         if block.len() > BLOCK {
             let tail = block.split_off(BLOCK / 2);
-            self.blocks.insert(b + 1, tail);
+            list.insert(b + 1, tail);
         }
         self.len += 1;
     }
 
     /// The entry whose key is `k`, in a deque sorted by `key` with distinct keys.
     pub fn find<K: Ord>(&self, k: &K, key: impl Fn(&T) -> K) -> Option<&T> {
-        let b = self
-            .blocks
+        let list = self.blocks.as_ref()?;
+        let b = list
             .partition_point(|blk| blk.front().is_some_and(|f| key(f) <= *k))
             .checked_sub(1)?;
-        let block = &self.blocks[b];
+        let block = &list[b];
         let at = block.partition_point(|x| key(x) < *k);
         block.get(at).filter(|x| key(x) == *k)
     }
 
     /// [`Blocks::find`], mutably.
     pub fn find_mut<K: Ord>(&mut self, k: &K, key: impl Fn(&T) -> K) -> Option<&mut T> {
-        let b = self
-            .blocks
+        let list = self.blocks.as_mut()?;
+        let b = list
             .partition_point(|blk| blk.front().is_some_and(|f| key(f) <= *k))
             .checked_sub(1)?;
-        let block = &mut self.blocks[b];
+        let block = &mut list[b];
         let at = block.partition_point(|x| key(x) < *k);
         block.get_mut(at).filter(|x| key(x) == *k)
     }
 
     /// The entry at `index` (0: the front). Walks the blocks: O(len / [`BLOCK`]).
     pub fn get(&self, mut index: usize) -> Option<&T> {
-        for b in &self.blocks {
+        for b in self.list() {
             if index < b.len() {
                 return b.get(index);
             }
@@ -129,31 +143,34 @@ impl<T> Blocks<T> {
     /// The number of leading entries `pred` accepts, in a deque where it accepts a prefix
     /// (as `slice::partition_point`). O(len / [`BLOCK`] + log len).
     pub fn partition_point(&self, pred: impl Fn(&T) -> bool) -> usize {
-        let whole = self
-            .blocks
-            .partition_point(|blk| blk.back().is_some_and(&pred));
-        let before: usize = self.blocks.iter().take(whole).map(VecDeque::len).sum();
-        before
-            + self
-                .blocks
-                .get(whole)
-                .map_or(0, |blk| blk.partition_point(&pred))
+        let Some(list) = &self.blocks else {
+            return 0;
+        };
+        let whole = list.partition_point(|blk| blk.back().is_some_and(&pred));
+        let before: usize = list.iter().take(whole).map(VecDeque::len).sum();
+        before + list.get(whole).map_or(0, |blk| blk.partition_point(&pred))
     }
 
     /// Entries in order, mutably.
     pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut T> {
-        self.blocks.iter_mut().flat_map(|b| b.iter_mut())
+        self.blocks
+            .iter_mut()
+            .flat_map(|l| l.iter_mut())
+            .flat_map(|b| b.iter_mut())
     }
 
     /// Entries in order.
     pub fn iter(&self) -> impl Iterator<Item = &T> {
-        self.blocks.iter().flat_map(|b| b.iter())
+        self.list().flat_map(|b| b.iter())
     }
 
     /// Keeps the entries `f` accepts; blocks left small are merged with their neighbour.
     pub fn retain(&mut self, mut f: impl FnMut(&T) -> bool) {
         let mut out: VecDeque<VecDeque<T>> = VecDeque::new();
-        for mut block in std::mem::take(&mut self.blocks) {
+        for mut block in std::mem::take(&mut self.blocks)
+            .into_iter()
+            .flat_map(|l| *l)
+        {
             block.retain(&mut f);
             match out.back_mut() {
                 Some(last) if last.len() + block.len() <= BLOCK => last.extend(block),
@@ -165,13 +182,16 @@ impl<T> Blocks<T> {
             }
         }
         self.len = out.iter().map(VecDeque::len).sum();
-        self.blocks = out;
+        self.blocks = (!out.is_empty()).then(|| Box::new(out));
     }
 
     /// Takes every entry, in order.
     pub fn drain(&mut self) -> impl Iterator<Item = T> {
         self.len = 0;
-        std::mem::take(&mut self.blocks).into_iter().flatten()
+        std::mem::take(&mut self.blocks)
+            .into_iter()
+            .flat_map(|l| *l)
+            .flatten()
     }
 }
 
@@ -220,10 +240,15 @@ mod tests {
         for i in 0..100_000u64 {
             b.push_back(i);
         }
-        assert_eq!(b.blocks.len(), 100_000usize.div_ceil(BLOCK));
+        assert_eq!(b.list().count(), 100_000usize.div_ceil(BLOCK));
         while b.len() > 10 {
             b.pop_front();
         }
-        assert_eq!(b.blocks.len(), 1);
+        assert_eq!(b.list().count(), 1);
+        while b.pop_front().is_some() {}
+        assert!(b.blocks.is_none(), "an emptied deque keeps no allocation");
+        b.push_back(1);
+        b.retain(|_| false);
+        assert!(b.blocks.is_none() && b.is_empty());
     }
 }

@@ -14,6 +14,7 @@ use crate::headers::{self, MatchMode};
 use crate::topic::TopicTrie;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
+use std::sync::Arc;
 use warren_amqp::table::FieldTable;
 
 /// The four exchange types of AMQP 0-9-1 (section 3.1.3), and RabbitMQ's delayed-message
@@ -58,13 +59,14 @@ impl ExchangeKind {
 }
 
 /// What a binding points at: a queue, or another exchange (RabbitMQ's exchange-to-exchange
-/// bindings extension).
+/// bindings extension). The name is shared: a vhost's bindings to a queue hold the queue's
+/// own name (see `QueueBackend::shared_name`), so that a binding costs no copy of it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Destination {
     /// A queue, by name.
-    Queue(String),
+    Queue(Arc<str>),
     /// An exchange, by name.
-    Exchange(String),
+    Exchange(Arc<str>),
 }
 
 impl Destination {
@@ -73,6 +75,11 @@ impl Destination {
         match self {
             Destination::Queue(n) | Destination::Exchange(n) => n,
         }
+    }
+
+    /// True for the default exchange (the empty name), which takes no bindings.
+    pub fn is_default_exchange(&self) -> bool {
+        matches!(self, Destination::Exchange(x) if x.is_empty())
     }
 }
 

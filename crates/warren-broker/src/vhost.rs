@@ -53,8 +53,8 @@ pub(crate) use topology::{Removed, Undo};
 
 /// A virtual host.
 pub struct VHost {
-    /// The vhost's name (`/` by default).
-    pub name: String,
+    /// The vhost's name (`/` by default); its queues share this copy.
+    pub name: Arc<str>,
     topology: RwLock<Topology>,
     persist: Option<Arc<Persistence>>,
     ids: Arc<AtomicU64>,
@@ -125,7 +125,7 @@ impl VHost {
             );
         }
         VHost {
-            name: name.to_string(),
+            name: name.into(),
             topology: RwLock::new(topo),
             persist: None,
             ids: Arc::new(AtomicU64::new(1)),

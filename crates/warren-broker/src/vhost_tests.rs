@@ -1218,3 +1218,49 @@ fn the_snapshot_is_the_durable_definitions_as_one_encoded_table() {
     assert_eq!(queues, ["a", "b"]);
     assert_eq!(w.queue("a", 1).unwrap().args().max_length, Some(2));
 }
+
+#[test]
+fn bindings_share_the_name_of_their_queue() {
+    let v = VHost::new("/");
+    v.declare_exchange(&xd("t", "topic", &[])).unwrap();
+    v.declare_exchange(&xd("d", "direct", &[])).unwrap();
+    let q = v.declare_queue(&qd("user.42"), 1).unwrap().0;
+    let name = q.shared_name();
+    // The queue and the vhost's key for it.
+    assert_eq!(Arc::strong_count(&name), 3);
+    // queue.bind names the queue with a name of its own; the binding keeps the queue's.
+    bind_q(&v, "t", "user.42", "user.42.#");
+    let bound_to = |x: &str| {
+        v.exchange_snapshots()
+            .into_iter()
+            .find(|s| s.name == x)
+            .unwrap()
+            .bindings
+            .into_iter()
+            .map(|b| b.destination)
+            .collect::<Vec<_>>()
+    };
+    match &bound_to("t")[..] {
+        [Destination::Queue(n)] => assert!(Arc::ptr_eq(n, &name)),
+        other => panic!("{other:?}"),
+    }
+    // The binding and the topic trie's value: no copy of the name anywhere.
+    assert_eq!(Arc::strong_count(&name), 5);
+    // Replaying the definitions log shares it too.
+    let add = TopologyCommand::AddBinding {
+        source: "d".into(),
+        binding: Binding {
+            destination: Destination::Queue("user.42".into()),
+            routing_key: "k".into(),
+            arguments: FieldTable::new(),
+        },
+    };
+    v.apply(&mut v.topology.write(), &add);
+    match &bound_to("d")[..] {
+        [Destination::Queue(n)] => assert!(Arc::ptr_eq(n, &name)),
+        other => panic!("{other:?}"),
+    }
+    // Routing still finds the queue by name.
+    publish_with(&v, "d", "k", FieldTable::new(), b"m");
+    assert_eq!(q.counts().ready, 1);
+}

@@ -295,8 +295,8 @@ impl QueueKind for Recording {
     }
     fn build(&self, spec: QueueSpec) -> Arc<Queue> {
         let q = Arc::new(RecordingQueue {
-            name: spec.name,
-            vhost: spec.vhost,
+            name: spec.name.to_string(),
+            vhost: spec.vhost.to_string(),
             durable: spec.durable,
             exclusive_owner: spec.exclusive_owner,
             auto_delete: spec.auto_delete,

@@ -775,8 +775,8 @@ impl Backend {
         };
         for v in self.vhost_list(None) {
             let mut vs = VhostSample {
-                name: v.name.clone(),
-                stats: per_vhost.get(&v.name).copied().unwrap_or_default(),
+                name: v.name.to_string(),
+                stats: per_vhost.get(&*v.name).copied().unwrap_or_default(),
                 ..VhostSample::default()
             };
             for q in v.used_queues() {
@@ -974,10 +974,10 @@ impl Backend {
         let stats = self.broker().registry().exchange_stats();
         for v in self.vhost_list(vhost) {
             for x in v.exchange_snapshots() {
-                let stats = stats.get(&(v.name.clone(), x.name.clone())).copied();
+                let stats = stats.get(&(v.name.to_string(), x.name.clone())).copied();
                 out.push(ExchangeInfo {
                     name: x.name,
-                    vhost: v.name.clone(),
+                    vhost: v.name.to_string(),
                     kind: x.kind.as_str().to_string(),
                     durable: x.durable,
                     auto_delete: x.auto_delete,
@@ -1001,7 +1001,7 @@ impl Backend {
             for q in queues {
                 out.push(BindingInfo {
                     source: String::new(),
-                    vhost: v.name.clone(),
+                    vhost: v.name.to_string(),
                     destination: q.clone(),
                     destination_type: "queue",
                     routing_key: q,
@@ -1013,12 +1013,12 @@ impl Backend {
             for x in xs {
                 for b in &x.bindings {
                     let (destination, destination_type) = match &b.destination {
-                        Destination::Queue(q) => (q.clone(), "queue"),
-                        Destination::Exchange(e) => (e.clone(), "exchange"),
+                        Destination::Queue(q) => (q.to_string(), "queue"),
+                        Destination::Exchange(e) => (e.to_string(), "exchange"),
                     };
                     out.push(BindingInfo {
                         source: x.name.clone(),
-                        vhost: v.name.clone(),
+                        vhost: v.name.to_string(),
                         destination,
                         destination_type,
                         routing_key: b.routing_key.clone(),
@@ -1043,7 +1043,7 @@ impl Backend {
             for p in v.policies(false) {
                 let mut j = p.to_json();
                 if let Value::Object(m) = &mut j {
-                    m.insert("vhost".into(), Value::from(v.name.as_str()));
+                    m.insert("vhost".into(), Value::from(&*v.name));
                 }
                 out.push(j);
             }
@@ -1183,9 +1183,9 @@ impl Backend {
     ) -> Result<(), ApiError> {
         let v = self.vhost(vhost)?;
         let d = if to_queue {
-            Destination::Queue(destination.to_string())
+            Destination::Queue(destination.into())
         } else {
-            Destination::Exchange(destination.to_string())
+            Destination::Exchange(destination.into())
         };
         let actor = self.actor(user, vhost);
         Ops::new(self.broker(), &v, &actor)
@@ -1208,9 +1208,9 @@ impl Backend {
     ) -> Result<(), ApiError> {
         let v = self.vhost(vhost)?;
         let d = if to_queue {
-            Destination::Queue(destination.to_string())
+            Destination::Queue(destination.into())
         } else {
-            Destination::Exchange(destination.to_string())
+            Destination::Exchange(destination.into())
         };
         let actor = self.actor(user, vhost);
         Ops::new(self.broker(), &v, &actor)

@@ -292,8 +292,8 @@ impl QuorumQueue {
         let q = Arc::new_cyclic(|myself| QuorumQueue {
             myself: myself.clone(),
             stop: tokio::sync::Notify::new(),
-            name: spec.name,
-            vhost: spec.vhost,
+            name: spec.name.to_string(),
+            vhost: spec.vhost.to_string(),
             key,
             overflow_declared: spec.arguments.contains_key("x-overflow"),
             arguments: spec.arguments,

@@ -352,7 +352,7 @@ impl Channel {
             Method::ExchangeBind(m) => {
                 ctx.ops().bind(
                     &m.source,
-                    Destination::Exchange(m.destination),
+                    Destination::Exchange(m.destination.into()),
                     &m.routing_key,
                     &m.arguments,
                 )?;
@@ -364,7 +364,7 @@ impl Channel {
             Method::ExchangeUnbind(m) => {
                 ctx.ops().unbind(
                     &m.source,
-                    Destination::Exchange(m.destination),
+                    Destination::Exchange(m.destination.into()),
                     &m.routing_key,
                     &m.arguments,
                 )?;
@@ -377,7 +377,7 @@ impl Channel {
             Method::QueueBind(m) => {
                 ctx.ops().bind(
                     &m.exchange,
-                    Destination::Queue(m.queue),
+                    Destination::Queue(m.queue.into()),
                     &m.routing_key,
                     &m.arguments,
                 )?;
@@ -389,7 +389,7 @@ impl Channel {
             Method::QueueUnbind(m) => {
                 ctx.ops().unbind(
                     &m.exchange,
-                    Destination::Queue(m.queue),
+                    Destination::Queue(m.queue.into()),
                     &m.routing_key,
                     &m.arguments,
                 )?;

@@ -364,7 +364,7 @@ async fn run<R, W>(
             .user(&user)
             .map(|u| u.tags.clone())
             .unwrap_or_default(),
-        vhost.name.as_str(),
+        vhost.name.clone(),
         id,
         Some(peer),
     ));
@@ -378,7 +378,7 @@ async fn run<R, W>(
             peer,
             local,
             user,
-            vhost: vhost.name.clone(),
+            vhost: vhost.name.to_string(),
             protocol: "AMQP 0-9-1",
             tls: security.tls.is_some(),
             auth_mechanism: mechanism,

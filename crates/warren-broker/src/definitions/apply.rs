@@ -211,8 +211,10 @@ impl Broker {
                     return Ok(());
                 }
                 let destination = match b.destination_type {
-                    DestinationType::Queue => Destination::Queue(b.destination.clone()),
-                    DestinationType::Exchange => Destination::Exchange(b.destination.clone()),
+                    DestinationType::Queue => Destination::Queue(b.destination.as_str().into()),
+                    DestinationType::Exchange => {
+                        Destination::Exchange(b.destination.as_str().into())
+                    }
                 };
                 vh.bind(
                     &b.source,

@@ -116,7 +116,7 @@ pub struct Ops<'a> {
 impl<'a> Ops<'a> {
     /// `actor`'s operations on `vhost` of `broker` (`vhost` is the actor's vhost).
     pub fn new(broker: &'a Broker, vhost: &'a Arc<VHost>, actor: &'a Actor) -> Self {
-        debug_assert_eq!(&*actor.vhost, vhost.name.as_str());
+        debug_assert_eq!(&*actor.vhost, &*vhost.name);
         Ops {
             broker,
             vhost,

@@ -50,6 +50,13 @@ pub trait QueueBackend: Send + Sync + std::fmt::Debug {
     /// The queue's name (queue.declare's `queue`).
     fn name(&self) -> &str;
 
+    /// The queue's name as one shared allocation: the vhost keys the queue by it and its
+    /// bindings name the queue with it, so that 100,000 queues keep their names once. The
+    /// default makes a copy; a queue that keeps its name in an `Arc<str>` returns that.
+    fn shared_name(&self) -> Arc<str> {
+        Arc::from(self.name())
+    }
+
     /// Name of the vhost the queue lives in.
     fn vhost(&self) -> &str;
 
@@ -390,10 +397,10 @@ impl dyn QueueBackend {
 /// What a vhost gives a queue it creates: its clock, its dead-letter sink and (with a data
 /// directory) the store to page to.
 pub struct QueueSpec {
-    /// Queue name.
-    pub name: String,
-    /// The vhost's name.
-    pub vhost: String,
+    /// Queue name: the queue keeps this allocation (see [`QueueBackend::shared_name`]).
+    pub name: Arc<str>,
+    /// The vhost's name, shared by its queues.
+    pub vhost: Arc<str>,
     /// queue.declare's `durable` (already false for an exclusive queue).
     pub durable: bool,
     /// The owning connection of an exclusive queue.

@@ -9,6 +9,9 @@ impl QueueBackend for ClassicQueue {
     fn name(&self) -> &str {
         ClassicQueue::name(self)
     }
+    fn shared_name(&self) -> Arc<str> {
+        self.name.clone()
+    }
     fn vhost(&self) -> &str {
         ClassicQueue::vhost(self)
     }

@@ -23,11 +23,12 @@ impl VHost {
         arguments: &FieldTable,
         connection_id: u64,
     ) -> Result<()> {
-        if source.is_empty() || destination == Destination::Exchange(String::new()) {
+        if source.is_empty() || destination.is_default_exchange() {
             return Err(default_exchange_refused());
         }
         let mut topo = self.topology.write();
         self.check_destination(&topo, &destination, connection_id)?;
+        let destination = topo.shared(destination);
         let x = topo
             .exchanges
             .get(source)
@@ -95,7 +96,7 @@ impl VHost {
         arguments: &FieldTable,
         connection_id: u64,
     ) -> Result<()> {
-        if source.is_empty() || destination == Destination::Exchange(String::new()) {
+        if source.is_empty() || destination.is_default_exchange() {
             return Err(default_exchange_refused());
         }
         let mut topo = self.topology.write();
@@ -107,8 +108,8 @@ impl VHost {
         // As in RabbitMQ, unbinding is idempotent: a missing source, destination or binding
         // is not an error, and exclusivity is only checked for a binding that exists.
         let dest_exists = match &destination {
-            Destination::Queue(q) => topo.queues.contains_key(q),
-            Destination::Exchange(x) => topo.exchanges.contains_key(x),
+            Destination::Queue(q) => topo.queues.contains_key(&**q),
+            Destination::Exchange(x) => topo.exchanges.contains_key(&**x),
         };
         let exists = dest_exists
             && topo
@@ -155,10 +156,10 @@ impl VHost {
         match destination {
             Destination::Queue(q) => topo
                 .queues
-                .get(q)
+                .get(&**q)
                 .ok_or_else(|| self.no_queue(q))?
                 .check_exclusive(connection_id),
-            Destination::Exchange(x) if topo.exchanges.contains_key(x) => Ok(()),
+            Destination::Exchange(x) if topo.exchanges.contains_key(&**x) => Ok(()),
             Destination::Exchange(x) => Err(self.no_exchange(x)),
         }
     }

@@ -213,7 +213,7 @@ impl TopologyCommand {
     pub fn from_entry(op: &str, t: &FieldTable) -> std::result::Result<Self, String> {
         let name = || get_str(t, "name").to_string();
         let binding = || {
-            let dest = get_str(t, "destination").to_string();
+            let dest: Arc<str> = get_str(t, "destination").into();
             Binding {
                 destination: if get_str(t, "destination_type") == "exchange" {
                     Destination::Exchange(dest)
@@ -844,16 +844,20 @@ impl VHost {
             } => {
                 // Removed later in the replay: not built (see `expect_removes`).
                 let removed_later = self.replay_removes.lock().get(name).is_some_and(|n| *n > 0);
-                if !removed_later && !topo.queues.contains_key(name) {
+                if !removed_later && !topo.queues.contains_key(name.as_str()) {
                     let queue =
                         self.new_queue(name.clone(), true, None, *auto_delete, arguments.clone());
                     queue.apply_policy(topo.policies.applied(name, Target::Queue(queue.kind())));
-                    topo.queues.insert(name.clone(), queue);
+                    topo.queues.insert(queue.shared_name(), queue);
                 }
             }
             TopologyCommand::AddBinding { source, binding } => {
+                let binding = Binding {
+                    destination: topo.shared(binding.destination.clone()),
+                    ..binding.clone()
+                };
                 if let Some(x) = topo.exchanges.get_mut(source) {
-                    let added = x.bind(binding.clone());
+                    let added = x.bind(binding);
                     topo.bindings += usize::from(added);
                 }
             }
@@ -869,7 +873,7 @@ impl VHost {
                 }
             }
             TopologyCommand::RemoveQueue { name } => {
-                topo.queues.remove(name);
+                topo.queues.remove(name.as_str());
                 let mut pending = self.replay_removes.lock();
                 if let Some(n) = pending.get_mut(name) {
                     *n -= 1;
@@ -896,7 +900,7 @@ impl VHost {
 /// again when its copy of the queue makes way for a stand-in (see
 /// [`VHost::hand_over_queue`]).
 pub(super) fn bindings_to(topo: &Topology, name: &str) -> Vec<TopologyCommand> {
-    let dest = Destination::Queue(name.to_string());
+    let dest = Destination::Queue(name.into());
     topo.exchanges
         .values()
         .flat_map(|x| {

@@ -47,7 +47,7 @@ impl VHost {
         arguments: FieldTable,
     ) -> Arc<Queue> {
         let spec = QueueSpec {
-            name,
+            name: name.into(),
             vhost: self.name.clone(),
             durable,
             exclusive_owner,
@@ -168,7 +168,7 @@ impl VHost {
     ) -> Result<(Arc<Queue>, QueueCounts)> {
         // As in RabbitMQ, the arguments of an existing queue are only compared (an invalid
         // value is reported as inequivalent); they are validated when the queue is created.
-        if let Some(q) = topo.queues.get(&name) {
+        if let Some(q) = topo.queues.get(name.as_str()) {
             if let Some(reason) = q.unavailable() {
                 return Err(BrokerError::not_found(reason));
             }
@@ -208,7 +208,7 @@ impl VHost {
             d.arguments.clone(),
         );
         q.apply_policy(topo.policies.applied(&name, Target::Queue(q.kind())));
-        topo.queues.insert(name.clone(), q.clone());
+        topo.queues.insert(q.shared_name(), q.clone());
         if topo.queue_is_durable(&name) {
             let put = TopologyCommand::PutQueue {
                 name: name.clone(),
@@ -341,7 +341,7 @@ impl VHost {
         q.apply_policy(topo.policies.applied(q.name(), Target::Queue(q.kind())));
         // Its counts come from the node holding it.
         self.used.add(&q);
-        topo.queues.insert(q.name().to_string(), q);
+        topo.queues.insert(q.shared_name(), q);
         true
     }
 
@@ -370,16 +370,16 @@ impl VHost {
     pub fn declare_in_place_of_stand_in(&self, d: &QueueDeclare) -> Result<(Arc<Queue>, bool)> {
         let (declared, stand_in) = {
             let mut topo = self.topology.write();
-            let stand_in = match topo.queues.get(&d.name) {
-                Some(q) if q.owner_node().is_some() => topo.queues.remove(&d.name),
+            let stand_in = match topo.queues.get(d.name.as_str()) {
+                Some(q) if q.owner_node().is_some() => topo.queues.remove(d.name.as_str()),
                 _ => None,
             };
-            let existed = stand_in.is_none() && topo.queues.contains_key(&d.name);
+            let existed = stand_in.is_none() && topo.queues.contains_key(d.name.as_str());
             match self.declare_in(&mut topo, d.name.clone(), d, 0) {
                 Ok((q, _)) => ((q, !existed), stand_in),
                 Err(e) => {
                     if let Some(s) = stand_in {
-                        topo.queues.insert(d.name.clone(), s);
+                        topo.queues.insert(s.shared_name(), s);
                     }
                     return Err(e);
                 }
@@ -401,7 +401,7 @@ impl VHost {
         let name = stand_in.name().to_string();
         let old = {
             let mut topo = self.topology.write();
-            match topo.queues.get(&name) {
+            match topo.queues.get(name.as_str()) {
                 Some(q) if q.owner_node().is_none() => {}
                 _ => return false,
             }
@@ -409,7 +409,7 @@ impl VHost {
             commands.extend(super::log::bindings_to(&topo, &name));
             stand_in.apply_policy(topo.policies.applied(&name, Target::Queue(stand_in.kind())));
             self.used.add(&stand_in);
-            let old = topo.queues.insert(name, stand_in);
+            let old = topo.queues.insert(stand_in.shared_name(), stand_in);
             self.store_detached(&mut topo, commands);
             old
         };

@@ -199,12 +199,12 @@ impl Topology {
                 any = true;
                 match d {
                     Destination::Queue(name) => {
-                        if let Some(q) = self.queues.get(name) {
+                        if let Some(q) = self.queues.get(&**name) {
                             out.add_queue(q);
                         }
                     }
                     Destination::Exchange(name) => {
-                        if let Some(e) = self.exchanges.get(name) {
+                        if let Some(e) = self.exchanges.get(&**name) {
                             if seen.insert(&e.name) {
                                 work.push(e);
                             }

@@ -12,7 +12,8 @@ use std::sync::Arc;
 #[derive(Default)]
 pub(super) struct Topology {
     pub(super) exchanges: HashMap<String, Exchange>,
-    pub(super) queues: HashMap<String, Arc<Queue>>,
+    /// Keyed by each queue's [`crate::QueueBackend::shared_name`].
+    pub(super) queues: HashMap<Arc<str>, Arc<Queue>>,
     /// Bindings of all exchanges, for the binding limit.
     pub(super) bindings: usize,
     /// Policies and operator policies.
@@ -24,6 +25,18 @@ impl Topology {
         self.queues
             .get(name)
             .is_some_and(|q| q.durable() && q.exclusive_owner().is_none())
+    }
+
+    /// `d` naming its queue with the name the queue is kept under, when the queue exists:
+    /// every binding to a queue then shares the queue's one copy of its name.
+    pub(super) fn shared(&self, d: Destination) -> Destination {
+        match d {
+            Destination::Queue(q) => match self.queues.get_key_value(&*q) {
+                Some((name, _)) => Destination::Queue(name.clone()),
+                None => Destination::Queue(q),
+            },
+            x => x,
+        }
     }
 
     pub(super) fn exchange_is_durable(&self, name: &str) -> bool {
@@ -45,7 +58,7 @@ impl Topology {
             undo.durable |= x.durable;
             undo.steps.push(Removed::Exchange(x));
         }
-        self.unbind_everywhere(&Destination::Exchange(name.to_string()), undo);
+        self.unbind_everywhere(&Destination::Exchange(name.into()), undo);
     }
 
     /// Removes a queue and its bindings, and then any auto-delete exchange left without
@@ -55,7 +68,7 @@ impl Topology {
             undo.durable |= q.durable() && q.exclusive_owner().is_none();
             undo.steps.push(Removed::Queue(q));
         }
-        self.unbind_everywhere(&Destination::Queue(name.to_string()), undo);
+        self.unbind_everywhere(&Destination::Queue(name.into()), undo);
     }
 
     /// Removes every binding to `dest` (removed destinations were recorded as durable when
@@ -116,7 +129,7 @@ impl Topology {
                 }
                 Removed::Queue(q) => {
                     q.apply_policy(self.policies.applied(q.name(), Target::Queue(q.kind())));
-                    self.queues.insert(q.name().to_string(), q);
+                    self.queues.insert(q.shared_name(), q);
                 }
                 Removed::Policy {
                     operator,
