@@ -13,6 +13,7 @@ pub const BLOCK: usize = 512;
 
 /// A deque of `T` in blocks of [`BLOCK`]. Callers that keep it sorted use
 /// [`Blocks::insert_sorted`] and [`Blocks::find_mut`].
+///
 /// An empty deque is 16 bytes and allocates nothing: every queue keeps one (its requeued
 /// paged-out messages), nearly always empty.
 #[derive(Debug)]

@@ -742,7 +742,6 @@ impl ClassicQueue {
     }
 }
 
-/// The [`crate::policy::Applied`] of a queue no policy applies to, shared by all of them.
 /// The parsed arguments of a queue declared without any: one copy that all such queues share
 /// (most queues; 150 bytes each otherwise).
 fn no_arguments() -> Arc<QueueArgs> {
@@ -750,6 +749,7 @@ fn no_arguments() -> Arc<QueueArgs> {
     NONE.clone()
 }
 
+/// The [`crate::policy::Applied`] of a queue no policy applies to, shared by all of them.
 fn no_policy() -> Arc<crate::policy::Applied> {
     static NONE: std::sync::LazyLock<Arc<crate::policy::Applied>> =
         std::sync::LazyLock::new(Arc::default);

@@ -1085,6 +1085,53 @@ fn the_sweep_visits_only_queues_with_something_to_sweep() {
 }
 
 #[test]
+fn the_full_sweep_pass_visits_queues_that_held_messages_not_idle_ones() {
+    let (_clock, v) = clocked();
+    for i in 0..100 {
+        declare_with(&v, &format!("idle{i}"), &[]);
+    }
+    declare_with(&v, "exp", &[("x-expires", FieldValue::I32(60_000))]);
+    declare_with(&v, "used", &[]);
+    send(&v, "used", b"a");
+    v.sweep();
+    let names = |full| {
+        let mut n: Vec<String> = v
+            .sweep_targets(full)
+            .iter()
+            .map(|q| q.name().to_string())
+            .collect();
+        n.sort();
+        n
+    };
+    assert_eq!(names(false), ["exp"]);
+    assert_eq!(names(true), ["exp", "used"]);
+    // A queue in both is visited once.
+    declare_with(&v, "both", &[("x-message-ttl", FieldValue::I32(1000))]);
+    send(&v, "both", b"b");
+    assert_eq!(names(true), ["both", "exp", "used"]);
+}
+
+#[test]
+fn a_policy_replayed_or_replicated_brings_idle_queues_into_the_sweep() {
+    let (clock, v) = clocked();
+    for i in 0..3 {
+        declare_with(&v, &format!("idle{i}"), &[]);
+    }
+    v.sweep();
+    assert_eq!(v.swept_queues(), 0);
+    // The path of a policy set on another node of a cluster, or read from the log.
+    let put = TopologyCommand::PutPolicy {
+        operator: false,
+        policy: policy("gone", "^idle", serde_json::json!({"expires": 100})),
+    };
+    v.apply(&mut v.topology.write(), &put);
+    assert_eq!(v.swept_queues(), 3);
+    clock.advance(100);
+    v.sweep();
+    assert!(v.queue("idle1", 1).is_err(), "expired under the policy");
+}
+
+#[test]
 fn used_queues_are_those_that_held_a_message() {
     let (_clock, v) = clocked();
     for i in 0..100 {

@@ -441,7 +441,7 @@ impl VHost {
             return Ok(());
         }
         let refuse = |topo: &mut Topology, undo: Undo, e: &dyn std::fmt::Display| {
-            topo.rollback(undo);
+            topo.rollback(undo, &self.sweeps);
             Err(not_stored(&what, e))
         };
         if p.released() {
@@ -470,7 +470,7 @@ impl VHost {
                             Ok(()) => sink.settled(Ok(())),
                             Err(e) => {
                                 if let Some(v) = vhost.upgrade() {
-                                    v.topology.write().rollback(undo);
+                                    v.topology.write().rollback(undo, &v.sweeps);
                                     v.mark_dirty(&std::io::Error::other(e.clone()));
                                 }
                                 sink.settled(Err(not_stored(&what, &e)));
@@ -847,7 +847,11 @@ impl VHost {
                 if !removed_later && !topo.queues.contains_key(name.as_str()) {
                     let queue =
                         self.new_queue(name.clone(), true, None, *auto_delete, arguments.clone());
-                    queue.apply_policy(topo.policies.applied(name, Target::Queue(queue.kind())));
+                    if queue.apply_policy(topo.policies.applied(name, Target::Queue(queue.kind())))
+                    {
+                        // After the policy: a sweep may have dropped the new queue meanwhile.
+                        self.sweeps.add(&queue);
+                    }
                     topo.queues.insert(queue.shared_name(), queue);
                 }
             }
@@ -886,11 +890,11 @@ impl VHost {
                 topo.policies
                     .of_mut(*operator)
                     .insert(policy.name.clone(), policy.clone());
-                topo.reapply_policies();
+                topo.reapply_policies(&self.sweeps);
             }
             TopologyCommand::RemovePolicy { operator, name } => {
                 topo.policies.of_mut(*operator).remove(name);
-                topo.reapply_policies();
+                topo.reapply_policies(&self.sweeps);
             }
         }
     }

@@ -9,11 +9,14 @@ use crate::policy::{Applied, Policy, Target};
 
 impl Topology {
     /// Applies the policies to every queue and exchange again; returns the queues whose
-    /// settings changed (their limits are enforced by the caller, outside the topology lock).
-    pub(super) fn reapply_policies(&mut self) -> Vec<Arc<Queue>> {
+    /// settings changed (their limits are enforced by the caller, outside the topology
+    /// lock). Each of those joins `sweeps`: a policy may have given it a TTL or an
+    /// `x-expires`, and a queue that never held a message is visited only through the set.
+    pub(super) fn reapply_policies(&mut self, sweeps: &SweepSet) -> Vec<Arc<Queue>> {
         let mut changed = Vec::new();
         for q in self.queues.values() {
             if q.apply_policy(self.policies.applied(q.name(), Target::Queue(q.kind()))) {
+                sweeps.add(q);
                 changed.push(q.clone());
             }
         }
@@ -36,7 +39,7 @@ impl VHost {
             .policies
             .of_mut(operator)
             .insert(name.clone(), policy.clone());
-        let changed = topo.reapply_policies();
+        let changed = topo.reapply_policies(&self.sweeps);
         let undo = Undo::added(Removed::Policy {
             operator,
             name: name.clone(),
@@ -47,8 +50,6 @@ impl VHost {
         let saved = self.save(&mut topo, vec![command], undo, what);
         drop(topo);
         for q in changed {
-            // A TTL or x-expires may apply now.
-            self.sweeps.add(&q);
             q.enforce_limits();
         }
         saved
@@ -63,7 +64,7 @@ impl VHost {
         let Some(previous) = topo.policies.of_mut(operator).remove(name) else {
             return Ok(false);
         };
-        let changed = topo.reapply_policies();
+        let changed = topo.reapply_policies(&self.sweeps);
         let undo = Undo::added(Removed::Policy {
             operator,
             name: name.to_string(),
@@ -77,8 +78,6 @@ impl VHost {
         self.save(&mut topo, vec![command], undo, what)?;
         drop(topo);
         for q in changed {
-            // A TTL or x-expires may apply now.
-            self.sweeps.add(&q);
             q.enforce_limits();
         }
         Ok(true)

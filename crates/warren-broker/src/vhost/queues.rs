@@ -207,7 +207,10 @@ impl VHost {
             d.auto_delete,
             d.arguments.clone(),
         );
-        q.apply_policy(topo.policies.applied(&name, Target::Queue(q.kind())));
+        if q.apply_policy(topo.policies.applied(&name, Target::Queue(q.kind()))) {
+            // After the policy: a sweep may have dropped the new queue meanwhile.
+            self.sweeps.add(&q);
+        }
         topo.queues.insert(q.shared_name(), q.clone());
         if topo.queue_is_durable(&name) {
             let put = TopologyCommand::PutQueue {

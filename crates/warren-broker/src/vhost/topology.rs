@@ -5,14 +5,15 @@ use crate::error::BrokerError;
 
 use crate::exchange::{Binding, Destination, Exchange};
 use crate::policy::Target;
-use crate::queue::Queue;
+use crate::queue::{Queue, SweepSet};
 use std::collections::HashMap;
 use std::sync::Arc;
 
 #[derive(Default)]
 pub(super) struct Topology {
     pub(super) exchanges: HashMap<String, Exchange>,
-    /// Keyed by each queue's [`crate::QueueBackend::shared_name`].
+    /// Keyed by the queue's name: its [`crate::QueueBackend::shared_name`] when it was
+    /// inserted (a queue that replaces another of the same name keeps the old key).
     pub(super) queues: HashMap<Arc<str>, Arc<Queue>>,
     /// Bindings of all exchanges, for the binding limit.
     pub(super) bindings: usize,
@@ -64,11 +65,15 @@ impl Topology {
     /// Removes a queue and its bindings, and then any auto-delete exchange left without
     /// bindings; records each removal in `undo`.
     pub(super) fn remove_queue(&mut self, name: &str, undo: &mut Undo) {
-        if let Some(q) = self.queues.remove(name) {
-            undo.durable |= q.durable() && q.exclusive_owner().is_none();
-            undo.steps.push(Removed::Queue(q));
-        }
-        self.unbind_everywhere(&Destination::Queue(name.into()), undo);
+        let name = match self.queues.remove_entry(name) {
+            Some((key, q)) => {
+                undo.durable |= q.durable() && q.exclusive_owner().is_none();
+                undo.steps.push(Removed::Queue(q));
+                key
+            }
+            None => name.into(),
+        };
+        self.unbind_everywhere(&Destination::Queue(name), undo);
     }
 
     /// Removes every binding to `dest` (removed destinations were recorded as durable when
@@ -93,8 +98,9 @@ impl Topology {
         }
     }
 
-    /// Puts back what a change removed, newest first (the change could not be stored).
-    pub(super) fn rollback(&mut self, undo: Undo) {
+    /// Puts back what a change removed, newest first (the change could not be stored). A
+    /// queue whose settings change back joins `sweeps` (see [`Topology::reapply_policies`]).
+    pub(super) fn rollback(&mut self, undo: Undo, sweeps: &SweepSet) {
         for step in undo.steps.into_iter().rev() {
             match step {
                 Removed::AddedExchange(name) => {
@@ -128,7 +134,9 @@ impl Topology {
                     }
                 }
                 Removed::Queue(q) => {
-                    q.apply_policy(self.policies.applied(q.name(), Target::Queue(q.kind())));
+                    if q.apply_policy(self.policies.applied(q.name(), Target::Queue(q.kind()))) {
+                        sweeps.add(&q);
+                    }
                     self.queues.insert(q.shared_name(), q);
                 }
                 Removed::Policy {
@@ -141,7 +149,7 @@ impl Topology {
                         Some(p) => list.insert(name, p),
                         None => list.remove(&name),
                     };
-                    self.reapply_policies();
+                    self.reapply_policies(sweeps);
                 }
             }
         }
