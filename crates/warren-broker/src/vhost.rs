@@ -236,10 +236,10 @@ impl VHost {
         self.retry_save();
         self.release_delayed();
         let round = self.sweep_rounds.fetch_add(1, Ordering::Relaxed) + 1;
-        let queues = if round % (FULL_SWEEP_EVERY * ALL_QUEUES_EVERY) == 0 {
+        let queues = if round.is_multiple_of(FULL_SWEEP_EVERY * ALL_QUEUES_EVERY) {
             self.queues()
         } else {
-            self.sweep_targets(round % FULL_SWEEP_EVERY == 0)
+            self.sweep_targets(round.is_multiple_of(FULL_SWEEP_EVERY))
         };
         for q in queues {
             if q.sweep() {
