@@ -175,8 +175,8 @@ struct Proposals {
 
 /// A quorum queue (`x-queue-type: quorum`).
 pub struct QuorumQueue {
-    name: String,
-    vhost: String,
+    name: Arc<str>,
+    vhost: Arc<str>,
     key: String,
     arguments: FieldTable,
     declared: QueueArgs,
@@ -292,8 +292,8 @@ impl QuorumQueue {
         let q = Arc::new_cyclic(|myself| QuorumQueue {
             myself: myself.clone(),
             stop: tokio::sync::Notify::new(),
-            name: spec.name.to_string(),
-            vhost: spec.vhost.to_string(),
+            name: spec.name,
+            vhost: spec.vhost,
             key,
             overflow_declared: spec.arguments.contains_key("x-overflow"),
             arguments: spec.arguments,

@@ -7,6 +7,9 @@ impl QueueBackend for QuorumQueue {
     fn name(&self) -> &str {
         &self.name
     }
+    fn shared_name(&self) -> Arc<str> {
+        self.name.clone()
+    }
     fn vhost(&self) -> &str {
         &self.vhost
     }

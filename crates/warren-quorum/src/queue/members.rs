@@ -140,7 +140,7 @@ impl QuorumQueue {
             .membership()
             .voter_ids()
             .collect();
-        let (vhost, name) = (self.vhost.clone(), self.name.clone());
+        let (vhost, name) = (self.vhost.to_string(), self.name.to_string());
         if add {
             if voters.contains(&node) {
                 return Err(format!("node {node} holds a member already"));
