@@ -19,10 +19,11 @@
 //! Work and memory grow linearly with what is on disk: one pass, one map entry per live
 //! message.
 
-use crate::record::{self, Record, HEADER_LEN};
+use crate::record::{self, Record, Scanned, HEADER_LEN};
 use crate::{segment_path, Location, Moved, Seg};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::OpenOptions;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::io::{BufReader, Read};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -139,9 +140,9 @@ pub(crate) fn recover(dir: &Path) -> std::io::Result<RecoveryResult> {
 
     let mut names: Vec<String> = Vec::new();
     let mut index: HashMap<String, u32> = HashMap::new();
-    let mut msgs: HashMap<u64, Live> = HashMap::new();
+    let mut msgs: HashMap<u64, Live, BuildHasherDefault<IdHasher>> = HashMap::default();
     let mut max_id = 0u64;
-    let mut delivered_upto: HashMap<u32, u64> = HashMap::new();
+    let mut delivered_upto: HashMap<u32, u64, BuildHasherDefault<IdHasher>> = HashMap::default();
     // A priority queue's watermarks, by (queue, priority) (see `Store::delivered`).
     let mut priority_upto: HashMap<(u32, u8), u64> = HashMap::new();
     let mut segs: BTreeMap<u32, Seg> = BTreeMap::new();
@@ -178,7 +179,7 @@ pub(crate) fn recover(dir: &Path) -> std::io::Result<RecoveryResult> {
                 len: len + HEADER_LEN as u32,
             };
             offset = end;
-            let rec = match record::decode(&body, crc) {
+            let rec = match record::scan(&body, crc) {
                 Ok(r) => r,
                 Err(e) => {
                     report.corrupt_records += 1;
@@ -187,13 +188,14 @@ pub(crate) fn recover(dir: &Path) -> std::io::Result<RecoveryResult> {
                 }
             };
             report.records += 1;
-            match rec {
-                Record::Publish {
-                    message,
+            let rec = match rec {
+                Scanned::Publish {
+                    id,
                     queues,
                     transient,
+                    priority,
                 } => {
-                    max_id = max_id.max(message.id);
+                    max_id = max_id.max(id);
                     if transient || queues.is_empty() {
                         continue;
                     }
@@ -201,9 +203,8 @@ pub(crate) fn recover(dir: &Path) -> std::io::Result<RecoveryResult> {
                         .into_iter()
                         .map(|q| intern(&mut index, &mut names, q))
                         .collect();
-                    let priority = message.properties.priority.unwrap_or(0);
                     let old = msgs.insert(
-                        message.id,
+                        id,
                         Live {
                             location,
                             first: location,
@@ -213,10 +214,17 @@ pub(crate) fn recover(dir: &Path) -> std::io::Result<RecoveryResult> {
                     );
                     if let Some(old) = old {
                         superseded.insert((old.location.segment, old.location.offset));
-                        if let Some(m) = msgs.get_mut(&message.id) {
+                        if let Some(m) = msgs.get_mut(&id) {
                             m.first = old.first;
                         }
                     }
+                    continue;
+                }
+                Scanned::Other(rec) => rec,
+            };
+            match rec {
+                Record::Publish { .. } => {
+                    unreachable!("scan returns publish records as Scanned::Publish")
                 }
                 Record::Ack { id, queue, target } => {
                     max_id = max_id.max(id);
@@ -246,11 +254,11 @@ pub(crate) fn recover(dir: &Path) -> std::io::Result<RecoveryResult> {
                     // delivered.
                     let w = match crate::parse_priority_mark(&queue) {
                         Some((p, base)) => {
-                            let q = intern(&mut index, &mut names, base.to_string());
+                            let q = intern(&mut index, &mut names, base);
                             priority_upto.entry((q, p)).or_insert(0)
                         }
                         None => {
-                            let q = intern(&mut index, &mut names, queue.clone());
+                            let q = intern(&mut index, &mut names, &queue);
                             delivered_upto.entry(q).or_insert(0)
                         }
                     };
@@ -277,7 +285,8 @@ pub(crate) fn recover(dir: &Path) -> std::io::Result<RecoveryResult> {
         segs.entry(seg).or_insert_with(|| Seg::new(0)).bytes = cut_at.unwrap_or(file_len);
     }
 
-    let mut queues: HashMap<String, Vec<RecoveredEntry>> = HashMap::new();
+    // By queue index (see `intern`), named at the end.
+    let mut per_queue: Vec<Vec<RecoveredEntry>> = names.iter().map(|_| Vec::new()).collect();
     let mut moved = HashMap::new();
     for (id, m) in &msgs {
         if m.first != m.location {
@@ -301,19 +310,20 @@ pub(crate) fn recover(dir: &Path) -> std::io::Result<RecoveryResult> {
                         .get(&(*q, m.priority))
                         .is_some_and(|w| *id <= *w));
             report.messages += 1;
-            queues
-                .entry(names[*q as usize].clone())
-                .or_default()
-                .push(RecoveredEntry {
-                    id: *id,
-                    location: m.first,
-                    redelivered: delivered,
-                    priority: m.priority,
-                });
+            per_queue[*q as usize].push(RecoveredEntry {
+                id: *id,
+                location: m.first,
+                redelivered: delivered,
+                priority: m.priority,
+            });
         }
     }
-    for list in queues.values_mut() {
-        list.sort_unstable_by_key(|e| e.id);
+    let mut queues: HashMap<String, Vec<RecoveredEntry>> = HashMap::new();
+    for (name, mut list) in names.into_iter().zip(per_queue) {
+        if !list.is_empty() {
+            list.sort_unstable_by_key(|e| e.id);
+            queues.insert(name, list);
+        }
     }
     report.duration = started.elapsed();
     info!(
@@ -337,12 +347,36 @@ pub(crate) fn recover(dir: &Path) -> std::io::Result<RecoveryResult> {
     })
 }
 
-fn intern(index: &mut HashMap<String, u32>, names: &mut Vec<String>, q: String) -> u32 {
-    if let Some(i) = index.get(&q) {
+fn intern(index: &mut HashMap<String, u32>, names: &mut Vec<String>, q: &str) -> u32 {
+    if let Some(i) = index.get(q) {
         return *i;
     }
     let i = names.len() as u32;
-    names.push(q.clone());
-    index.insert(q, i);
+    names.push(q.to_string());
+    index.insert(q.to_string(), i);
     i
+}
+
+/// The hasher of the map of live messages by id, which recovery fills with every message of
+/// the store: ids are sequential numbers, so a multiply spreads them well enough, at a
+/// fraction of the default hasher's cost.
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(*b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(u64::from(n));
+    }
+    fn write_u64(&mut self, id: u64) {
+        // Fibonacci hashing: the high bits, which the map's control bytes use, vary too.
+        self.0 = id.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
 }
