@@ -242,8 +242,8 @@ pub enum Scanned<'a> {
         /// Its `priority` property, 0 when it has none.
         priority: u8,
     },
-    /// Any other record.
-    Other(Record),
+    /// Any other record (an ack or a delivered mark).
+    Other(Box<Record>),
 }
 
 /// [`decode`] for recovery, which reads every record of the store at start: a publish record
@@ -259,7 +259,7 @@ pub fn scan(body: &[u8], crc: u32) -> Result<Scanned<'_>, RecordError> {
         kind,
         Some(kind::PUBLISH | kind::TRANSIENT | kind::PUBLISH_AT | kind::TRANSIENT_AT)
     ) {
-        return decode_checked(body).map(Scanned::Other);
+        return decode_checked(body).map(|r| Scanned::Other(Box::new(r)));
     }
     let kind = kind.unwrap_or_default();
     let bad = |e: warren_amqp::error::DecodeError| RecordError::Malformed(e.to_string());
@@ -579,7 +579,7 @@ mod tests {
                     );
                     assert_eq!(message.properties.priority.unwrap_or(0), *priority);
                 }
-                (r, Scanned::Other(o)) => assert_eq!(&r, o),
+                (r, Scanned::Other(o)) => assert_eq!(&r, o.as_ref()),
                 (r, s) => panic!("{r:?} against {s:?}"),
             }
             scanned.push(format!("{s:?}"));

@@ -220,7 +220,7 @@ pub(crate) fn recover(dir: &Path) -> std::io::Result<RecoveryResult> {
                     }
                     continue;
                 }
-                Scanned::Other(rec) => rec,
+                Scanned::Other(rec) => *rec,
             };
             match rec {
                 Record::Publish { .. } => {
