@@ -18,7 +18,9 @@ use std::time::{Duration, Instant};
 
 mod binary_support;
 
-use binary_support::{declare_durable, persistent, tempdir, within, Server, WAIT};
+use binary_support::{
+    declare_durable, persistent, publish_and_confirm, tempdir, within, Server, WAIT,
+};
 
 async fn topology(ch: &Channel) {
     within(
@@ -240,19 +242,7 @@ async fn unacked_deliveries_return_redelivered_after_sigkill() {
         }
     }
     // A confirmed publish after the acks: its fsync covers the ack records written before it.
-    let pc = within(
-        "publish",
-        ch.basic_publish(
-            "".into(),
-            "marker".into(),
-            BasicPublishOptions::default(),
-            b"sync",
-            persistent(),
-        ),
-    )
-    .await
-    .unwrap();
-    assert!(within("confirm", pc).await.unwrap().is_ack());
+    publish_and_confirm(&ch, "marker", b"sync", persistent()).await;
     server.kill();
     drop(conn);
 

@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 
 mod binary_support;
 
-use binary_support::{declare_durable, persistent, tempdir, within, Server, WAIT};
+use binary_support::{
+    declare_durable, persistent, publish_and_confirm, tempdir, within, Server, WAIT,
+};
 
 /// The store's write batches (pending and being written) may take twice this: small ones
 /// keep that out of the memory measurements.
@@ -616,17 +618,8 @@ async fn a_priority_queue_flags_as_redelivered_only_what_it_delivered() {
     // 0..100 at priority 0, then 100..200 at priority 5 (4-byte decimal bodies).
     for i in 0..200u32 {
         let p = if i < 100 { 0 } else { 5 };
-        let pc = ch
-            .basic_publish(
-                "".into(),
-                "pr".into(),
-                BasicPublishOptions::default(),
-                format!("{i:04}").as_bytes(),
-                persistent().with_priority(p),
-            )
-            .await
-            .unwrap();
-        assert!(within("confirm", pc).await.unwrap().is_ack());
+        let body = format!("{i:04}");
+        publish_and_confirm(&ch, "pr", body.as_bytes(), persistent().with_priority(p)).await;
     }
     // Ten gets acked (100..110), one left unacked (110) until the broker is killed.
     for want in 100..111u32 {
@@ -650,17 +643,7 @@ async fn a_priority_queue_flags_as_redelivered_only_what_it_delivered() {
     // The store writes delivery marks ahead of the appends that follow them: once a later
     // persistent publish is confirmed, the marks are on disk.
     declare_durable(&ch, "after").await;
-    let pc = ch
-        .basic_publish(
-            "".into(),
-            "after".into(),
-            BasicPublishOptions::default(),
-            b"x",
-            persistent(),
-        )
-        .await
-        .unwrap();
-    assert!(within("confirm", pc).await.unwrap().is_ack());
+    publish_and_confirm(&ch, "after", b"x", persistent()).await;
     server.kill();
     drop(conn);
 

@@ -250,6 +250,24 @@ pub fn persistent() -> BasicProperties {
     BasicProperties::default().with_delivery_mode(2)
 }
 
+/// Publishes `body` to `queue` through the default exchange and asserts that it is confirmed
+/// (`ch` is in confirm mode): a persistent message is then on disk.
+pub async fn publish_and_confirm(ch: &Channel, queue: &str, body: &[u8], props: BasicProperties) {
+    let pc = within(
+        "basic.publish",
+        ch.basic_publish(
+            "".into(),
+            queue.into(),
+            lapin::options::BasicPublishOptions::default(),
+            body,
+            props,
+        ),
+    )
+    .await
+    .expect("basic.publish");
+    assert!(within("confirm", pc).await.expect("confirm").is_ack());
+}
+
 pub async fn declare_durable(ch: &Channel, queue: &str) {
     within(
         "queue.declare",
