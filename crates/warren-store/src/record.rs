@@ -50,7 +50,6 @@ fn read_name(d: &mut Decoder) -> Result<String, RecordError> {
 
 /// [`read_name`], borrowed from the record.
 fn read_name_ref<'a>(d: &mut Decoder<'a>) -> Result<&'a str, RecordError> {
-    let bad = |e: warren_amqp::error::DecodeError| RecordError::Malformed(e.to_string());
     let len = d.read_u16().map_err(bad)?;
     let raw = d.take(usize::from(len)).map_err(bad)?;
     std::str::from_utf8(raw).map_err(|_| RecordError::Malformed("queue name is not UTF-8".into()))
@@ -254,83 +253,102 @@ pub fn scan(body: &[u8], crc: u32) -> Result<Scanned<'_>, RecordError> {
     if crc32c::crc32c(body) != crc {
         return Err(RecordError::BadChecksum);
     }
-    let kind = body.first().copied();
-    if !matches!(
-        kind,
-        Some(kind::PUBLISH | kind::TRANSIENT | kind::PUBLISH_AT | kind::TRANSIENT_AT)
-    ) {
+    let mut d = Decoder::new(body);
+    let kind = d.read_u8().map_err(bad)?;
+    if !is_publish(kind) {
         return decode_checked(body).map(|r| Scanned::Other(Box::new(r)));
     }
-    let kind = kind.unwrap_or_default();
-    let bad = |e: warren_amqp::error::DecodeError| RecordError::Malformed(e.to_string());
-    let mut d = Decoder::new(&body[1..]);
-    let id = d.read_u64().map_err(bad)?;
-    if kind & 0x10 != 0 {
-        d.read_u64().map_err(bad)?;
-    }
-    let n = d.read_u16().map_err(bad)?;
-    let mut queues = Vec::with_capacity(usize::from(n));
-    for _ in 0..n {
-        queues.push(read_name_ref(&mut d)?);
-    }
-    for _ in 0..2 {
-        // The exchange and the routing key, checked as `decode` reads them.
-        let s = d.read_shortstr_bytes().map_err(bad)?;
-        std::str::from_utf8(s).map_err(|_| bad(warren_amqp::error::DecodeError::InvalidUtf8))?;
-    }
-    let plen = d.read_u32().map_err(bad)? as usize;
-    let praw = d.take(plen).map_err(bad)?;
-    let properties = BasicProperties::decode(praw, MAX_TABLE_DEPTH).map_err(bad)?;
-    let blen = d.read_u32().map_err(bad)? as usize;
-    d.take(blen).map_err(bad)?;
+    let p = read_publish(kind, &mut d)?;
     if !d.is_empty() {
         return Err(RecordError::Malformed("trailing bytes".into()));
     }
     Ok(Scanned::Publish {
+        id: p.id,
+        queues: p.queues,
+        transient: p.transient,
+        priority: p.properties.priority.unwrap_or(0),
+    })
+}
+
+fn bad(e: warren_amqp::error::DecodeError) -> RecordError {
+    RecordError::Malformed(e.to_string())
+}
+
+fn is_publish(kind: u8) -> bool {
+    matches!(
+        kind,
+        kind::PUBLISH | kind::TRANSIENT | kind::PUBLISH_AT | kind::TRANSIENT_AT
+    )
+}
+
+/// A publish record's fields, borrowed from the record.
+struct PublishFields<'a> {
+    id: u64,
+    enqueued_ms: Option<u64>,
+    queues: Vec<&'a str>,
+    exchange: &'a str,
+    routing_key: &'a str,
+    properties: BasicProperties,
+    body: &'a [u8],
+    transient: bool,
+}
+
+/// Reads the payload of a publish record of kind `kind` (after its type byte): every field
+/// checked, nothing copied but the properties.
+fn read_publish<'a>(kind: u8, d: &mut Decoder<'a>) -> Result<PublishFields<'a>, RecordError> {
+    let id = d.read_u64().map_err(bad)?;
+    // 0 is written for a copy of a first-format record, whose time is unknown.
+    let enqueued_ms = if kind & 0x10 != 0 {
+        Some(d.read_u64().map_err(bad)?).filter(|t| *t != 0)
+    } else {
+        None
+    };
+    let n = d.read_u16().map_err(bad)?;
+    let mut queues = Vec::with_capacity(usize::from(n));
+    for _ in 0..n {
+        queues.push(read_name_ref(d)?);
+    }
+    let mut shortstr = || -> Result<&'a str, RecordError> {
+        let s = d.read_shortstr_bytes().map_err(bad)?;
+        std::str::from_utf8(s).map_err(|_| bad(warren_amqp::error::DecodeError::InvalidUtf8))
+    };
+    let exchange = shortstr()?;
+    let routing_key = shortstr()?;
+    let plen = d.read_u32().map_err(bad)? as usize;
+    let praw = d.take(plen).map_err(bad)?;
+    let properties = BasicProperties::decode(praw, MAX_TABLE_DEPTH).map_err(bad)?;
+    let blen = d.read_u32().map_err(bad)? as usize;
+    let body = d.take(blen).map_err(bad)?;
+    Ok(PublishFields {
         id,
+        enqueued_ms,
         queues,
+        exchange,
+        routing_key,
+        properties,
+        body,
         transient: kind & !0x10 == kind::TRANSIENT,
-        priority: properties.priority.unwrap_or(0),
     })
 }
 
 /// [`decode`] after the checksum was checked.
 fn decode_checked(body: &[u8]) -> Result<Record, RecordError> {
-    let bad = |e: warren_amqp::error::DecodeError| RecordError::Malformed(e.to_string());
     let mut d = Decoder::new(body);
     let kind = d.read_u8().map_err(bad)?;
     let rec = match kind {
-        kind::PUBLISH | kind::TRANSIENT | kind::PUBLISH_AT | kind::TRANSIENT_AT => {
-            let id = d.read_u64().map_err(bad)?;
-            // 0 is written for a copy of a first-format record, whose time is unknown.
-            let enqueued_ms = if kind & 0x10 != 0 {
-                Some(d.read_u64().map_err(bad)?).filter(|t| *t != 0)
-            } else {
-                None
-            };
-            let n = d.read_u16().map_err(bad)?;
-            let mut queues = Vec::with_capacity(usize::from(n));
-            for _ in 0..n {
-                queues.push(read_name(&mut d)?);
-            }
-            let exchange = d.read_shortstr().map_err(bad)?;
-            let routing_key = d.read_shortstr().map_err(bad)?;
-            let plen = d.read_u32().map_err(bad)? as usize;
-            let praw = d.take(plen).map_err(bad)?;
-            let properties = BasicProperties::decode(praw, MAX_TABLE_DEPTH).map_err(bad)?;
-            let blen = d.read_u32().map_err(bad)? as usize;
-            let body = Bytes::copy_from_slice(d.take(blen).map_err(bad)?);
+        k if is_publish(k) => {
+            let p = read_publish(k, &mut d)?;
             Record::Publish {
                 message: StoredMessage {
-                    id,
-                    exchange,
-                    routing_key,
-                    properties,
-                    body,
-                    enqueued_ms,
+                    id: p.id,
+                    exchange: p.exchange.to_string(),
+                    routing_key: p.routing_key.to_string(),
+                    properties: p.properties,
+                    body: Bytes::copy_from_slice(p.body),
+                    enqueued_ms: p.enqueued_ms,
                 },
-                queues,
-                transient: kind & !0x10 == kind::TRANSIENT,
+                queues: p.queues.into_iter().map(str::to_string).collect(),
+                transient: p.transient,
             }
         }
         kind::ACK_AT => {
