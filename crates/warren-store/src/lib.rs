@@ -8,6 +8,13 @@
 //! Whatever arrives while an fsync runs is covered by the next one: the batch grows with load
 //! (group commit).
 //!
+//! The segment being written is kept ahead of its records with zeros, [`PREALLOCATE`] bytes at
+//! a time: a record written over zeros leaves the file's length as it was, so its `fdatasync`
+//! flushes the data alone instead of the data and then the inode (about half the latency and
+//! the kernel CPU of an `fdatasync` that extends the file). A segment is cut back to its
+//! records' length when the writer moves on to the next one and at shutdown; recovery cuts
+//! away the zeros a crash left (a zero length field is never a record's).
+//!
 //! A message routed to several durable queues is written once, with the list of queues. Each
 //! queue's settlement of it (ack, reject, purge, delete) is an `ACK` record naming where the
 //! settled record is; a paged-out transient message's release is one too. Per segment the
@@ -57,13 +64,12 @@ use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{File, OpenOptions};
-use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 use warren_amqp::properties::BasicProperties;
 
 pub use compact::CompactionStep;
@@ -940,7 +946,7 @@ impl Inner {
             match std::fs::remove_file(&path) {
                 Ok(()) => {
                     self.stats.segment_deleted(len);
-                    tracing::debug!(segment = seg, "deleted settled segment")
+                    debug!(segment = seg, "deleted settled segment")
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => warn!(segment = seg, error = %e, "cannot delete segment"),
@@ -956,6 +962,10 @@ struct OpenSegment {
     synced_len: u64,
     /// Chunks written after `synced_len` and not yet synced.
     unsynced: Vec<(u32, u64, Bytes)>,
+    /// The file's length: records end at `synced_len` plus the unsynced chunks, zeros follow.
+    allocated: u64,
+    /// False once zeros could not be written ahead of this segment's records.
+    preallocating: bool,
 }
 
 fn writer_loop(inner: Arc<Inner>) {
@@ -1038,12 +1048,23 @@ fn writer_loop(inner: Arc<Inner>) {
             return;
         }
         if batch.is_empty() && waiters.is_empty() && barriers.is_empty() && shutdown {
+            if let Some(o) = open.as_mut() {
+                if let Err(e) = seal(&inner.stats, o) {
+                    warn!(segment = o.number, error = %e, "cannot cut the segment's zeros at shutdown; recovery will");
+                }
+            }
             return;
         }
         let end = batch
             .back()
             .map(|(seg, start, b)| (*seg, start + b.len() as u64));
-        match write_batch(&inner.cfg.dir, &inner.stats, &mut open, &mut batch) {
+        match write_batch(
+            &inner.cfg.dir,
+            inner.cfg.segment_size,
+            &inner.stats,
+            &mut open,
+            &mut batch,
+        ) {
             Ok(()) => {
                 if records > 0 {
                     inner.stats.committed(records);
@@ -1089,6 +1110,7 @@ fn writer_loop(inner: Arc<Inner>) {
 /// Each fsync that succeeds is counted in `stats` with its latency and the bytes it covered.
 fn write_batch(
     dir: &Path,
+    segment_size: u64,
     stats: &stats::Counters,
     open: &mut Option<OpenSegment>,
     batch: &mut VecDeque<(u32, u64, Bytes)>,
@@ -1099,10 +1121,17 @@ fn write_batch(
             if open.as_ref().map(|o| o.number) != Some(seg) {
                 if let Some(prev) = open.as_mut() {
                     sync(stats, prev)?;
+                    if let Err(e) = seal(stats, prev) {
+                        warn!(segment = prev.number, error = %e, "cannot cut the segment's zeros; recovery will");
+                    }
                 }
                 let path = segment_path(dir, seg);
                 let created = !path.exists();
-                let file = OpenOptions::new().create(true).append(true).open(&path)?;
+                let file = OpenOptions::new()
+                    .create(true)
+                    .write(true)
+                    .truncate(false)
+                    .open(&path)?;
                 if created {
                     stats.segments.fetch_add(1, Ordering::Relaxed);
                 }
@@ -1115,11 +1144,18 @@ fn write_batch(
                     file,
                     synced_len,
                     unsynced: Vec::new(),
+                    allocated: synced_len,
+                    preallocating: true,
                 });
             }
             let o = open.as_mut().expect("opened above");
             let chunk = batch.pop_front().expect("front checked");
-            let r = o.file.write_all(&chunk.2);
+            let end = chunk.1 + chunk.2.len() as u64;
+            let before = o.allocated;
+            preallocate(o, chunk.1, end, segment_size);
+            let r = o.file.write_all_at(&chunk.2, chunk.1);
+            o.allocated = o.allocated.max(end);
+            stats.resized(before, o.allocated);
             o.unsynced.push(chunk);
             r?;
         }
@@ -1131,12 +1167,62 @@ fn write_batch(
     if result.is_err() {
         if let Some(o) = open.as_mut() {
             let _ = o.file.set_len(o.synced_len);
+            stats.resized(o.allocated, o.synced_len);
+            o.allocated = o.synced_len;
             for chunk in o.unsynced.drain(..).rev() {
                 batch.push_front(chunk);
             }
         }
     }
     result
+}
+
+/// Zeros written ahead of the open segment's records, bytes (see the module docs): one
+/// `fdatasync` in every 4 MiB of records writes the inode, for the file's new length.
+pub const PREALLOCATE: u64 = 4 * 1024 * 1024;
+
+/// Writes zeros ahead of the open segment's records before a chunk `[start, end)` is written
+/// at its place: from the file's current length up to the next multiple of [`PREALLOCATE`],
+/// but not past `segment_size` (a segment grows past it by one record at most). Not synced
+/// here: the `fdatasync` after the chunk covers the zeros too.
+///
+/// Best effort: if the zeros cannot be written (a nearly full disk), the file is cut back to
+/// `start` and this segment is written without them, so records that fit are still written.
+fn preallocate(o: &mut OpenSegment, start: u64, end: u64, segment_size: u64) {
+    if end <= o.allocated || !o.preallocating {
+        return;
+    }
+    static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
+    let target = (end.div_ceil(PREALLOCATE) * PREALLOCATE).min(segment_size.max(end));
+    let mut at = o.allocated.max(start);
+    let written = (|| {
+        while at < target {
+            let n = (target - at).min(ZEROS.len() as u64) as usize;
+            o.file.write_all_at(&ZEROS[..n], at)?;
+            at += n as u64;
+        }
+        Ok::<(), std::io::Error>(())
+    })();
+    match written {
+        Ok(()) => o.allocated = target,
+        Err(e) => {
+            debug!(segment = o.number, error = %e, "cannot write zeros ahead of the records");
+            o.preallocating = false;
+            let _ = o.file.set_len(start);
+            o.allocated = start;
+        }
+    }
+}
+
+/// Cuts the open segment back to its records' length (its zeros go), when it is written no
+/// more. Not synced: a crash before the cut leaves zeros that recovery cuts.
+fn seal(stats: &stats::Counters, o: &mut OpenSegment) -> std::io::Result<()> {
+    if o.allocated > o.synced_len {
+        o.file.set_len(o.synced_len)?;
+        stats.resized(o.allocated, o.synced_len);
+        o.allocated = o.synced_len;
+    }
+    Ok(())
 }
 
 /// `fdatasync`s the open segment: what was written to it since the last one is durable.

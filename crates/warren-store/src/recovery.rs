@@ -6,6 +6,9 @@
 //! - A record whose CRC does not match is skipped and counted; scanning continues after it.
 //! - A length field that cannot be right (past the end of the file is a torn tail; larger than
 //!   any record could be) ends the scan of that segment: the rest is cut off and reported.
+//! - Zeros from a record boundary to the end of the file are what the writer preallocates
+//!   ahead of its records (see `PREALLOCATE`), left by a crash: they are cut off quietly, and
+//!   not counted as truncated. Anything else after a zero header is a torn tail, as above.
 //! - A gap in segment numbers (a missing file) is reported, unless the store recorded deleting
 //!   that segment itself (see the `deleted` module); everything else is served.
 //!
@@ -27,7 +30,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::io::{BufReader, Read};
 use std::path::Path;
 use std::time::{Duration, Instant};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 /// Largest record recovery accepts as plausible (bigger lengths are corruption).
 const MAX_RECORD: u32 = 1 << 30;
@@ -103,6 +106,21 @@ struct Live {
     priority: u8,
 }
 
+/// Reads the next `n` bytes of `rd`: true when all are zero.
+fn rest_is_zero(rd: &mut impl Read, n: u64) -> std::io::Result<bool> {
+    let mut buf = [0u8; 64 * 1024];
+    let mut left = n;
+    while left > 0 {
+        let chunk = left.min(buf.len() as u64) as usize;
+        rd.read_exact(&mut buf[..chunk])?;
+        if buf[..chunk].iter().any(|&b| b != 0) {
+            return Ok(false);
+        }
+        left -= chunk as u64;
+    }
+    Ok(true)
+}
+
 pub(crate) fn recover(dir: &Path) -> std::io::Result<RecoveryResult> {
     let started = Instant::now();
     let mut segments: Vec<u32> = std::fs::read_dir(dir)?
@@ -158,9 +176,12 @@ pub(crate) fn recover(dir: &Path) -> std::io::Result<RecoveryResult> {
         let mut cut_at: Option<u64> = None;
         let mut header = [0u8; HEADER_LEN];
         let mut body = Vec::new();
+        // True when everything from `cut_at` on is zeros: the writer's preallocation.
+        let mut zeros = false;
         while offset < file_len {
             if file_len - offset < HEADER_LEN as u64 {
                 cut_at = Some(offset);
+                zeros = rest_is_zero(&mut rd, file_len - offset)?;
                 break;
             }
             rd.read_exact(&mut header)?;
@@ -169,6 +190,8 @@ pub(crate) fn recover(dir: &Path) -> std::io::Result<RecoveryResult> {
             let end = offset + HEADER_LEN as u64 + u64::from(len);
             if len == 0 || len > MAX_RECORD || end > file_len {
                 cut_at = Some(offset);
+                zeros = header == [0; HEADER_LEN]
+                    && rest_is_zero(&mut rd, file_len - offset - HEADER_LEN as u64)?;
                 break;
             }
             body.resize(len as usize, 0);
@@ -272,13 +295,22 @@ pub(crate) fn recover(dir: &Path) -> std::io::Result<RecoveryResult> {
         }
         if let Some(at) = cut_at {
             let dropped = file_len - at;
-            report.truncated_bytes += dropped;
-            warn!(
-                segment = seg,
-                offset = at,
-                bytes = dropped,
-                "truncating torn or unreadable segment tail"
-            );
+            if zeros {
+                debug!(
+                    segment = seg,
+                    offset = at,
+                    bytes = dropped,
+                    "cutting the zeros written ahead of the segment's records"
+                );
+            } else {
+                report.truncated_bytes += dropped;
+                warn!(
+                    segment = seg,
+                    offset = at,
+                    bytes = dropped,
+                    "truncating torn or unreadable segment tail"
+                );
+            }
             file.set_len(at)?;
             file.sync_all()?;
         }

@@ -126,7 +126,16 @@ impl Counters {
         self.fsync_ns
             .observe(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX));
         self.written_bytes.fetch_add(bytes, Ordering::Relaxed);
-        self.file_bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// The open segment's file went from `old` to `new` bytes (records written, zeros written
+    /// ahead of them or cut).
+    pub(crate) fn resized(&self, old: u64, new: u64) {
+        if new >= old {
+            self.file_bytes.fetch_add(new - old, Ordering::Relaxed);
+        } else {
+            self.file_bytes.fetch_sub(old - new, Ordering::Relaxed);
+        }
     }
 
     /// A group commit of `records` records is written and fsynced.
@@ -159,8 +168,10 @@ impl Counters {
 /// Counters count since the store was opened; gauges are the state now.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoreStats {
-    /// Bytes in the store's segment files now, as written and fsynced (records appended but
-    /// not yet written are not counted; a segment's bytes go when its file is deleted).
+    /// Bytes in the store's segment files now, as on disk: the records written (records
+    /// appended but not yet written are not counted; a segment's bytes go when its file is
+    /// deleted) and the zeros written ahead of the open segment's records (at most
+    /// [`crate::PREALLOCATE`]).
     pub bytes: u64,
     /// Segment files in the store's directory now.
     pub segments: u64,
@@ -210,10 +221,13 @@ mod tests {
         c.synced(20, Duration::from_micros(60));
         c.synced(30, Duration::from_millis(3));
         c.synced(40, Duration::from_secs(2));
+        // The file grows as it is written (zeros ahead of the records count), not at fsync.
+        c.resized(0, 4096);
+        c.resized(4096, 1000);
         let s = c.snapshot();
         assert_eq!(s.fsyncs, 4);
         assert_eq!(s.written_bytes, 100);
-        assert_eq!(s.bytes, 200);
+        assert_eq!(s.bytes, 1100);
         let h = &s.fsync_seconds;
         assert_eq!(h.count, 4);
         assert_eq!(h.buckets.len(), FSYNC_BUCKETS_NS.len());

@@ -1096,7 +1096,11 @@ fn stats_follow_the_files_on_disk() {
     assert_eq!(s1.fsync_seconds.count, s1.fsyncs);
     assert!(s1.fsync_seconds.sum > 0.0);
     assert_eq!(s1.bytes, disk_bytes(&dir));
-    assert_eq!(s1.written_bytes, s1.bytes);
+    // What is on disk is what was written, and the zeros ahead of the open segment's records.
+    assert!(
+        s1.written_bytes <= s1.bytes && s1.bytes - s1.written_bytes < segment,
+        "{s1:?}"
+    );
     assert_eq!(s1.segments, segment_files(&dir).len() as u64);
     assert!(
         s1.segments > 5,

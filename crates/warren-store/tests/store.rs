@@ -256,6 +256,106 @@ fn torn_tail_is_truncated() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// The store with 1 MiB segments: room for the zeros written ahead of the records.
+fn big_segments(dir: &Path) -> StoreConfig {
+    StoreConfig {
+        segment_size: 1 << 20,
+        ..StoreConfig::new(dir)
+    }
+}
+
+/// Publishes `n` messages and waits for their fsync.
+fn publish_synced(store: &Store, n: usize, size: usize) -> Vec<u64> {
+    let ids = (0..n)
+        .map(|i| publish(store, &format!("{i:0>size$}"), &["q"]).0)
+        .collect();
+    let done = Arc::new(Done(Mutex::new(Vec::new())));
+    store.sync((done.clone(), 0));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while done.0.lock().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "sync never completed");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!(*done.0.lock(), vec![(0, true)]);
+    ids
+}
+
+#[test]
+fn a_crash_leaves_zeros_ahead_of_the_records_that_recovery_cuts_quietly() {
+    let dir = tempdir("zeros");
+    let (store, _) = Store::open(big_segments(&dir)).unwrap();
+    let mut sent = publish_synced(&store, 200, 300);
+    store.crash();
+    // The segment was written ahead of its records: zeros up to the segment size.
+    let seg = segments(&dir).pop().unwrap();
+    let data = std::fs::read(&seg).unwrap();
+    assert_eq!(data.len() as u64, 1 << 20, "zeros written ahead");
+    let records_end = data.iter().rposition(|&b| b != 0).unwrap() + 1;
+    assert!(records_end > 200 * 300 && records_end < data.len());
+
+    let (store, rec) = Store::open(big_segments(&dir)).unwrap();
+    assert_eq!(ids(&rec, "q"), sent);
+    assert_eq!(rec.report.truncated_bytes, 0, "zeros are not a torn tail");
+    assert_eq!(rec.report.corrupt_records, 0);
+    // Cut to the records: the zeros are gone from the disk.
+    let cut = std::fs::metadata(&seg).unwrap().len() as usize;
+    assert!(cut >= records_end && cut < records_end + 8, "cut at {cut}");
+    for e in &rec.queues["q"] {
+        store.read(e.location).unwrap();
+    }
+    // Written on after the restart (a new segment), crashed again, recovered again.
+    sent.extend(publish_synced(&store, 50, 300));
+    store.crash();
+    let (store, rec) = Store::open(big_segments(&dir)).unwrap();
+    assert_eq!(ids(&rec, "q"), sent);
+    assert_eq!(rec.report.truncated_bytes, 0);
+    store.close();
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn a_segment_written_no_more_keeps_no_zeros() {
+    let dir = tempdir("sealed");
+    let (store, _) = Store::open(big_segments(&dir)).unwrap();
+    // About 2.5 segments of records.
+    let sent = publish_synced(&store, 2600, 1000);
+    let segs = segments(&dir);
+    assert!(segs.len() >= 3, "{} segments", segs.len());
+    for seg in &segs[..segs.len() - 1] {
+        let data = std::fs::read(seg).unwrap();
+        assert_ne!(data.last(), Some(&0), "{} ends in zeros", seg.display());
+        assert!(data.len() < (1 << 20) + 2000);
+    }
+    // The open segment is cut at shutdown too.
+    store.close();
+    let data = std::fs::read(segs.last().unwrap()).unwrap();
+    assert_ne!(data.last(), Some(&0));
+    let (store, rec) = Store::open(big_segments(&dir)).unwrap();
+    assert_eq!(ids(&rec, "q"), sent);
+    assert_eq!(rec.report.truncated_bytes, 0);
+    store.close();
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn bytes_after_a_zero_header_are_a_torn_tail() {
+    let dir = tempdir("zeros-junk");
+    let (store, _) = Store::open(big_segments(&dir)).unwrap();
+    let sent = publish_synced(&store, 100, 300);
+    store.crash();
+    // A record written ahead of an earlier one that never reached the disk.
+    let seg = segments(&dir).pop().unwrap();
+    let mut data = std::fs::read(&seg).unwrap();
+    let end = data.iter().rposition(|&b| b != 0).unwrap() + 1;
+    data[end + 5000] = 1;
+    std::fs::write(&seg, &data).unwrap();
+    let (store, rec) = Store::open(big_segments(&dir)).unwrap();
+    assert_eq!(ids(&rec, "q"), sent, "every synced record is kept");
+    assert!(rec.report.truncated_bytes > 0, "reported as a torn tail");
+    store.close();
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 #[test]
 fn flipped_byte_loses_one_record() {
     let dir = tempdir("flip");
