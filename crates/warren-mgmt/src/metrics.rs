@@ -86,7 +86,7 @@ fn store_metrics(r: &Registry, s: &StoreStats) -> Result<(), String> {
     gauge(
         r,
         "warren_store_bytes",
-        "Bytes in the message store's segment files, as written and fsynced",
+        "Bytes in the message store's segment files, as on disk (with the zeros written ahead of the open segment's records)",
         s.bytes as f64,
     )?;
     gauge(
