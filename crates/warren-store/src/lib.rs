@@ -11,9 +11,10 @@
 //! The segment being written is kept ahead of its records with zeros, [`PREALLOCATE`] bytes at
 //! a time: a record written over zeros leaves the file's length as it was, so its `fdatasync`
 //! flushes the data alone instead of the data and then the inode (about half the latency and
-//! the kernel CPU of an `fdatasync` that extends the file). A segment is cut back to its
-//! records' length when the writer moves on to the next one and at shutdown; recovery cuts
-//! away the zeros a crash left (a zero length field is never a record's).
+//! the kernel CPU of an `fdatasync` that extends the file). The zeros stop at the segment
+//! size, so a full segment has none left; the segment being written is cut back to its
+//! records at shutdown, and recovery cuts away the zeros a crash left (a zero length field is
+//! never a record's).
 //!
 //! A message routed to several durable queues is written once, with the list of queues. Each
 //! queue's settlement of it (ack, reject, purge, delete) is an `ACK` record naming where the
@@ -456,7 +457,7 @@ impl Store {
     /// writer thread. New records go to a fresh segment after the last existing one.
     pub fn open(cfg: StoreConfig) -> Result<(Store, Recovered), StoreError> {
         std::fs::create_dir_all(&cfg.dir)?;
-        let rec = recovery::recover(&cfg.dir)?;
+        let rec = recovery::recover(&cfg.dir, cfg.segment_size)?;
         let (segments, file_bytes) = segment_files(&cfg.dir);
         let cfg_dir = cfg.dir.clone();
         let segment = rec.last_segment + 1;
@@ -1167,8 +1168,7 @@ fn write_batch(
     if result.is_err() {
         if let Some(o) = open.as_mut() {
             let _ = o.file.set_len(o.synced_len);
-            stats.resized(o.allocated, o.synced_len);
-            o.allocated = o.synced_len;
+            file_len_changed(stats, o);
             for chunk in o.unsynced.drain(..).rev() {
                 batch.push_front(chunk);
             }
@@ -1209,9 +1209,16 @@ fn preallocate(o: &mut OpenSegment, start: u64, end: u64, segment_size: u64) {
             debug!(segment = o.number, error = %e, "cannot write zeros ahead of the records");
             o.preallocating = false;
             let _ = o.file.set_len(start);
-            o.allocated = start;
+            o.allocated = o.file.metadata().map_or(at, |m| m.len());
         }
     }
+}
+
+/// After a cut that may have failed: `allocated` and the bytes gauge follow the file's length.
+fn file_len_changed(stats: &stats::Counters, o: &mut OpenSegment) {
+    let len = o.file.metadata().map_or(o.synced_len, |m| m.len());
+    stats.resized(o.allocated, len);
+    o.allocated = len;
 }
 
 /// Cuts the open segment back to its records' length (its zeros go), when it is written no

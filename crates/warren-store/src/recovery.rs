@@ -6,9 +6,11 @@
 //! - A record whose CRC does not match is skipped and counted; scanning continues after it.
 //! - A length field that cannot be right (past the end of the file is a torn tail; larger than
 //!   any record could be) ends the scan of that segment: the rest is cut off and reported.
-//! - Zeros from a record boundary to the end of the file are what the writer preallocates
-//!   ahead of its records (see `PREALLOCATE`), left by a crash: they are cut off quietly, and
-//!   not counted as truncated. Anything else after a zero header is a torn tail, as above.
+//! - Zeros from a record boundary to the end of a file whose length is a multiple of
+//!   `PREALLOCATE` (or the segment size) are what the writer writes ahead of its records,
+//!   left by a crash: they are cut off quietly, and not counted as truncated. A record that
+//!   does not decode with only such zeros after it was torn by the crash: it is cut off with
+//!   them, as a torn tail. Anything else after a zero header is a torn tail too.
 //! - A gap in segment numbers (a missing file) is reported, unless the store recorded deleting
 //!   that segment itself (see the `deleted` module); everything else is served.
 //!
@@ -106,6 +108,11 @@ struct Live {
     priority: u8,
 }
 
+fn report_corrupt(report: &mut RecoveryReport, seg: u32, offset: u64, error: &str) {
+    report.corrupt_records += 1;
+    warn!(segment = seg, offset, error, "skipping corrupt record");
+}
+
 /// Reads the next `n` bytes of `rd`: true when all are zero.
 fn rest_is_zero(rd: &mut impl Read, n: u64) -> std::io::Result<bool> {
     let mut buf = [0u8; 64 * 1024];
@@ -121,7 +128,7 @@ fn rest_is_zero(rd: &mut impl Read, n: u64) -> std::io::Result<bool> {
     Ok(true)
 }
 
-pub(crate) fn recover(dir: &Path) -> std::io::Result<RecoveryResult> {
+pub(crate) fn recover(dir: &Path, segment_size: u64) -> std::io::Result<RecoveryResult> {
     let started = Instant::now();
     let mut segments: Vec<u32> = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok())
@@ -178,6 +185,8 @@ pub(crate) fn recover(dir: &Path) -> std::io::Result<RecoveryResult> {
         let mut body = Vec::new();
         // True when everything from `cut_at` on is zeros: the writer's preallocation.
         let mut zeros = false;
+        // The last record read, when it did not decode: (offset, why).
+        let mut corrupt: Option<(u64, String)> = None;
         while offset < file_len {
             if file_len - offset < HEADER_LEN as u64 {
                 cut_at = Some(offset);
@@ -194,6 +203,9 @@ pub(crate) fn recover(dir: &Path) -> std::io::Result<RecoveryResult> {
                     && rest_is_zero(&mut rd, file_len - offset - HEADER_LEN as u64)?;
                 break;
             }
+            if let Some((at, e)) = corrupt.take() {
+                report_corrupt(&mut report, seg, at, &e);
+            }
             body.resize(len as usize, 0);
             rd.read_exact(&mut body)?;
             let location = Location {
@@ -205,8 +217,9 @@ pub(crate) fn recover(dir: &Path) -> std::io::Result<RecoveryResult> {
             let rec = match record::scan(&body, crc) {
                 Ok(r) => r,
                 Err(e) => {
-                    report.corrupt_records += 1;
-                    warn!(segment = seg, offset = location.offset, error = %e, "skipping corrupt record");
+                    // Reported once the next record is read: one that only zeros follow is
+                    // a record torn by a crash over the zeros ahead of it.
+                    corrupt = Some((location.offset, e.to_string()));
                     continue;
                 }
             };
@@ -292,6 +305,18 @@ pub(crate) fn recover(dir: &Path) -> std::io::Result<RecoveryResult> {
                     }
                 }
             }
+        }
+        // Zeros written ahead of the records have the length the writer gives them (see
+        // `PREALLOCATE`); zeros in a file of any other length were not written by it.
+        zeros &= file_len % crate::PREALLOCATE == 0 || file_len == segment_size;
+        match corrupt.take() {
+            // Only zeros after a record that does not decode: a torn write, cut with the zeros.
+            Some((at, _)) if zeros => {
+                cut_at = Some(at);
+                zeros = false;
+            }
+            Some((at, e)) => report_corrupt(&mut report, seg, at, &e),
+            None => {}
         }
         if let Some(at) = cut_at {
             let dropped = file_len - at;

@@ -134,8 +134,17 @@ impl Counters {
         if new >= old {
             self.file_bytes.fetch_add(new - old, Ordering::Relaxed);
         } else {
-            self.file_bytes.fetch_sub(old - new, Ordering::Relaxed);
+            self.shrink(old - new);
         }
+    }
+
+    /// The gauge never wraps below zero, whatever a failed cut left it believing.
+    fn shrink(&self, by: u64) {
+        let _ = self
+            .file_bytes
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
+                Some(b.saturating_sub(by))
+            });
     }
 
     /// A group commit of `records` records is written and fsynced.
@@ -147,7 +156,7 @@ impl Counters {
     /// A segment file of `bytes` bytes was deleted.
     pub(crate) fn segment_deleted(&self, bytes: u64) {
         self.segments.fetch_sub(1, Ordering::Relaxed);
-        self.file_bytes.fetch_sub(bytes, Ordering::Relaxed);
+        self.shrink(bytes);
     }
 
     pub(crate) fn snapshot(&self) -> StoreStats {

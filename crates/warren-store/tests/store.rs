@@ -357,6 +357,59 @@ fn bytes_after_a_zero_header_are_a_torn_tail() {
 }
 
 #[test]
+fn a_record_torn_over_the_zeros_is_cut_with_them() {
+    let dir = tempdir("zeros-torn");
+    let (store, _) = Store::open(big_segments(&dir)).unwrap();
+    let sent = publish_synced(&store, 100, 300);
+    store.crash();
+    // The last record's end never reached the disk: zeros where its body ends.
+    let seg = segments(&dir).pop().unwrap();
+    let mut data = std::fs::read(&seg).unwrap();
+    let end = data.iter().rposition(|&b| b != 0).unwrap() + 1;
+    data[end - 100..end].fill(0);
+    std::fs::write(&seg, &data).unwrap();
+    let (store, rec) = Store::open(big_segments(&dir)).unwrap();
+    assert_eq!(ids(&rec, "q"), sent[..99].to_vec());
+    assert_eq!(
+        rec.report.corrupt_records, 0,
+        "a torn tail, not a corrupt record"
+    );
+    assert!(rec.report.truncated_bytes > 0);
+    store.close();
+    // Cut for good: the next recovery reports nothing.
+    let (store, rec) = Store::open(big_segments(&dir)).unwrap();
+    assert_eq!(ids(&rec, "q").len(), 99);
+    assert_eq!(
+        (rec.report.corrupt_records, rec.report.truncated_bytes),
+        (0, 0)
+    );
+    store.close();
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn zeros_in_a_file_of_another_length_are_reported() {
+    let dir = tempdir("zeros-odd");
+    let (store, _) = Store::open(big_segments(&dir)).unwrap();
+    let sent = publish_synced(&store, 100, 300);
+    store.crash();
+    // Zeros the writer did not write: the file is not as long as it makes its files.
+    let seg = segments(&dir).pop().unwrap();
+    let len = std::fs::metadata(&seg).unwrap().len();
+    let f = std::fs::OpenOptions::new().write(true).open(&seg).unwrap();
+    f.set_len(len - 1).unwrap();
+    drop(f);
+    let (store, rec) = Store::open(big_segments(&dir)).unwrap();
+    assert_eq!(ids(&rec, "q"), sent);
+    assert!(
+        rec.report.truncated_bytes > 0,
+        "zeros of unknown origin are reported"
+    );
+    store.close();
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
 fn flipped_byte_loses_one_record() {
     let dir = tempdir("flip");
     let sent = fill(&dir, 30);
