@@ -290,8 +290,8 @@ fn a_crash_leaves_zeros_ahead_of_the_records_that_recovery_cuts_quietly() {
     let seg = segments(&dir).pop().unwrap();
     let data = std::fs::read(&seg).unwrap();
     assert_eq!(data.len() as u64, 1 << 20, "zeros written ahead");
-    let records_end = data.iter().rposition(|&b| b != 0).unwrap() + 1;
-    assert!(records_end > 200 * 300 && records_end < data.len());
+    let end = records_end(&data);
+    assert!(end > 200 * 300 && end < data.len());
 
     let (store, rec) = Store::open(big_segments(&dir)).unwrap();
     assert_eq!(ids(&rec, "q"), sent);
@@ -299,7 +299,7 @@ fn a_crash_leaves_zeros_ahead_of_the_records_that_recovery_cuts_quietly() {
     assert_eq!(rec.report.corrupt_records, 0);
     // Cut to the records: the zeros are gone from the disk.
     let cut = std::fs::metadata(&seg).unwrap().len() as usize;
-    assert!(cut >= records_end && cut < records_end + 8, "cut at {cut}");
+    assert!(cut >= end && cut < end + 8, "cut at {cut}");
     for e in &rec.queues["q"] {
         store.read(e.location).unwrap();
     }
@@ -337,18 +337,32 @@ fn a_segment_written_no_more_keeps_no_zeros() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
-#[test]
-fn bytes_after_a_zero_header_are_a_torn_tail() {
-    let dir = tempdir("zeros-junk");
+/// A store of 100 synced messages crashed with zeros ahead of its records, then `damage`
+/// done to the bytes of its last segment: the directory and the ids sent.
+fn crashed_and_damaged(name: &str, damage: impl FnOnce(&mut Vec<u8>)) -> (PathBuf, Vec<u64>) {
+    let dir = tempdir(name);
     let (store, _) = Store::open(big_segments(&dir)).unwrap();
     let sent = publish_synced(&store, 100, 300);
     store.crash();
-    // A record written ahead of an earlier one that never reached the disk.
     let seg = segments(&dir).pop().unwrap();
     let mut data = std::fs::read(&seg).unwrap();
-    let end = data.iter().rposition(|&b| b != 0).unwrap() + 1;
-    data[end + 5000] = 1;
+    damage(&mut data);
     std::fs::write(&seg, &data).unwrap();
+    (dir, sent)
+}
+
+/// Where the records of a crashed segment end: zeros follow.
+fn records_end(data: &[u8]) -> usize {
+    data.iter().rposition(|&b| b != 0).unwrap() + 1
+}
+
+#[test]
+fn bytes_after_a_zero_header_are_a_torn_tail() {
+    // A record written ahead of an earlier one that never reached the disk.
+    let (dir, sent) = crashed_and_damaged("zeros-junk", |data| {
+        let end = records_end(data);
+        data[end + 5000] = 1;
+    });
     let (store, rec) = Store::open(big_segments(&dir)).unwrap();
     assert_eq!(ids(&rec, "q"), sent, "every synced record is kept");
     assert!(rec.report.truncated_bytes > 0, "reported as a torn tail");
@@ -358,16 +372,11 @@ fn bytes_after_a_zero_header_are_a_torn_tail() {
 
 #[test]
 fn a_record_torn_over_the_zeros_is_cut_with_them() {
-    let dir = tempdir("zeros-torn");
-    let (store, _) = Store::open(big_segments(&dir)).unwrap();
-    let sent = publish_synced(&store, 100, 300);
-    store.crash();
     // The last record's end never reached the disk: zeros where its body ends.
-    let seg = segments(&dir).pop().unwrap();
-    let mut data = std::fs::read(&seg).unwrap();
-    let end = data.iter().rposition(|&b| b != 0).unwrap() + 1;
-    data[end - 100..end].fill(0);
-    std::fs::write(&seg, &data).unwrap();
+    let (dir, sent) = crashed_and_damaged("zeros-torn", |data| {
+        let end = records_end(data);
+        data[end - 100..end].fill(0);
+    });
     let (store, rec) = Store::open(big_segments(&dir)).unwrap();
     assert_eq!(ids(&rec, "q"), sent[..99].to_vec());
     assert_eq!(
@@ -389,16 +398,10 @@ fn a_record_torn_over_the_zeros_is_cut_with_them() {
 
 #[test]
 fn zeros_in_a_file_of_another_length_are_reported() {
-    let dir = tempdir("zeros-odd");
-    let (store, _) = Store::open(big_segments(&dir)).unwrap();
-    let sent = publish_synced(&store, 100, 300);
-    store.crash();
     // Zeros the writer did not write: the file is not as long as it makes its files.
-    let seg = segments(&dir).pop().unwrap();
-    let len = std::fs::metadata(&seg).unwrap().len();
-    let f = std::fs::OpenOptions::new().write(true).open(&seg).unwrap();
-    f.set_len(len - 1).unwrap();
-    drop(f);
+    let (dir, sent) = crashed_and_damaged("zeros-odd", |data| {
+        data.pop();
+    });
     let (store, rec) = Store::open(big_segments(&dir)).unwrap();
     assert_eq!(ids(&rec, "q"), sent);
     assert!(
