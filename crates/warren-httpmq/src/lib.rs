@@ -177,6 +177,15 @@ impl Httpmq {
                     v.track_use(&q);
                 }
             }
+            // Queues with recovered messages that no checkpoint saw (a crash within the
+            // first checkpoint interval): as if checkpointed at position 0, their ready
+            // messages hold the positions 1 ..= ready.
+            for q in v.used_queues() {
+                let p = q.positions();
+                if !saved.queues.contains_key(q.name()) && p.put < p.ready {
+                    q.set_put_position(p.ready);
+                }
+            }
         }
         Ok(Arc::new(Httpmq {
             node,

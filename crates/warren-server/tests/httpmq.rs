@@ -911,6 +911,68 @@ async fn answered_puts_survive_kill_9_and_answered_gets_do_not_come_back() {
     server.terminate();
 }
 
+/// A crash before the first checkpoint: the queue is in no state file, yet its recovered
+/// messages keep their positions and the next put takes the one after them.
+#[tokio::test]
+async fn positions_no_checkpoint_saw_survive_kill_9() {
+    let dir = tempdir("kill9-positions");
+    let port = binary_support::free_port();
+    let http = format!("127.0.0.1:{}", binary_support::free_port());
+    let base = format!("http://{http}");
+    // No checkpoint within the test.
+    let env = [("WARREN_HTTPMQ_CHECKPOINT_MS", "600000")];
+    let start = || {
+        binary_support::Server::start_listening(
+            &format!("127.0.0.1:{port}"),
+            port,
+            &dir,
+            &env,
+            None,
+            &["--httpmq-listen", &http],
+        )
+    };
+    let client = reqwest::Client::new();
+    let text = |q: String| {
+        let client = client.clone();
+        async move {
+            let deadline = tokio::time::Instant::now() + WAIT;
+            loop {
+                if let Ok(r) = client.get(&q).send().await {
+                    let pos = r
+                        .headers()
+                        .get("pos")
+                        .map(|p| p.to_str().unwrap().to_string());
+                    return (r.text().await.unwrap(), pos);
+                }
+                assert!(tokio::time::Instant::now() < deadline, "no httpmq listener");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    let server = start();
+    for i in 1..=5 {
+        let (t, pos) = text(format!("{base}/?name=crashpos&opt=put&data=m{i}")).await;
+        assert_eq!((t.as_str(), pos), ("HTTPMQ_PUT_OK", Some(i.to_string())));
+    }
+    assert!(
+        !dir.join("httpmq").join("state.json").exists(),
+        "checkpointed"
+    );
+    server.kill();
+
+    let server = start();
+    let (status, _) = text(format!("{base}/?name=crashpos&opt=status_json")).await;
+    assert_eq!(
+        status,
+        r#"{"name":"crashpos","maxqueue":1000000,"putpos":5,"putlap":1,"getpos":0,"getlap":1,"unread":5}"#
+    );
+    let (t, pos) = text(format!("{base}/?name=crashpos&opt=get")).await;
+    assert_eq!((t.as_str(), pos.as_deref()), ("m1", Some("1")));
+    let (t, pos) = text(format!("{base}/?name=crashpos&opt=put&data=m6")).await;
+    assert_eq!((t.as_str(), pos.as_deref()), ("HTTPMQ_PUT_OK", Some("6")));
+    server.terminate();
+}
+
 /// An address of this machine that is not loopback, if it has one.
 fn non_loopback_ip() -> Option<std::net::IpAddr> {
     let s = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
