@@ -1196,6 +1196,9 @@ fn preallocate(o: &mut OpenSegment, start: u64, end: u64, segment_size: u64) {
     let target = (end.div_ceil(PREALLOCATE) * PREALLOCATE).min(segment_size.max(end));
     let mut at = o.allocated.max(start);
     let written = (|| {
+        // The length first, in one step: a crash while the zeros are written leaves the file
+        // at a length recovery knows as the writer's (the rest reads as zeros).
+        o.file.set_len(target)?;
         while at < target {
             let n = (target - at).min(ZEROS.len() as u64) as usize;
             o.file.write_all_at(&ZEROS[..n], at)?;

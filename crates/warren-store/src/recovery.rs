@@ -6,9 +6,10 @@
 //! - A record whose CRC does not match is skipped and counted; scanning continues after it.
 //! - A length field that cannot be right (past the end of the file is a torn tail; larger than
 //!   any record could be) ends the scan of that segment: the rest is cut off and reported.
-//! - Zeros from a record boundary to the end of a file whose length is a multiple of
-//!   `PREALLOCATE` (or the segment size) are what the writer writes ahead of its records,
-//!   left by a crash: they are cut off quietly, and not counted as truncated. A record that
+//! - Zeros from a record boundary to the end of the last segment, when its length is a
+//!   multiple of `PREALLOCATE` (or the segment size), are what the writer writes ahead of its
+//!   records, left by a crash: they are cut off quietly, and not counted as truncated. (Records
+//!   that a failing disk turned into zeros there cannot be told from them.) A record that
 //!   does not decode with only such zeros after it was torn by the crash: it is cut off with
 //!   them, as a torn tail. Anything else after a zero header is a torn tail too.
 //! - A gap in segment numbers (a missing file) is reported, unless the store recorded deleting
@@ -174,6 +175,7 @@ pub(crate) fn recover(dir: &Path, segment_size: u64) -> std::io::Result<Recovery
     let mut marks: HashMap<String, (u64, u32)> = HashMap::new();
     let mut superseded: HashSet<(u32, u64)> = HashSet::new();
 
+    let last = segments.last().copied().unwrap_or(0);
     for &seg in &segments {
         let path = segment_path(dir, seg);
         let file = OpenOptions::new().read(true).write(true).open(&path)?;
@@ -308,7 +310,9 @@ pub(crate) fn recover(dir: &Path, segment_size: u64) -> std::io::Result<Recovery
         }
         // Zeros written ahead of the records have the length the writer gives them (see
         // `PREALLOCATE`); zeros in a file of any other length were not written by it.
-        zeros &= file_len % crate::PREALLOCATE == 0 || file_len == segment_size;
+        // Only the last segment is written with zeros ahead: a full one has none left and one
+        // that is written no more is cut back (see `PREALLOCATE`).
+        zeros &= seg == last && (file_len % crate::PREALLOCATE == 0 || file_len == segment_size);
         match corrupt.take() {
             // Only zeros after a record that does not decode: a torn write, cut with the zeros.
             Some((at, _)) if zeros => {

@@ -413,6 +413,30 @@ fn zeros_in_a_file_of_another_length_are_reported() {
 }
 
 #[test]
+fn zeros_after_the_records_of_an_older_segment_are_reported() {
+    let dir = tempdir("zeros-older");
+    let (store, _) = Store::open(big_segments(&dir)).unwrap();
+    let sent = publish_synced(&store, 2600, 1000);
+    store.crash();
+    // Only the segment being written has zeros ahead: these are not the writer's.
+    let first = segments(&dir).remove(0);
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&first)
+        .unwrap();
+    f.set_len(warren_store::PREALLOCATE).unwrap();
+    drop(f);
+    let (store, rec) = Store::open(big_segments(&dir)).unwrap();
+    assert_eq!(ids(&rec, "q"), sent);
+    assert!(
+        rec.report.truncated_bytes > 0,
+        "zeros in an older segment are reported"
+    );
+    store.close();
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
 fn flipped_byte_loses_one_record() {
     let dir = tempdir("flip");
     let sent = fill(&dir, 30);
