@@ -1152,11 +1152,12 @@ fn write_batch(
             let o = open.as_mut().expect("opened above");
             let chunk = batch.pop_front().expect("front checked");
             let end = chunk.1 + chunk.2.len() as u64;
-            let before = o.allocated;
-            preallocate(o, chunk.1, end, segment_size);
+            preallocate(stats, o, chunk.1, end, segment_size);
             let r = o.file.write_all_at(&chunk.2, chunk.1);
-            o.allocated = o.allocated.max(end);
-            stats.resized(before, o.allocated);
+            if end > o.allocated {
+                stats.resized(o.allocated, end);
+                o.allocated = end;
+            }
             o.unsynced.push(chunk);
             r?;
         }
@@ -1167,8 +1168,7 @@ fn write_batch(
     })();
     if result.is_err() {
         if let Some(o) = open.as_mut() {
-            let _ = o.file.set_len(o.synced_len);
-            file_len_changed(stats, o);
+            let _ = set_file_len(stats, o, o.synced_len);
             for chunk in o.unsynced.drain(..).rev() {
                 batch.push_front(chunk);
             }
@@ -1188,7 +1188,13 @@ pub const PREALLOCATE: u64 = 4 * 1024 * 1024;
 ///
 /// Best effort: if the zeros cannot be written (a nearly full disk), the file is cut back to
 /// `start` and this segment is written without them, so records that fit are still written.
-fn preallocate(o: &mut OpenSegment, start: u64, end: u64, segment_size: u64) {
+fn preallocate(
+    stats: &stats::Counters,
+    o: &mut OpenSegment,
+    start: u64,
+    end: u64,
+    segment_size: u64,
+) {
     if end <= o.allocated || !o.preallocating {
         return;
     }
@@ -1207,30 +1213,33 @@ fn preallocate(o: &mut OpenSegment, start: u64, end: u64, segment_size: u64) {
         Ok::<(), std::io::Error>(())
     })();
     match written {
-        Ok(()) => o.allocated = target,
+        Ok(()) => {
+            stats.resized(o.allocated, target);
+            o.allocated = target;
+        }
         Err(e) => {
             debug!(segment = o.number, error = %e, "cannot write zeros ahead of the records");
             o.preallocating = false;
-            let _ = o.file.set_len(start);
-            o.allocated = o.file.metadata().map_or(at, |m| m.len());
+            let _ = set_file_len(stats, o, start);
         }
     }
 }
 
-/// After a cut that may have failed: `allocated` and the bytes gauge follow the file's length.
-fn file_len_changed(stats: &stats::Counters, o: &mut OpenSegment) {
-    let len = o.file.metadata().map_or(o.synced_len, |m| m.len());
-    stats.resized(o.allocated, len);
-    o.allocated = len;
+/// Sets the open segment's file length; `allocated` and the bytes gauge follow the length the
+/// file has afterwards, whether or not the change succeeded.
+fn set_file_len(stats: &stats::Counters, o: &mut OpenSegment, len: u64) -> std::io::Result<()> {
+    let r = o.file.set_len(len);
+    let now = o.file.metadata().map_or(o.allocated, |m| m.len());
+    stats.resized(o.allocated, now);
+    o.allocated = now;
+    r
 }
 
 /// Cuts the open segment back to its records' length (its zeros go), when it is written no
 /// more. Not synced: a crash before the cut leaves zeros that recovery cuts.
 fn seal(stats: &stats::Counters, o: &mut OpenSegment) -> std::io::Result<()> {
     if o.allocated > o.synced_len {
-        o.file.set_len(o.synced_len)?;
-        stats.resized(o.allocated, o.synced_len);
-        o.allocated = o.synced_len;
+        set_file_len(stats, o, o.synced_len)?;
     }
     Ok(())
 }

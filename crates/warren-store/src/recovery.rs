@@ -308,10 +308,9 @@ pub(crate) fn recover(dir: &Path, segment_size: u64) -> std::io::Result<Recovery
                 }
             }
         }
-        // Zeros written ahead of the records have the length the writer gives them (see
-        // `PREALLOCATE`); zeros in a file of any other length were not written by it.
-        // Only the last segment is written with zeros ahead: a full one has none left and one
-        // that is written no more is cut back (see `PREALLOCATE`).
+        // The writer's zeros (see `PREALLOCATE`) are only in the last segment (a full one has
+        // none left, one written no more is cut back), which they leave at a multiple of
+        // `PREALLOCATE` or at the segment size.
         zeros &= seg == last && (file_len % crate::PREALLOCATE == 0 || file_len == segment_size);
         match corrupt.take() {
             // Only zeros after a record that does not decode: a torn write, cut with the zeros.
