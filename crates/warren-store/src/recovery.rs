@@ -23,7 +23,9 @@
 //! settling it stay needed as long as any copy survives.
 //!
 //! Work and memory grow linearly with what is on disk: one pass, one map entry per live
-//! message.
+//! message. Segments are read and checked on several threads (at most [`SCAN_THREADS`], and
+//! only a few segments ahead), and their records applied in segment order on the calling
+//! thread, so the outcome is the one a single pass in order gives.
 
 use crate::record::{self, Record, Scanned, HEADER_LEN};
 use crate::{segment_path, Location, Moved, Seg};
@@ -37,6 +39,9 @@ use tracing::{debug, info, warn};
 
 /// Largest record recovery accepts as plausible (bigger lengths are corruption).
 const MAX_RECORD: u32 = 1 << 30;
+
+/// Most threads that scan segments at once (at most the machine's cores).
+const SCAN_THREADS: usize = 4;
 
 /// One recovered message of a queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,11 +114,6 @@ struct Live {
     priority: u8,
 }
 
-fn report_corrupt(report: &mut RecoveryReport, seg: u32, offset: u64, error: &str) {
-    report.corrupt_records += 1;
-    warn!(segment = seg, offset, error, "skipping corrupt record");
-}
-
 /// Reads the next `n` bytes of `rd`: true when all are zero.
 fn rest_is_zero(rd: &mut impl Read, n: u64) -> std::io::Result<bool> {
     let mut buf = [0u8; 64 * 1024];
@@ -129,7 +129,427 @@ fn rest_is_zero(rd: &mut impl Read, n: u64) -> std::io::Result<bool> {
     Ok(true)
 }
 
+/// One record's effect as scanning its segment finds it, queue names given as indexes into
+/// that segment's own table ([`SegmentScan::names`]).
+enum Event {
+    /// A persistent copy of message `id` held by the queues `queues` (a range of
+    /// [`SegmentScan::queue_lists`]).
+    Publish {
+        id: u64,
+        location: Location,
+        queues: std::ops::Range<u32>,
+        priority: u8,
+    },
+    /// Message `id` settled by `queue`; `origin` is the segment of its oldest copy that may
+    /// still exist (`None` for the first format's `ACK`).
+    Ack {
+        id: u64,
+        queue: u32,
+        origin: Option<u32>,
+    },
+    /// Everything of `queue` (a queue or a priority mark) up to `id` was delivered.
+    Delivered { id: u64, queue: u32 },
+}
+
+/// What one segment holds, in record order, and what scanning it found wrong.
+struct SegmentScan {
+    /// Queue names (and priority marks) of its records, each once.
+    names: Vec<String>,
+    /// The queue lists of its publish records, as indexes into `names`, back to back.
+    queue_lists: Vec<u32>,
+    events: Vec<Event>,
+    /// Records read successfully.
+    records: u64,
+    /// The highest id of its publish and ack records.
+    max_id: u64,
+    /// Records skipped as corrupt.
+    corrupt_records: u64,
+    /// Bytes cut off its end as a torn or unreadable tail.
+    truncated_bytes: u64,
+    /// Its length after any cut, bytes.
+    bytes: u64,
+}
+
+impl SegmentScan {
+    /// The index of `name` in `names`, added if new; `local` maps names to indexes.
+    fn name(&mut self, local: &mut HashMap<String, u32>, name: &str) -> u32 {
+        if let Some(&i) = local.get(name) {
+            return i;
+        }
+        let i = self.names.len() as u32;
+        self.names.push(name.to_string());
+        local.insert(name.to_string(), i);
+        i
+    }
+}
+
+/// Reads segment `seg` of `dir` record by record, checking each (see the module docs), and
+/// cuts off a torn or unreadable tail (zeros the writer left ahead of its records, only in
+/// the `last` segment, quietly). Errors: the file cannot be opened, read or cut.
+fn scan_segment(
+    spare: (Vec<Event>, Vec<u32>),
+    dir: &Path,
+    seg: u32,
+    last: bool,
+    segment_size: u64,
+) -> std::io::Result<SegmentScan> {
+    let mut scan = SegmentScan {
+        names: Vec::new(),
+        queue_lists: spare.1,
+        events: spare.0,
+        records: 0,
+        max_id: 0,
+        corrupt_records: 0,
+        truncated_bytes: 0,
+        bytes: 0,
+    };
+    let mut local: HashMap<String, u32> = HashMap::new();
+    let path = segment_path(dir, seg);
+    let file = OpenOptions::new().read(true).write(true).open(&path)?;
+    let file_len = file.metadata()?.len();
+    let mut rd = BufReader::with_capacity(1 << 20, &file);
+    let mut offset = 0u64;
+    let mut cut_at: Option<u64> = None;
+    let mut header = [0u8; HEADER_LEN];
+    let mut body = Vec::new();
+    // True when everything from `cut_at` on is zeros: the writer's preallocation.
+    let mut zeros = false;
+    // The last record read, when it did not decode: (offset, why).
+    let mut corrupt: Option<(u64, String)> = None;
+    let report_corrupt = |scan: &mut SegmentScan, offset: u64, error: &str| {
+        scan.corrupt_records += 1;
+        warn!(segment = seg, offset, error, "skipping corrupt record");
+    };
+    while offset < file_len {
+        if file_len - offset < HEADER_LEN as u64 {
+            cut_at = Some(offset);
+            zeros = rest_is_zero(&mut rd, file_len - offset)?;
+            break;
+        }
+        rd.read_exact(&mut header)?;
+        let len = u32::from_be_bytes([header[0], header[1], header[2], header[3]]);
+        let crc = u32::from_be_bytes([header[4], header[5], header[6], header[7]]);
+        let end = offset + HEADER_LEN as u64 + u64::from(len);
+        if len == 0 || len > MAX_RECORD || end > file_len {
+            cut_at = Some(offset);
+            zeros = header == [0; HEADER_LEN]
+                && rest_is_zero(&mut rd, file_len - offset - HEADER_LEN as u64)?;
+            break;
+        }
+        if let Some((at, e)) = corrupt.take() {
+            report_corrupt(&mut scan, at, &e);
+        }
+        body.resize(len as usize, 0);
+        rd.read_exact(&mut body)?;
+        let location = Location {
+            segment: seg,
+            offset,
+            len: len + HEADER_LEN as u32,
+        };
+        offset = end;
+        let rec = match record::scan(&body, crc) {
+            Ok(r) => r,
+            Err(e) => {
+                // Reported once the next record is read: one that only zeros follow is a
+                // record torn by a crash over the zeros ahead of it.
+                corrupt = Some((location.offset, e.to_string()));
+                continue;
+            }
+        };
+        scan.records += 1;
+        let event = match rec {
+            Scanned::Publish {
+                id,
+                queues,
+                transient,
+                priority,
+            } => {
+                scan.max_id = scan.max_id.max(id);
+                if transient || queues.is_empty() {
+                    continue;
+                }
+                let from = scan.queue_lists.len() as u32;
+                for q in queues {
+                    let i = scan.name(&mut local, q);
+                    scan.queue_lists.push(i);
+                }
+                Event::Publish {
+                    id,
+                    location,
+                    queues: from..scan.queue_lists.len() as u32,
+                    priority,
+                }
+            }
+            Scanned::Other(rec) => match *rec {
+                Record::Publish { .. } => {
+                    unreachable!("scan returns publish records as Scanned::Publish")
+                }
+                Record::Ack { id, queue, target } => {
+                    scan.max_id = scan.max_id.max(id);
+                    Event::Ack {
+                        id,
+                        queue: scan.name(&mut local, &queue),
+                        origin: target.map(|t| t.origin),
+                    }
+                }
+                Record::Delivered { id, queue } => Event::Delivered {
+                    id,
+                    queue: scan.name(&mut local, &queue),
+                },
+            },
+        };
+        scan.events.push(event);
+    }
+    // The writer's zeros (see `PREALLOCATE`) are only in the last segment (a full one has
+    // none left, one written no more is cut back), which they leave at a multiple of
+    // `PREALLOCATE` or at the segment size.
+    zeros &= last && (file_len % crate::PREALLOCATE == 0 || file_len == segment_size);
+    match corrupt.take() {
+        // Only zeros after a record that does not decode: a torn write, cut with the zeros.
+        Some((at, _)) if zeros => {
+            cut_at = Some(at);
+            zeros = false;
+        }
+        Some((at, e)) => report_corrupt(&mut scan, at, &e),
+        None => {}
+    }
+    if let Some(at) = cut_at {
+        let dropped = file_len - at;
+        if zeros {
+            debug!(
+                segment = seg,
+                offset = at,
+                bytes = dropped,
+                "cutting the zeros written ahead of the segment's records"
+            );
+        } else {
+            scan.truncated_bytes += dropped;
+            warn!(
+                segment = seg,
+                offset = at,
+                bytes = dropped,
+                "truncating torn or unreadable segment tail"
+            );
+        }
+        file.set_len(at)?;
+        file.sync_all()?;
+    }
+    scan.bytes = cut_at.unwrap_or(file_len);
+    Ok(scan)
+}
+
+/// The live messages as the segments scanned so far leave them, and what else recovery
+/// keeps; [`Merge::apply`] takes the segments in order.
+#[derive(Default)]
+struct Merge {
+    /// Queue names by index (see `intern`), and the index of each.
+    names: Vec<String>,
+    index: HashMap<String, u32>,
+    msgs: HashMap<u64, Live, BuildHasherDefault<IdHasher>>,
+    max_id: u64,
+    delivered_upto: HashMap<u32, u64, BuildHasherDefault<IdHasher>>,
+    /// A priority queue's watermarks, by (queue, priority) (see `Store::delivered`).
+    priority_upto: HashMap<(u32, u8), u64>,
+    segs: BTreeMap<u32, Seg>,
+    marks: HashMap<String, (u64, u32)>,
+    superseded: HashSet<(u32, u64)>,
+}
+
+impl Merge {
+    /// Applies segment `seg`'s records, in their order, to what the segments before it left.
+    ///
+    /// Returns the scan's event and queue-list buffers, emptied, for the next scan to reuse.
+    fn apply(
+        &mut self,
+        seg: u32,
+        mut scan: SegmentScan,
+        report: &mut RecoveryReport,
+    ) -> (Vec<Event>, Vec<u32>) {
+        report.records += scan.records;
+        report.corrupt_records += scan.corrupt_records;
+        report.truncated_bytes += scan.truncated_bytes;
+        self.max_id = self.max_id.max(scan.max_id);
+        // The segment's names as queue indexes, once known (an ACK names a queue only if an
+        // earlier record did).
+        let mut queue_of: Vec<Option<u32>> = vec![None; scan.names.len()];
+        for event in scan.events.drain(..) {
+            match event {
+                Event::Publish {
+                    id,
+                    location,
+                    queues,
+                    priority,
+                } => {
+                    let queues = scan.queue_lists[queues.start as usize..queues.end as usize]
+                        .iter()
+                        .map(|&l| {
+                            *queue_of[l as usize].get_or_insert_with(|| {
+                                intern(&mut self.index, &mut self.names, &scan.names[l as usize])
+                            })
+                        })
+                        .collect();
+                    let old = self.msgs.insert(
+                        id,
+                        Live {
+                            location,
+                            first: location,
+                            queues,
+                            priority,
+                        },
+                    );
+                    if let Some(old) = old {
+                        self.superseded
+                            .insert((old.location.segment, old.location.offset));
+                        if let Some(m) = self.msgs.get_mut(&id) {
+                            m.first = old.first;
+                        }
+                    }
+                }
+                Event::Ack { id, queue, origin } => {
+                    let l = queue as usize;
+                    let q = match queue_of[l] {
+                        Some(q) => q,
+                        None => match self.index.get(&scan.names[l]) {
+                            Some(&q) => *queue_of[l].insert(q),
+                            None => continue,
+                        },
+                    };
+                    let Some(m) = self.msgs.get_mut(&id) else {
+                        continue;
+                    };
+                    let before = m.queues.len();
+                    m.queues.retain(|i| *i != q);
+                    if m.queues.len() == before {
+                        continue;
+                    }
+                    // This ACK settles a message whose oldest copy is in segment `settles`:
+                    // deleting it while a copy survives would bring the message back.
+                    let settles = m.first.segment.min(origin.unwrap_or(u32::MAX));
+                    if m.queues.is_empty() {
+                        self.msgs.remove(&id);
+                    }
+                    let s = self.segs.entry(seg).or_insert_with(|| Seg::new(0));
+                    s.ack_floor = s.ack_floor.min(settles);
+                    s.legacy |= origin.is_none() && settles < seg;
+                }
+                Event::Delivered { id, queue } => {
+                    let name = &scan.names[queue as usize];
+                    // Everything of this queue (of this priority) up to `id` has been
+                    // delivered.
+                    let w = match crate::parse_priority_mark(name) {
+                        Some((p, base)) => {
+                            let q = intern(&mut self.index, &mut self.names, base);
+                            self.priority_upto.entry((q, p)).or_insert(0)
+                        }
+                        None => {
+                            let q = intern(&mut self.index, &mut self.names, name);
+                            queue_of[queue as usize] = Some(q);
+                            self.delivered_upto.entry(q).or_insert(0)
+                        }
+                    };
+                    *w = (*w).max(id);
+                    let mark = self.marks.entry(name.clone()).or_insert((id, seg));
+                    if id >= mark.0 {
+                        *mark = (id, seg);
+                    }
+                }
+            }
+        }
+        self.segs.entry(seg).or_insert_with(|| Seg::new(0)).bytes = scan.bytes;
+        scan.queue_lists.clear();
+        (scan.events, scan.queue_lists)
+    }
+}
+
+/// Scans `segments` (in order) on up to `threads` threads, at most a few segments ahead of
+/// the merge, and merges them in order. Errors: the first a segment's scan returns.
+fn scan_and_merge(
+    dir: &Path,
+    segments: &[u32],
+    segment_size: u64,
+    threads: usize,
+    merge: &mut Merge,
+    report: &mut RecoveryReport,
+) -> std::io::Result<()> {
+    let last = segments.last().copied().unwrap_or(0);
+    let threads = threads.clamp(1, segments.len().max(1));
+    // Scanned segments wait for the merge in memory: a few at a time.
+    let ahead = threads * 2;
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    // Segments merged so far (`usize::MAX` once the merge stopped at an error), and the
+    // buffers of merged scans, for the next scans to fill again instead of growing new ones.
+    let merged = parking_lot::Mutex::new((0usize, Vec::<(Vec<Event>, Vec<u32>)>::new()));
+    let progress = parking_lot::Condvar::new();
+    std::thread::scope(|s| {
+        let (tx, rx) = std::sync::mpsc::channel::<(usize, std::io::Result<SegmentScan>)>();
+        for _ in 0..threads {
+            let tx = tx.clone();
+            let (next, merged, progress) = (&next, &merged, &progress);
+            s.spawn(move || loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(&seg) = segments.get(i) else {
+                    return;
+                };
+                let spare = {
+                    let mut m = merged.lock();
+                    while m.0 != usize::MAX && i >= m.0 + ahead {
+                        progress.wait(&mut m);
+                    }
+                    if m.0 == usize::MAX {
+                        return;
+                    }
+                    m.1.pop().unwrap_or_default()
+                };
+                // A panic here would leave the merge waiting for this segment for ever.
+                let scanned = std::panic::catch_unwind(|| {
+                    scan_segment(spare, dir, seg, seg == last, segment_size)
+                })
+                .unwrap_or_else(|_| {
+                    Err(std::io::Error::other(format!(
+                        "scanning segment {seg} panicked"
+                    )))
+                });
+                if tx.send((i, scanned)).is_err() {
+                    return;
+                }
+            });
+        }
+        drop(tx);
+        let mut done: BTreeMap<usize, std::io::Result<SegmentScan>> = BTreeMap::new();
+        let mut want = 0;
+        let result: std::io::Result<()> = (|| {
+            for (i, scanned) in rx.iter() {
+                done.insert(i, scanned);
+                while let Some(scanned) = done.remove(&want) {
+                    let spare = merge.apply(segments[want], scanned?, report);
+                    want += 1;
+                    let mut m = merged.lock();
+                    m.0 = want;
+                    m.1.push(spare);
+                    drop(m);
+                    progress.notify_all();
+                }
+            }
+            Ok(())
+        })();
+        if result.is_err() {
+            merged.lock().0 = usize::MAX;
+            progress.notify_all();
+        }
+        result
+    })
+}
+
+/// Recovers the store in `dir` (segments of at most `segment_size` bytes), scanning on up to
+/// [`SCAN_THREADS`] threads (at most the machine's cores). Errors: a segment cannot be read
+/// or cut.
 pub(crate) fn recover(dir: &Path, segment_size: u64) -> std::io::Result<RecoveryResult> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(SCAN_THREADS));
+    recover_on(dir, segment_size, threads)
+}
+
+/// [`recover`] with segments scanned on up to `threads` threads.
+fn recover_on(dir: &Path, segment_size: u64, threads: usize) -> std::io::Result<RecoveryResult> {
     let started = Instant::now();
     let mut segments: Vec<u32> = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok())
@@ -164,186 +584,26 @@ pub(crate) fn recover(dir: &Path, segment_size: u64) -> std::io::Result<Recovery
         warn!(missing = ?report.missing_segments, "message store segments are missing; their messages and acks are lost");
     }
 
-    let mut names: Vec<String> = Vec::new();
-    let mut index: HashMap<String, u32> = HashMap::new();
-    let mut msgs: HashMap<u64, Live, BuildHasherDefault<IdHasher>> = HashMap::default();
-    let mut max_id = 0u64;
-    let mut delivered_upto: HashMap<u32, u64, BuildHasherDefault<IdHasher>> = HashMap::default();
-    // A priority queue's watermarks, by (queue, priority) (see `Store::delivered`).
-    let mut priority_upto: HashMap<(u32, u8), u64> = HashMap::new();
-    let mut segs: BTreeMap<u32, Seg> = BTreeMap::new();
-    let mut marks: HashMap<String, (u64, u32)> = HashMap::new();
-    let mut superseded: HashSet<(u32, u64)> = HashSet::new();
-
-    let last = segments.last().copied().unwrap_or(0);
-    for &seg in &segments {
-        let path = segment_path(dir, seg);
-        let file = OpenOptions::new().read(true).write(true).open(&path)?;
-        let file_len = file.metadata()?.len();
-        let mut rd = BufReader::with_capacity(1 << 20, &file);
-        let mut offset = 0u64;
-        let mut cut_at: Option<u64> = None;
-        let mut header = [0u8; HEADER_LEN];
-        let mut body = Vec::new();
-        // True when everything from `cut_at` on is zeros: the writer's preallocation.
-        let mut zeros = false;
-        // The last record read, when it did not decode: (offset, why).
-        let mut corrupt: Option<(u64, String)> = None;
-        while offset < file_len {
-            if file_len - offset < HEADER_LEN as u64 {
-                cut_at = Some(offset);
-                zeros = rest_is_zero(&mut rd, file_len - offset)?;
-                break;
-            }
-            rd.read_exact(&mut header)?;
-            let len = u32::from_be_bytes([header[0], header[1], header[2], header[3]]);
-            let crc = u32::from_be_bytes([header[4], header[5], header[6], header[7]]);
-            let end = offset + HEADER_LEN as u64 + u64::from(len);
-            if len == 0 || len > MAX_RECORD || end > file_len {
-                cut_at = Some(offset);
-                zeros = header == [0; HEADER_LEN]
-                    && rest_is_zero(&mut rd, file_len - offset - HEADER_LEN as u64)?;
-                break;
-            }
-            if let Some((at, e)) = corrupt.take() {
-                report_corrupt(&mut report, seg, at, &e);
-            }
-            body.resize(len as usize, 0);
-            rd.read_exact(&mut body)?;
-            let location = Location {
-                segment: seg,
-                offset,
-                len: len + HEADER_LEN as u32,
-            };
-            offset = end;
-            let rec = match record::scan(&body, crc) {
-                Ok(r) => r,
-                Err(e) => {
-                    // Reported once the next record is read: one that only zeros follow is
-                    // a record torn by a crash over the zeros ahead of it.
-                    corrupt = Some((location.offset, e.to_string()));
-                    continue;
-                }
-            };
-            report.records += 1;
-            let rec = match rec {
-                Scanned::Publish {
-                    id,
-                    queues,
-                    transient,
-                    priority,
-                } => {
-                    max_id = max_id.max(id);
-                    if transient || queues.is_empty() {
-                        continue;
-                    }
-                    let queues = queues
-                        .into_iter()
-                        .map(|q| intern(&mut index, &mut names, q))
-                        .collect();
-                    let old = msgs.insert(
-                        id,
-                        Live {
-                            location,
-                            first: location,
-                            queues,
-                            priority,
-                        },
-                    );
-                    if let Some(old) = old {
-                        superseded.insert((old.location.segment, old.location.offset));
-                        if let Some(m) = msgs.get_mut(&id) {
-                            m.first = old.first;
-                        }
-                    }
-                    continue;
-                }
-                Scanned::Other(rec) => *rec,
-            };
-            match rec {
-                Record::Publish { .. } => {
-                    unreachable!("scan returns publish records as Scanned::Publish")
-                }
-                Record::Ack { id, queue, target } => {
-                    max_id = max_id.max(id);
-                    let Some(&q) = index.get(&queue) else {
-                        continue;
-                    };
-                    let Some(m) = msgs.get_mut(&id) else {
-                        continue;
-                    };
-                    let before = m.queues.len();
-                    m.queues.retain(|i| *i != q);
-                    if m.queues.len() == before {
-                        continue;
-                    }
-                    // This ACK settles a message whose oldest copy is in segment `settles`:
-                    // deleting it while a copy survives would bring the message back.
-                    let settles = m.first.segment.min(target.map_or(u32::MAX, |t| t.origin));
-                    if m.queues.is_empty() {
-                        msgs.remove(&id);
-                    }
-                    let s = segs.entry(seg).or_insert_with(|| Seg::new(0));
-                    s.ack_floor = s.ack_floor.min(settles);
-                    s.legacy |= target.is_none() && settles < seg;
-                }
-                Record::Delivered { id, queue } => {
-                    // Everything of this queue (of this priority) up to `id` has been
-                    // delivered.
-                    let w = match crate::parse_priority_mark(&queue) {
-                        Some((p, base)) => {
-                            let q = intern(&mut index, &mut names, base);
-                            priority_upto.entry((q, p)).or_insert(0)
-                        }
-                        None => {
-                            let q = intern(&mut index, &mut names, &queue);
-                            delivered_upto.entry(q).or_insert(0)
-                        }
-                    };
-                    *w = (*w).max(id);
-                    let mark = marks.entry(queue).or_insert((id, seg));
-                    if id >= mark.0 {
-                        *mark = (id, seg);
-                    }
-                }
-            }
-        }
-        // The writer's zeros (see `PREALLOCATE`) are only in the last segment (a full one has
-        // none left, one written no more is cut back), which they leave at a multiple of
-        // `PREALLOCATE` or at the segment size.
-        zeros &= seg == last && (file_len % crate::PREALLOCATE == 0 || file_len == segment_size);
-        match corrupt.take() {
-            // Only zeros after a record that does not decode: a torn write, cut with the zeros.
-            Some((at, _)) if zeros => {
-                cut_at = Some(at);
-                zeros = false;
-            }
-            Some((at, e)) => report_corrupt(&mut report, seg, at, &e),
-            None => {}
-        }
-        if let Some(at) = cut_at {
-            let dropped = file_len - at;
-            if zeros {
-                debug!(
-                    segment = seg,
-                    offset = at,
-                    bytes = dropped,
-                    "cutting the zeros written ahead of the segment's records"
-                );
-            } else {
-                report.truncated_bytes += dropped;
-                warn!(
-                    segment = seg,
-                    offset = at,
-                    bytes = dropped,
-                    "truncating torn or unreadable segment tail"
-                );
-            }
-            file.set_len(at)?;
-            file.sync_all()?;
-        }
-        segs.entry(seg).or_insert_with(|| Seg::new(0)).bytes = cut_at.unwrap_or(file_len);
-    }
+    let mut merge = Merge::default();
+    scan_and_merge(
+        dir,
+        &segments,
+        segment_size,
+        threads,
+        &mut merge,
+        &mut report,
+    )?;
+    let Merge {
+        names,
+        msgs,
+        max_id,
+        delivered_upto,
+        priority_upto,
+        mut segs,
+        marks,
+        superseded,
+        ..
+    } = merge;
 
     // By queue index (see `intern`), named at the end.
     let mut per_queue: Vec<Vec<RecoveredEntry>> = names.iter().map(|_| Vec::new()).collect();
@@ -438,5 +698,113 @@ impl Hasher for IdHasher {
     fn write_u64(&mut self, id: u64) {
         // Fibonacci hashing: the high bits, which the map's control bytes use, vary too.
         self.0 = id.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Store, StoreConfig};
+    use warren_amqp::properties::BasicProperties;
+
+    type Outcome = (
+        BTreeMap<String, Vec<RecoveredEntry>>,
+        RecoveryReport,
+        Vec<(u32, i64, i64, u64, u32, bool)>,
+        u64,
+        u32,
+        BTreeMap<String, (u64, u32)>,
+        Vec<(u32, u64)>,
+        Vec<((u32, u64), Location, u32)>,
+    );
+
+    /// Everything recovery hands the store, in a comparable form (the scan's duration left
+    /// out).
+    fn outcome(r: RecoveryResult) -> Outcome {
+        let mut superseded: Vec<_> = r.superseded.into_iter().collect();
+        superseded.sort_unstable();
+        let mut moved: Vec<_> = r
+            .moved
+            .into_iter()
+            .map(|(k, m)| (k, m.to, m.pairs))
+            .collect();
+        moved.sort_unstable_by_key(|m| m.0);
+        (
+            r.queues.into_iter().collect(),
+            RecoveryReport {
+                duration: Duration::ZERO,
+                ..r.report
+            },
+            r.segs
+                .iter()
+                .map(|(n, s)| (*n, s.pairs, s.live_bytes, s.bytes, s.ack_floor, s.legacy))
+                .collect(),
+            r.next_id,
+            r.last_segment,
+            r.marks.into_iter().collect(),
+            superseded,
+            moved,
+        )
+    }
+
+    #[test]
+    fn scanning_on_several_threads_recovers_what_one_pass_in_order_does() {
+        let dir =
+            std::env::temp_dir().join(format!("warren-recovery-threads-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        // Small segments: the records spread over dozens of them, each scanned on its own.
+        let cfg = StoreConfig {
+            segment_size: 4096,
+            ..StoreConfig::new(&dir)
+        };
+        {
+            let (store, _) = Store::open(cfg.clone()).unwrap();
+            let persistent = BasicProperties {
+                delivery_mode: Some(2),
+                ..Default::default()
+            };
+            let urgent = BasicProperties {
+                priority: Some(5),
+                ..persistent.clone()
+            };
+            let mut sent = Vec::new();
+            for i in 0..2000u64 {
+                let id = store.next_id();
+                let (props, queues): (_, &[&str]) = match i % 3 {
+                    0 => (&persistent, &["a", "b"]),
+                    1 => (&urgent, &["p"]),
+                    _ => (&persistent, &["b"]),
+                };
+                let body = format!("message {i} {}", "x".repeat(100));
+                let loc = store
+                    .append_publish(id, "", "k", props, body.as_bytes(), 1, queues, None)
+                    .unwrap();
+                sent.push((i, id, loc));
+                // Settlements and delivery marks land segments after the records they name.
+                if i >= 40 && i % 4 == 0 {
+                    let (j, id, loc) = sent[(i - 40) as usize];
+                    match j % 3 {
+                        0 => store.ack("a", id, loc),
+                        1 => store.delivered("p", Some(5), id),
+                        _ => store.ack("b", id, loc),
+                    }
+                }
+                if i % 50 == 0 {
+                    store.delivered("b", None, id);
+                }
+            }
+            store.close();
+        }
+        let one = outcome(recover_on(&dir, cfg.segment_size, 1).unwrap());
+        assert!(one.1.segments > 20, "{} segments", one.1.segments);
+        assert!(one.0.len() == 3 && one.0.values().all(|q| !q.is_empty()));
+        for threads in [2, 4] {
+            assert_eq!(
+                outcome(recover_on(&dir, cfg.segment_size, threads).unwrap()),
+                one,
+                "{threads} threads"
+            );
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
