@@ -14,10 +14,12 @@
 #   ab:      `ab -k -c 1000 -n AB_N` GET puts of 512 B via `data=`, then AB_N gets;
 #   backlog: BACKLOG_N (1,000,000) x 1 KiB POST puts, then as many gets, on a fresh broker;
 #            peak RSS (VmHWM) after each phase;
-#   floor:   FLOOR_ROUNDS (3) interleaved rounds of the same `wrk -t2 -c100` POST puts against
-#            the HTTP floor (examples/http_floor.rs: the same hyper stack answering
-#            HTTPMQ_PUT_OK with no queue work), against Warren, and Warren's `opt=status`
-#            (no store); SKIP_FLOOR=1 leaves them out;
+#   floor:   FLOOR_ROUNDS (3) interleaved rounds of the same wrk and ab requests (puts and
+#            gets) against the HTTP floor (examples/http_floor.rs: the same hyper stack
+#            answering HTTPMQ_PUT_OK with no queue work), of the wrk puts against Warren,
+#            and of Warren's `opt=status` (no store); SKIP_FLOOR=1 leaves them out. With
+#            the versus rounds, the floor's medians are set beside Warren's and twice
+#            httpmq's: the floor is the most this HTTP stack answers on the machine;
 #   versus:  with HTTPMQ=<an httpmq binary> (Go + LevelDB, github.com/sysulq/httpmq, built
 #            separately), VERSUS_ROUNDS (3) interleaved rounds of the wrk and ab rows above
 #            against httpmq and against Warren, each on a fresh data directory, and the ratio
@@ -27,7 +29,8 @@
 #            with BASELINE_WARREN=<another warren binary> (e.g. one built from main), the same
 #            rows on it too, alternating, to show what this build costs AMQP.
 # Every put is answered after the fsync that covers it, every get after the fsync of its ack.
-# CPU shares of the broker and of the load tool are printed (ab is single-threaded).
+# CPU shares of the broker and of the load tool are printed (ab is single-threaded), and the
+# whole machine's split into user, system, softirq and idle time.
 # Needs wrk, ab (apache2-utils) and jq.
 set -euo pipefail
 
@@ -123,14 +126,24 @@ ab_summary() { # file
     p99=$(awk '$1 == "99%" {print $2}' "$1")
     echo "$rps ${p50}ms ${p99}ms"
 }
-timed() { # out-file cmd...: runs cmd, prints broker and tool CPU % of one core
+# The machine's CPU split between two `cpu` lines of /proc/stat: user (with nice), system,
+# softirq (the loopback TCP's packet processing runs there) and idle (with iowait), in %.
+cpu_split() { # before after
+    paste <(echo "$1") <(echo "$2") | awk '{
+        for (i = 2; i <= 9; i++) d[i] = $(i + 11) - $i
+        t = 0; for (i = 2; i <= 9; i++) t += d[i]; if (t == 0) t = 1
+        printf "us %d sy %d si %d id %d", 100 * (d[2] + d[3]) / t, 100 * d[4] / t, 100 * d[8] / t, 100 * (d[5] + d[6]) / t
+    }'
+}
+timed() { # out-file cmd...: runs cmd, prints broker and tool CPU % of one core, then the
+          # machine's split (see cpu_split)
     local out=$1; shift
-    local b0 b1 t0 t1
-    b0=$(ticks "$BROKER_PID"); t0=$(date +%s%N)
+    local b0 b1 t0 t1 s0 s1
+    b0=$(ticks "$BROKER_PID"); t0=$(date +%s%N); s0=$(head -1 /proc/stat)
     /usr/bin/time -f "%P" -o "$out.cpu" "$@" >"$out" 2>&1
-    b1=$(ticks "$BROKER_PID"); t1=$(date +%s%N)
+    b1=$(ticks "$BROKER_PID"); t1=$(date +%s%N); s1=$(head -1 /proc/stat)
     local secs_x100=$(( (t1 - t0) / 10000000 ))
-    echo "$(( (b1 - b0) * 100 * 100 / hz / (secs_x100 > 0 ? secs_x100 : 1) ))% $(tr -d '%' <"$out.cpu")%"
+    echo "$(( (b1 - b0) * 100 * 100 / hz / (secs_x100 > 0 ? secs_x100 : 1) ))% $(tr -d '%' <"$out.cpu")% ($(cpu_split "$s0" "$s1"))"
 }
 
 RESULTS="$WORK/results.md"
@@ -144,10 +157,23 @@ if [ -z "$SKIP_FLOOR" ]; then
         for _ in $(seq 100); do curl -s "http://127.0.0.1:$FLOOR_PORT/" >/dev/null 2>&1 && break; sleep 0.05; done
         saved=$BROKER_PID; BROKER_PID=$FLOOR_PID
         cpu=$(timed "$WORK/floor" wrk -t2 -c100 -d"${DURATION}s" --latency -s "$WORK/put.lua" "http://127.0.0.1:$FLOOR_PORT/?name=f&opt=put")
+        read -r rps p50 p99 <<<"$(wrk_summary "$WORK/floor")"
+        echo "floor wrk-put $rps" >>"$WORK/rates"
+        row "| floor round $round: HTTP floor, wrk POST 512 B | $rps req/s | $p50 | $p99 | $cpu |"
+        cpu=$(timed "$WORK/floor-ab" ab -k -c 1000 -n "$AB_N" "http://127.0.0.1:$FLOOR_PORT/?name=f&opt=put&data=$BODY512")
+        read -r rps p50 p99 <<<"$(ab_summary "$WORK/floor-ab")"
+        echo "floor ab-put $rps" >>"$WORK/rates"
+        row "| floor round $round: HTTP floor, ab -k -c 1000 -n $AB_N GET data= 512 B | $rps req/s | $p50 | $p99 | $cpu |"
+        cpu=$(timed "$WORK/floor-get" wrk -t2 -c100 -d"${DURATION}s" --latency "http://127.0.0.1:$FLOOR_PORT/?name=f&opt=get")
+        read -r rps p50 p99 <<<"$(wrk_summary "$WORK/floor-get")"
+        echo "floor wrk-get $rps" >>"$WORK/rates"
+        row "| floor round $round: HTTP floor, wrk GET | $rps req/s | $p50 | $p99 | $cpu |"
+        cpu=$(timed "$WORK/floor-abget" ab -k -c 1000 -n "$AB_N" "http://127.0.0.1:$FLOOR_PORT/?name=f&opt=get")
+        read -r rps p50 p99 <<<"$(ab_summary "$WORK/floor-abget")"
+        echo "floor ab-get $rps" >>"$WORK/rates"
+        row "| floor round $round: HTTP floor, ab -k -c 1000 -n $AB_N GET | $rps req/s | $p50 | $p99 | $cpu |"
         BROKER_PID=$saved
         kill "$FLOOR_PID"; wait "$FLOOR_PID" 2>/dev/null || true; FLOOR_PID=""
-        read -r rps p50 p99 <<<"$(wrk_summary "$WORK/floor")"
-        row "| floor round $round: HTTP floor, wrk POST 512 B | $rps req/s | $p50 | $p99 | $cpu |"
         start_broker
         cpu=$(timed "$WORK/fput" wrk -t2 -c100 -d"${DURATION}s" --latency -s "$WORK/put.lua" "$URL/?name=floorq&opt=put")
         read -r rps p50 p99 <<<"$(wrk_summary "$WORK/fput")"
@@ -210,15 +236,21 @@ if [ -n "$HTTPMQ" ]; then
         done
     done
     URL="http://127.0.0.1:$HTTP_PORT"
-    median() { sort -n | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
+    median() { sort -n | awk '{a[NR] = $1} END {if (NR) print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
     for w in wrk-put wrk-get ab-put ab-get; do
         h=$(awk -v w="$w" '$1 == "httpmq" && $2 == w {print $3}' "$WORK/rates" | median)
         x=$(awk -v w="$w" '$1 == "warren" && $2 == w {print $3}' "$WORK/rates" | median)
         row "| versus, median of $VERSUS_ROUNDS rounds: $w | Warren $x / httpmq $h = $(awk -v x="$x" -v h="$h" 'BEGIN {printf "%.2fx", (h > 0) ? x / h : 0}') | | | |"
+        # Against the floor: how much of the most this HTTP stack can answer on this machine
+        # Warren reaches, and how much twice httpmq would take.
+        f=$(awk -v w="$w" '$1 == "floor" && $2 == w {print $3}' "$WORK/rates" | median)
+        if [ -n "$f" ]; then
+            row "| floor, median of $FLOOR_ROUNDS rounds: $w | floor $f req/s: Warren $(awk -v x="$x" -v f="$f" 'BEGIN {printf "%d%%", 100 * x / f}') of it, twice httpmq $(awk -v h="$h" -v f="$f" 'BEGIN {printf "%d%%", 200 * h / f}') of it | | | |"
+        fi
     done
 fi
 if [ -n "$SKIP_MAIN" ]; then
-    printf '\n| workload | rate | p50 | p99 | CPU broker / load tool (%% of one core) |\n|---|---:|---:|---:|---:|\n'
+    printf '\n| workload | rate | p50 | p99 | CPU broker / load tool (%% of one core) (machine %%) |\n|---|---:|---:|---:|---:|\n'
     cat "$RESULTS"
     exit 0
 fi
@@ -263,6 +295,6 @@ if [ -z "$SKIP_BACKLOG" ]; then
 fi
 
 echo
-echo "| workload | rate | p50 | p99 | CPU broker / load tool (% of one core) |"
+echo "| workload | rate | p50 | p99 | CPU broker / load tool (% of one core) (machine %) |"
 echo "|---|---:|---:|---:|---:|"
 cat "$RESULTS"
