@@ -104,15 +104,19 @@ pub(crate) struct RecoveryResult {
     pub moved: HashMap<(u32, u64), Moved>,
 }
 
+/// A live message as the segments merged so far leave it: 24 bytes, so that the map of
+/// millions of them stays small.
 struct Live {
-    /// The newest copy.
+    /// The newest copy (the oldest, when older copies survive, is in [`Merge::first`]).
     location: Location,
-    /// The oldest copy.
-    first: Location,
-    /// Queue indexes still holding the message.
-    queues: Vec<u32>,
+    /// The queues still holding it: one queue index, or with [`MANY`] set the index of their
+    /// list in [`Merge::lists`].
+    queues: u32,
     priority: u8,
 }
+
+/// Marks [`Live::queues`] as the index of a list of queues.
+const MANY: u32 = 1 << 31;
 
 /// Reads the next `n` bytes of `rd`: true when all are zero.
 fn rest_is_zero(rd: &mut impl Read, n: u64) -> std::io::Result<bool> {
@@ -346,6 +350,10 @@ struct Merge {
     names: Vec<String>,
     index: HashMap<String, u32>,
     msgs: HashMap<u64, Live, BuildHasherDefault<IdHasher>>,
+    /// The oldest copy of each live message that has more than one on disk.
+    first: HashMap<u64, Location, BuildHasherDefault<IdHasher>>,
+    /// The queues of live messages held by more than one (see [`Live::queues`]).
+    lists: Vec<Vec<u32>>,
     max_id: u64,
     delivered_upto: HashMap<u32, u64, BuildHasherDefault<IdHasher>>,
     /// A priority queue's watermarks, by (queue, priority) (see `Store::delivered`).
@@ -380,19 +388,24 @@ impl Merge {
                     queues,
                     priority,
                 } => {
-                    let queues = scan.queue_lists[queues.start as usize..queues.end as usize]
+                    let mut queues = scan.queue_lists[queues.start as usize..queues.end as usize]
                         .iter()
                         .map(|&l| {
                             *queue_of[l as usize].get_or_insert_with(|| {
                                 intern(&mut self.index, &mut self.names, &scan.names[l as usize])
                             })
-                        })
-                        .collect();
+                        });
+                    let queues = match (queues.next(), queues.len()) {
+                        (Some(q), 0) => q,
+                        (first, _) => {
+                            self.lists.push(first.into_iter().chain(queues).collect());
+                            (self.lists.len() - 1) as u32 | MANY
+                        }
+                    };
                     let old = self.msgs.insert(
                         id,
                         Live {
                             location,
-                            first: location,
                             queues,
                             priority,
                         },
@@ -400,9 +413,8 @@ impl Merge {
                     if let Some(old) = old {
                         self.superseded
                             .insert((old.location.segment, old.location.offset));
-                        if let Some(m) = self.msgs.get_mut(&id) {
-                            m.first = old.first;
-                        }
+                        // The oldest copy stays the first one found.
+                        self.first.entry(id).or_insert(old.location);
                     }
                 }
                 Event::Ack { id, queue, origin } => {
@@ -417,16 +429,27 @@ impl Merge {
                     let Some(m) = self.msgs.get_mut(&id) else {
                         continue;
                     };
-                    let before = m.queues.len();
-                    m.queues.retain(|i| *i != q);
-                    if m.queues.len() == before {
-                        continue;
-                    }
+                    let emptied = if m.queues & MANY == 0 {
+                        if m.queues != q {
+                            continue;
+                        }
+                        true
+                    } else {
+                        let list = &mut self.lists[(m.queues & !MANY) as usize];
+                        let before = list.len();
+                        list.retain(|i| *i != q);
+                        if list.len() == before {
+                            continue;
+                        }
+                        list.is_empty()
+                    };
                     // This ACK settles a message whose oldest copy is in segment `settles`:
                     // deleting it while a copy survives would bring the message back.
-                    let settles = m.first.segment.min(origin.unwrap_or(u32::MAX));
-                    if m.queues.is_empty() {
+                    let oldest = self.first.get(&id).unwrap_or(&m.location);
+                    let settles = oldest.segment.min(origin.unwrap_or(u32::MAX));
+                    if emptied {
                         self.msgs.remove(&id);
+                        self.first.remove(&id);
                     }
                     let s = self.segs.entry(seg).or_insert_with(|| Seg::new(0));
                     s.ack_floor = s.ack_floor.min(settles);
@@ -596,6 +619,8 @@ fn recover_on(dir: &Path, segment_size: u64, threads: usize) -> std::io::Result<
     let Merge {
         names,
         msgs,
+        first,
+        lists,
         max_id,
         delivered_upto,
         priority_upto,
@@ -609,21 +634,26 @@ fn recover_on(dir: &Path, segment_size: u64, threads: usize) -> std::io::Result<
     let mut per_queue: Vec<Vec<RecoveredEntry>> = names.iter().map(|_| Vec::new()).collect();
     let mut moved = HashMap::new();
     for (id, m) in &msgs {
-        if m.first != m.location {
+        let queues = match m.queues & MANY {
+            0 => std::slice::from_ref(&m.queues),
+            _ => &lists[(m.queues & !MANY) as usize][..],
+        };
+        let oldest = first.get(id).copied().unwrap_or(m.location);
+        if oldest != m.location {
             moved.insert(
-                (m.first.segment, m.first.offset),
+                (oldest.segment, oldest.offset),
                 Moved {
                     to: m.location,
-                    pairs: m.queues.len() as u32,
+                    pairs: queues.len() as u32,
                 },
             );
         }
         if let Some(s) = segs.get_mut(&m.location.segment) {
-            let n = m.queues.len() as i64;
+            let n = queues.len() as i64;
             s.pairs += n;
             s.live_bytes += n * i64::from(m.location.len);
         }
-        for q in &m.queues {
+        for q in queues {
             let delivered = delivered_upto.get(q).is_some_and(|w| *id <= *w)
                 || (!priority_upto.is_empty()
                     && priority_upto
@@ -632,7 +662,7 @@ fn recover_on(dir: &Path, segment_size: u64, threads: usize) -> std::io::Result<
             report.messages += 1;
             per_queue[*q as usize].push(RecoveredEntry {
                 id: *id,
-                location: m.first,
+                location: oldest,
                 redelivered: delivered,
                 priority: m.priority,
             });
