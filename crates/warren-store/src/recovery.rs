@@ -23,9 +23,10 @@
 //! settling it stay needed as long as any copy survives.
 //!
 //! Work and memory grow linearly with what is on disk: one pass, one map entry per live
-//! message. Segments are read and checked on several threads (at most [`SCAN_THREADS`], and
-//! only a few segments ahead), and their records applied in segment order on the calling
-//! thread, so the outcome is the one a single pass in order gives.
+//! message (24 bytes each, see `Live`). Segments are read and checked on several threads (at
+//! most [`SCAN_THREADS`]), which hand their records on in chunks, at most a few chunks ahead;
+//! the calling thread applies them in segment order, so the outcome is the one a single pass
+//! in order gives.
 
 use crate::record::{self, Record, Scanned, HEADER_LEN};
 use crate::{segment_path, Location, Moved, Seg};
@@ -133,11 +134,18 @@ fn rest_is_zero(rd: &mut impl Read, n: u64) -> std::io::Result<bool> {
     Ok(true)
 }
 
+/// Events in a [`Chunk`]: what a scanning thread hands the merge at a time.
+const CHUNK_EVENTS: usize = 16 * 1024;
+
+/// Chunks a scanning thread may have waiting for the merge (with the one it is filling, this
+/// bounds what recovery holds beyond its map: about 4 MiB a thread).
+const CHUNKS_AHEAD: usize = 4;
+
 /// One record's effect as scanning its segment finds it, queue names given as indexes into
-/// that segment's own table ([`SegmentScan::names`]).
+/// that segment's table of names (see [`Chunk::names`]).
 enum Event {
-    /// A persistent copy of message `id` held by the queues `queues` (a range of
-    /// [`SegmentScan::queue_lists`]).
+    /// A persistent copy of message `id` held by the queues `queues` (a range of its chunk's
+    /// [`Chunk::queue_lists`]).
     Publish {
         id: u64,
         location: Location,
@@ -155,13 +163,22 @@ enum Event {
     Delivered { id: u64, queue: u32 },
 }
 
-/// What one segment holds, in record order, and what scanning it found wrong.
-struct SegmentScan {
-    /// Queue names (and priority marks) of its records, each once.
+/// Part of one segment's records, in order, from the thread scanning it.
+#[derive(Default)]
+struct Chunk {
+    /// Names (queues and priority marks) that no earlier chunk of the segment gave: they
+    /// continue the segment's table of names, which events index.
     names: Vec<String>,
-    /// The queue lists of its publish records, as indexes into `names`, back to back.
+    /// The queue lists of its publish events, as indexes into that table, back to back.
     queue_lists: Vec<u32>,
     events: Vec<Event>,
+    /// With the segment's last chunk: what scanning the segment found.
+    end: Option<SegmentEnd>,
+}
+
+/// What scanning a segment found besides its records.
+#[derive(Default)]
+struct SegmentEnd {
     /// Records read successfully.
     records: u64,
     /// The highest id of its publish and ack records.
@@ -174,40 +191,59 @@ struct SegmentScan {
     bytes: u64,
 }
 
-impl SegmentScan {
-    /// The index of `name` in `names`, added if new; `local` maps names to indexes.
-    fn name(&mut self, local: &mut HashMap<String, u32>, name: &str) -> u32 {
-        if let Some(&i) = local.get(name) {
+/// Fills a segment's chunks and hands each to `emit` when it is full.
+struct Chunker<'a> {
+    /// Every name of the segment so far, with its index.
+    local: HashMap<String, u32>,
+    chunk: Chunk,
+    /// Takes a full chunk; false when the merge is gone.
+    emit: &'a mut dyn FnMut(Chunk) -> bool,
+}
+
+impl Chunker<'_> {
+    /// The index of `name` in the segment's table, added if new.
+    fn name(&mut self, name: &str) -> u32 {
+        if let Some(&i) = self.local.get(name) {
             return i;
         }
-        let i = self.names.len() as u32;
-        self.names.push(name.to_string());
-        local.insert(name.to_string(), i);
+        let i = self.local.len() as u32;
+        self.chunk.names.push(name.to_string());
+        self.local.insert(name.to_string(), i);
         i
+    }
+
+    /// Adds `event`, handing the chunk on once full. Errors: the merge is gone.
+    fn push(&mut self, event: Event) -> std::io::Result<()> {
+        self.chunk.events.push(event);
+        if self.chunk.events.len() >= CHUNK_EVENTS && !(self.emit)(std::mem::take(&mut self.chunk))
+        {
+            return Err(merge_gone());
+        }
+        Ok(())
     }
 }
 
-/// Reads segment `seg` of `dir` record by record, checking each (see the module docs), and
-/// cuts off a torn or unreadable tail (zeros the writer left ahead of its records, only in
-/// the `last` segment, quietly). Errors: the file cannot be opened, read or cut.
+fn merge_gone() -> std::io::Error {
+    std::io::Error::other("recovery stopped merging")
+}
+
+/// Reads segment `seg` of `dir` record by record, checking each (see the module docs), hands
+/// its records to `emit` in chunks (the last one with [`Chunk::end`]), and cuts off a torn or
+/// unreadable tail (zeros the writer left ahead of its records, only in the `last` segment,
+/// quietly). Errors: the file cannot be opened, read or cut; `emit` returned false.
 fn scan_segment(
-    spare: (Vec<Event>, Vec<u32>),
     dir: &Path,
     seg: u32,
     last: bool,
     segment_size: u64,
-) -> std::io::Result<SegmentScan> {
-    let mut scan = SegmentScan {
-        names: Vec::new(),
-        queue_lists: spare.1,
-        events: spare.0,
-        records: 0,
-        max_id: 0,
-        corrupt_records: 0,
-        truncated_bytes: 0,
-        bytes: 0,
+    emit: &mut dyn FnMut(Chunk) -> bool,
+) -> std::io::Result<()> {
+    let mut found = SegmentEnd::default();
+    let mut out = Chunker {
+        local: HashMap::new(),
+        chunk: Chunk::default(),
+        emit,
     };
-    let mut local: HashMap<String, u32> = HashMap::new();
     let path = segment_path(dir, seg);
     let file = OpenOptions::new().read(true).write(true).open(&path)?;
     let file_len = file.metadata()?.len();
@@ -220,8 +256,8 @@ fn scan_segment(
     let mut zeros = false;
     // The last record read, when it did not decode: (offset, why).
     let mut corrupt: Option<(u64, String)> = None;
-    let report_corrupt = |scan: &mut SegmentScan, offset: u64, error: &str| {
-        scan.corrupt_records += 1;
+    let report_corrupt = |found: &mut SegmentEnd, offset: u64, error: &str| {
+        found.corrupt_records += 1;
         warn!(segment = seg, offset, error, "skipping corrupt record");
     };
     while offset < file_len {
@@ -241,7 +277,7 @@ fn scan_segment(
             break;
         }
         if let Some((at, e)) = corrupt.take() {
-            report_corrupt(&mut scan, at, &e);
+            report_corrupt(&mut found, at, &e);
         }
         body.resize(len as usize, 0);
         rd.read_exact(&mut body)?;
@@ -260,7 +296,7 @@ fn scan_segment(
                 continue;
             }
         };
-        scan.records += 1;
+        found.records += 1;
         let event = match rec {
             Scanned::Publish {
                 id,
@@ -268,19 +304,19 @@ fn scan_segment(
                 transient,
                 priority,
             } => {
-                scan.max_id = scan.max_id.max(id);
+                found.max_id = found.max_id.max(id);
                 if transient || queues.is_empty() {
                     continue;
                 }
-                let from = scan.queue_lists.len() as u32;
+                let from = out.chunk.queue_lists.len() as u32;
                 for q in queues {
-                    let i = scan.name(&mut local, q);
-                    scan.queue_lists.push(i);
+                    let i = out.name(q);
+                    out.chunk.queue_lists.push(i);
                 }
                 Event::Publish {
                     id,
                     location,
-                    queues: from..scan.queue_lists.len() as u32,
+                    queues: from..out.chunk.queue_lists.len() as u32,
                     priority,
                 }
             }
@@ -289,20 +325,20 @@ fn scan_segment(
                     unreachable!("scan returns publish records as Scanned::Publish")
                 }
                 Record::Ack { id, queue, target } => {
-                    scan.max_id = scan.max_id.max(id);
+                    found.max_id = found.max_id.max(id);
                     Event::Ack {
                         id,
-                        queue: scan.name(&mut local, &queue),
+                        queue: out.name(&queue),
                         origin: target.map(|t| t.origin),
                     }
                 }
                 Record::Delivered { id, queue } => Event::Delivered {
                     id,
-                    queue: scan.name(&mut local, &queue),
+                    queue: out.name(&queue),
                 },
             },
         };
-        scan.events.push(event);
+        out.push(event)?;
     }
     // The writer's zeros (see `PREALLOCATE`) are only in the last segment (a full one has
     // none left, one written no more is cut back), which they leave at a multiple of
@@ -314,7 +350,7 @@ fn scan_segment(
             cut_at = Some(at);
             zeros = false;
         }
-        Some((at, e)) => report_corrupt(&mut scan, at, &e),
+        Some((at, e)) => report_corrupt(&mut found, at, &e),
         None => {}
     }
     if let Some(at) = cut_at {
@@ -327,7 +363,7 @@ fn scan_segment(
                 "cutting the zeros written ahead of the segment's records"
             );
         } else {
-            scan.truncated_bytes += dropped;
+            found.truncated_bytes += dropped;
             warn!(
                 segment = seg,
                 offset = at,
@@ -338,12 +374,16 @@ fn scan_segment(
         file.set_len(at)?;
         file.sync_all()?;
     }
-    scan.bytes = cut_at.unwrap_or(file_len);
-    Ok(scan)
+    found.bytes = cut_at.unwrap_or(file_len);
+    out.chunk.end = Some(found);
+    if !(out.emit)(out.chunk) {
+        return Err(merge_gone());
+    }
+    Ok(())
 }
 
-/// The live messages as the segments scanned so far leave them, and what else recovery
-/// keeps; [`Merge::apply`] takes the segments in order.
+/// The live messages as the records merged so far leave them, and what else recovery
+/// keeps; [`Merge::apply`] takes the segments' chunks in order.
 #[derive(Default)]
 struct Merge {
     /// Queue names by index (see `intern`), and the index of each.
@@ -352,8 +392,10 @@ struct Merge {
     msgs: HashMap<u64, Live, BuildHasherDefault<IdHasher>>,
     /// The oldest copy of each live message that has more than one on disk.
     first: HashMap<u64, Location, BuildHasherDefault<IdHasher>>,
-    /// The queues of live messages held by more than one (see [`Live::queues`]).
+    /// The queues of live messages held by more than one (see [`Live::queues`]), and the
+    /// indexes of lists no message uses, to reuse.
     lists: Vec<Vec<u32>>,
+    free_lists: Vec<u32>,
     max_id: u64,
     delivered_upto: HashMap<u32, u64, BuildHasherDefault<IdHasher>>,
     /// A priority queue's watermarks, by (queue, priority) (see `Store::delivered`).
@@ -364,23 +406,20 @@ struct Merge {
 }
 
 impl Merge {
-    /// Applies segment `seg`'s records, in their order, to what the segments before it left.
-    ///
-    /// Returns the scan's event and queue-list buffers, emptied, for the next scan to reuse.
+    /// Applies the next chunk of segment `seg` (after every record before it). `names` is
+    /// the segment's table of names so far, `queue_of` their queue indexes once known (an
+    /// ACK names a queue only if an earlier record did); both start empty for a segment.
     fn apply(
         &mut self,
         seg: u32,
-        mut scan: SegmentScan,
+        names: &mut Vec<String>,
+        queue_of: &mut Vec<Option<u32>>,
+        chunk: Chunk,
         report: &mut RecoveryReport,
-    ) -> (Vec<Event>, Vec<u32>) {
-        report.records += scan.records;
-        report.corrupt_records += scan.corrupt_records;
-        report.truncated_bytes += scan.truncated_bytes;
-        self.max_id = self.max_id.max(scan.max_id);
-        // The segment's names as queue indexes, once known (an ACK names a queue only if an
-        // earlier record did).
-        let mut queue_of: Vec<Option<u32>> = vec![None; scan.names.len()];
-        for event in scan.events.drain(..) {
+    ) {
+        names.extend(chunk.names);
+        queue_of.resize(names.len(), None);
+        for event in chunk.events {
             match event {
                 Event::Publish {
                     id,
@@ -388,18 +427,27 @@ impl Merge {
                     queues,
                     priority,
                 } => {
-                    let mut queues = scan.queue_lists[queues.start as usize..queues.end as usize]
+                    let mut queues = chunk.queue_lists[queues.start as usize..queues.end as usize]
                         .iter()
                         .map(|&l| {
                             *queue_of[l as usize].get_or_insert_with(|| {
-                                intern(&mut self.index, &mut self.names, &scan.names[l as usize])
+                                intern(&mut self.index, &mut self.names, &names[l as usize])
                             })
                         });
                     let queues = match (queues.next(), queues.len()) {
                         (Some(q), 0) => q,
                         (first, _) => {
-                            self.lists.push(first.into_iter().chain(queues).collect());
-                            (self.lists.len() - 1) as u32 | MANY
+                            let list = first.into_iter().chain(queues).collect();
+                            match self.free_lists.pop() {
+                                Some(i) => {
+                                    self.lists[i as usize] = list;
+                                    i | MANY
+                                }
+                                None => {
+                                    self.lists.push(list);
+                                    (self.lists.len() - 1) as u32 | MANY
+                                }
+                            }
                         }
                     };
                     let old = self.msgs.insert(
@@ -411,6 +459,7 @@ impl Merge {
                         },
                     );
                     if let Some(old) = old {
+                        self.free_list(old.queues);
                         self.superseded
                             .insert((old.location.segment, old.location.offset));
                         // The oldest copy stays the first one found.
@@ -421,7 +470,7 @@ impl Merge {
                     let l = queue as usize;
                     let q = match queue_of[l] {
                         Some(q) => q,
-                        None => match self.index.get(&scan.names[l]) {
+                        None => match self.index.get(&names[l]) {
                             Some(&q) => *queue_of[l].insert(q),
                             None => continue,
                         },
@@ -448,7 +497,9 @@ impl Merge {
                     let oldest = self.first.get(&id).unwrap_or(&m.location);
                     let settles = oldest.segment.min(origin.unwrap_or(u32::MAX));
                     if emptied {
-                        self.msgs.remove(&id);
+                        if let Some(m) = self.msgs.remove(&id) {
+                            self.free_list(m.queues);
+                        }
                         self.first.remove(&id);
                     }
                     let s = self.segs.entry(seg).or_insert_with(|| Seg::new(0));
@@ -456,7 +507,7 @@ impl Merge {
                     s.legacy |= origin.is_none() && settles < seg;
                 }
                 Event::Delivered { id, queue } => {
-                    let name = &scan.names[queue as usize];
+                    let name = &names[queue as usize];
                     // Everything of this queue (of this priority) up to `id` has been
                     // delivered.
                     let w = match crate::parse_priority_mark(name) {
@@ -478,14 +529,28 @@ impl Merge {
                 }
             }
         }
-        self.segs.entry(seg).or_insert_with(|| Seg::new(0)).bytes = scan.bytes;
-        scan.queue_lists.clear();
-        (scan.events, scan.queue_lists)
+        if let Some(end) = chunk.end {
+            report.records += end.records;
+            report.corrupt_records += end.corrupt_records;
+            report.truncated_bytes += end.truncated_bytes;
+            self.max_id = self.max_id.max(end.max_id);
+            self.segs.entry(seg).or_insert_with(|| Seg::new(0)).bytes = end.bytes;
+        }
+    }
+
+    /// Frees the list of queues `queues` names, if it names one (see [`Live::queues`]).
+    fn free_list(&mut self, queues: u32) {
+        if queues & MANY != 0 {
+            self.lists[(queues & !MANY) as usize] = Vec::new();
+            self.free_lists.push(queues & !MANY);
+        }
     }
 }
 
-/// Scans `segments` (in order) on up to `threads` threads, at most a few segments ahead of
-/// the merge, and merges them in order. Errors: the first a segment's scan returns.
+/// Scans `segments` on up to `threads` threads (segment `i` on thread `i % threads`, each
+/// at most [`CHUNKS_AHEAD`] chunks ahead of the merge) and merges their records in segment
+/// order on this thread. Errors: the first segment, in order, that cannot be read or cut
+/// (segments after it may have been scanned, and their torn tails cut, already).
 fn scan_and_merge(
     dir: &Path,
     segments: &[u32],
@@ -496,70 +561,44 @@ fn scan_and_merge(
 ) -> std::io::Result<()> {
     let last = segments.last().copied().unwrap_or(0);
     let threads = threads.clamp(1, segments.len().max(1));
-    // Scanned segments wait for the merge in memory: a few at a time.
-    let ahead = threads * 2;
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    // Segments merged so far (`usize::MAX` once the merge stopped at an error), and the
-    // buffers of merged scans, for the next scans to fill again instead of growing new ones.
-    let merged = parking_lot::Mutex::new((0usize, Vec::<(Vec<Event>, Vec<u32>)>::new()));
-    let progress = parking_lot::Condvar::new();
     std::thread::scope(|s| {
-        let (tx, rx) = std::sync::mpsc::channel::<(usize, std::io::Result<SegmentScan>)>();
-        for _ in 0..threads {
-            let tx = tx.clone();
-            let (next, merged, progress) = (&next, &merged, &progress);
-            s.spawn(move || loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some(&seg) = segments.get(i) else {
-                    return;
-                };
-                let spare = {
-                    let mut m = merged.lock();
-                    while m.0 != usize::MAX && i >= m.0 + ahead {
-                        progress.wait(&mut m);
-                    }
-                    if m.0 == usize::MAX {
+        let mut chunks = Vec::with_capacity(threads);
+        for t in 0..threads {
+            let (tx, rx) = std::sync::mpsc::sync_channel::<std::io::Result<Chunk>>(CHUNKS_AHEAD);
+            chunks.push(rx);
+            s.spawn(move || {
+                for &seg in segments.iter().skip(t).step_by(threads) {
+                    let mut emit = |c: Chunk| tx.send(Ok(c)).is_ok();
+                    // A panic becomes the segment's error: the merge waits for its chunks.
+                    let scanned = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        scan_segment(dir, seg, seg == last, segment_size, &mut emit)
+                    }))
+                    .unwrap_or_else(|_| {
+                        Err(std::io::Error::other(format!(
+                            "scanning segment {seg} panicked"
+                        )))
+                    });
+                    if let Err(e) = scanned {
+                        // Nothing listens any more when the merge stopped first.
+                        let _ = tx.send(Err(e));
                         return;
                     }
-                    m.1.pop().unwrap_or_default()
-                };
-                // A panic here would leave the merge waiting for this segment for ever.
-                let scanned = std::panic::catch_unwind(|| {
-                    scan_segment(spare, dir, seg, seg == last, segment_size)
-                })
-                .unwrap_or_else(|_| {
-                    Err(std::io::Error::other(format!(
-                        "scanning segment {seg} panicked"
-                    )))
-                });
-                if tx.send((i, scanned)).is_err() {
-                    return;
                 }
             });
         }
-        drop(tx);
-        let mut done: BTreeMap<usize, std::io::Result<SegmentScan>> = BTreeMap::new();
-        let mut want = 0;
-        let result: std::io::Result<()> = (|| {
-            for (i, scanned) in rx.iter() {
-                done.insert(i, scanned);
-                while let Some(scanned) = done.remove(&want) {
-                    let spare = merge.apply(segments[want], scanned?, report);
-                    want += 1;
-                    let mut m = merged.lock();
-                    m.0 = want;
-                    m.1.push(spare);
-                    drop(m);
-                    progress.notify_all();
+        // Leaving early (an error, a panic) drops the receivers, which stops the threads.
+        for (i, &seg) in segments.iter().enumerate() {
+            let (mut names, mut queue_of) = (Vec::new(), Vec::new());
+            loop {
+                let chunk = chunks[i % threads].recv().map_err(|_| merge_gone())??;
+                let end = chunk.end.is_some();
+                merge.apply(seg, &mut names, &mut queue_of, chunk, report);
+                if end {
+                    break;
                 }
             }
-            Ok(())
-        })();
-        if result.is_err() {
-            merged.lock().0 = usize::MAX;
-            progress.notify_all();
         }
-        result
+        Ok(())
     })
 }
 
@@ -777,64 +816,108 @@ mod tests {
         )
     }
 
-    #[test]
-    fn scanning_on_several_threads_recovers_what_one_pass_in_order_does() {
-        let dir =
-            std::env::temp_dir().join(format!("warren-recovery-threads-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        // Small segments: the records spread over dozens of them, each scanned on its own.
+    /// Writes `n` messages to a store in `dir` with segments of `segment_size` bytes: to
+    /// queues `a` and `b`, to the priority queue `p`, or to `b` alone; settlements and
+    /// delivery marks land segments after the records they name. Returns the segment size.
+    fn fill(dir: &Path, segment_size: u64, n: u64, body: usize) -> u64 {
+        let _ = std::fs::remove_dir_all(dir);
         let cfg = StoreConfig {
-            segment_size: 4096,
-            ..StoreConfig::new(&dir)
+            segment_size,
+            ..StoreConfig::new(dir)
         };
-        {
-            let (store, _) = Store::open(cfg.clone()).unwrap();
-            let persistent = BasicProperties {
-                delivery_mode: Some(2),
-                ..Default::default()
+        let (store, _) = Store::open(cfg).unwrap();
+        let persistent = BasicProperties {
+            delivery_mode: Some(2),
+            ..Default::default()
+        };
+        let urgent = BasicProperties {
+            priority: Some(5),
+            ..persistent.clone()
+        };
+        let mut sent = Vec::new();
+        for i in 0..n {
+            let id = store.next_id();
+            let (props, queues): (_, &[&str]) = match i % 3 {
+                0 => (&persistent, &["a", "b"]),
+                1 => (&urgent, &["p"]),
+                _ => (&persistent, &["b"]),
             };
-            let urgent = BasicProperties {
-                priority: Some(5),
-                ..persistent.clone()
-            };
-            let mut sent = Vec::new();
-            for i in 0..2000u64 {
-                let id = store.next_id();
-                let (props, queues): (_, &[&str]) = match i % 3 {
-                    0 => (&persistent, &["a", "b"]),
-                    1 => (&urgent, &["p"]),
-                    _ => (&persistent, &["b"]),
-                };
-                let body = format!("message {i} {}", "x".repeat(100));
-                let loc = store
-                    .append_publish(id, "", "k", props, body.as_bytes(), 1, queues, None)
-                    .unwrap();
-                sent.push((i, id, loc));
-                // Settlements and delivery marks land segments after the records they name.
-                if i >= 40 && i % 4 == 0 {
-                    let (j, id, loc) = sent[(i - 40) as usize];
-                    match j % 3 {
-                        0 => store.ack("a", id, loc),
-                        1 => store.delivered("p", Some(5), id),
-                        _ => store.ack("b", id, loc),
-                    }
-                }
-                if i % 50 == 0 {
-                    store.delivered("b", None, id);
+            let body = format!("message {i} {}", "x".repeat(body));
+            let loc = store
+                .append_publish(id, "", "k", props, body.as_bytes(), 1, queues, None)
+                .unwrap();
+            sent.push((i, id, loc));
+            if i >= 40 && i % 4 == 0 {
+                let (j, id, loc) = sent[(i - 40) as usize];
+                match j % 3 {
+                    0 => store.ack("a", id, loc),
+                    1 => store.delivered("p", Some(5), id),
+                    _ => store.ack("b", id, loc),
                 }
             }
-            store.close();
+            if i % 50 == 0 {
+                store.delivered("b", None, id);
+            }
         }
-        let one = outcome(recover_on(&dir, cfg.segment_size, 1).unwrap());
-        assert!(one.1.segments > 20, "{} segments", one.1.segments);
-        assert!(one.0.len() == 3 && one.0.values().all(|q| !q.is_empty()));
+        store.close();
+        segment_size
+    }
+
+    /// The ids each queue holds after [`fill`] of `n` messages (ids count from 1).
+    fn expected(n: u64) -> BTreeMap<String, Vec<u64>> {
+        let mut queues: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+        for i in 0..n {
+            let settled = i + 40 < n && (i + 40) % 4 == 0;
+            let held: &[&str] = match (i % 3, settled) {
+                (0, false) => &["a", "b"],
+                (0, true) => &["b"],
+                (1, _) => &["p"],
+                (_, false) => &["b"],
+                (_, true) => &[],
+            };
+            for q in held {
+                queues.entry(q.to_string()).or_default().push(i + 1);
+            }
+        }
+        queues
+    }
+
+    /// Recovery on 1, 2 and 4 threads agree, and find the ids [`fill`] of `n` messages left;
+    /// returns the report of one.
+    fn recover_on_threads_agree(dir: &Path, segment_size: u64, n: u64) -> RecoveryReport {
+        let one = outcome(recover_on(dir, segment_size, 1).unwrap());
+        let ids: BTreeMap<String, Vec<u64>> = one
+            .0
+            .iter()
+            .map(|(q, entries)| (q.clone(), entries.iter().map(|e| e.id).collect()))
+            .collect();
+        assert!(
+            ids == expected(n),
+            "the recovered ids differ from those written"
+        );
         for threads in [2, 4] {
             assert_eq!(
-                outcome(recover_on(&dir, cfg.segment_size, threads).unwrap()),
+                outcome(recover_on(dir, segment_size, threads).unwrap()),
                 one,
                 "{threads} threads"
             );
         }
+        one.1
+    }
+
+    #[test]
+    fn scanning_on_several_threads_recovers_what_one_pass_in_order_does() {
+        let dir =
+            std::env::temp_dir().join(format!("warren-recovery-threads-{}", std::process::id()));
+        // Small segments: the records spread over dozens of them, each scanned on its own.
+        let report = recover_on_threads_agree(&dir, fill(&dir, 4096, 2000, 100), 2000);
+        assert!(report.segments > 20, "{} segments", report.segments);
+        // Segments of several chunks each.
+        let report = recover_on_threads_agree(&dir, fill(&dir, 4 << 20, 120_000, 0), 120_000);
+        assert!(
+            report.segments >= 2 && report.records / report.segments as u64 > CHUNK_EVENTS as u64,
+            "{report:?}"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
