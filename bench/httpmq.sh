@@ -149,6 +149,21 @@ timed() { # out-file cmd...: runs cmd, prints broker and tool CPU % of one core,
 RESULTS="$WORK/results.md"
 row() { echo "$*" | tee -a "$RESULTS"; }
 
+# One load run against the floor (BROKER_PID set to the floor's): appends "floor <name> <rate>"
+# to $WORK/rates and prints the row of round $round.
+floor_run() { # name label tool args...
+    local name=$1 label=$2 cpu rps p50 p99
+    shift 2
+    cpu=$(timed "$WORK/floor-$name" "$@")
+    if [ "$1" = wrk ]; then
+        read -r rps p50 p99 <<<"$(wrk_summary "$WORK/floor-$name")"
+    else
+        read -r rps p50 p99 <<<"$(ab_summary "$WORK/floor-$name")"
+    fi
+    echo "floor $name $rps" >>"$WORK/rates"
+    row "| floor round $round: HTTP floor, $label | $rps req/s | $p50 | $p99 | $cpu |"
+}
+
 if [ -z "$SKIP_FLOOR" ]; then
     for round in $(seq "$FLOOR_ROUNDS"); do
         log "floor round $round: HTTP floor, Warren put, Warren status"
@@ -156,22 +171,11 @@ if [ -z "$SKIP_FLOOR" ]; then
         FLOOR_PID=$!
         for _ in $(seq 100); do curl -s "http://127.0.0.1:$FLOOR_PORT/" >/dev/null 2>&1 && break; sleep 0.05; done
         saved=$BROKER_PID; BROKER_PID=$FLOOR_PID
-        cpu=$(timed "$WORK/floor" wrk -t2 -c100 -d"${DURATION}s" --latency -s "$WORK/put.lua" "http://127.0.0.1:$FLOOR_PORT/?name=f&opt=put")
-        read -r rps p50 p99 <<<"$(wrk_summary "$WORK/floor")"
-        echo "floor wrk-put $rps" >>"$WORK/rates"
-        row "| floor round $round: HTTP floor, wrk POST 512 B | $rps req/s | $p50 | $p99 | $cpu |"
-        cpu=$(timed "$WORK/floor-ab" ab -k -c 1000 -n "$AB_N" "http://127.0.0.1:$FLOOR_PORT/?name=f&opt=put&data=$BODY512")
-        read -r rps p50 p99 <<<"$(ab_summary "$WORK/floor-ab")"
-        echo "floor ab-put $rps" >>"$WORK/rates"
-        row "| floor round $round: HTTP floor, ab -k -c 1000 -n $AB_N GET data= 512 B | $rps req/s | $p50 | $p99 | $cpu |"
-        cpu=$(timed "$WORK/floor-get" wrk -t2 -c100 -d"${DURATION}s" --latency "http://127.0.0.1:$FLOOR_PORT/?name=f&opt=get")
-        read -r rps p50 p99 <<<"$(wrk_summary "$WORK/floor-get")"
-        echo "floor wrk-get $rps" >>"$WORK/rates"
-        row "| floor round $round: HTTP floor, wrk GET | $rps req/s | $p50 | $p99 | $cpu |"
-        cpu=$(timed "$WORK/floor-abget" ab -k -c 1000 -n "$AB_N" "http://127.0.0.1:$FLOOR_PORT/?name=f&opt=get")
-        read -r rps p50 p99 <<<"$(ab_summary "$WORK/floor-abget")"
-        echo "floor ab-get $rps" >>"$WORK/rates"
-        row "| floor round $round: HTTP floor, ab -k -c 1000 -n $AB_N GET | $rps req/s | $p50 | $p99 | $cpu |"
+        F="http://127.0.0.1:$FLOOR_PORT"
+        floor_run wrk-put "wrk POST 512 B" wrk -t2 -c100 -d"${DURATION}s" --latency -s "$WORK/put.lua" "$F/?name=f&opt=put"
+        floor_run ab-put "ab -k -c 1000 -n $AB_N GET data= 512 B" ab -k -c 1000 -n "$AB_N" "$F/?name=f&opt=put&data=$BODY512"
+        floor_run wrk-get "wrk GET" wrk -t2 -c100 -d"${DURATION}s" --latency "$F/?name=f&opt=get"
+        floor_run ab-get "ab -k -c 1000 -n $AB_N GET" ab -k -c 1000 -n "$AB_N" "$F/?name=f&opt=get"
         BROKER_PID=$saved
         kill "$FLOOR_PID"; wait "$FLOOR_PID" 2>/dev/null || true; FLOOR_PID=""
         start_broker
