@@ -274,6 +274,20 @@ fn bad(e: warren_amqp::error::DecodeError) -> RecordError {
     RecordError::Malformed(e.to_string())
 }
 
+/// True for the type byte of a record kind this store writes (see [`kind`]).
+pub(crate) fn is_kind(b: u8) -> bool {
+    matches!(
+        b,
+        kind::PUBLISH
+            | kind::ACK
+            | kind::DELIVERED
+            | kind::TRANSIENT
+            | kind::PUBLISH_AT
+            | kind::ACK_AT
+            | kind::TRANSIENT_AT
+    )
+}
+
 fn is_publish(kind: u8) -> bool {
     matches!(
         kind,

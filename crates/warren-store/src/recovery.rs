@@ -5,7 +5,12 @@
 //!   warning.
 //! - A record whose CRC does not match is skipped and counted; scanning continues after it.
 //! - A length field that cannot be right (past the end of the file is a torn tail; larger than
-//!   any record could be) ends the scan of that segment: the rest is cut off and reported.
+//!   any record could be) ends the scan of the last segment: the rest is cut off and reported.
+//!   In an older segment, written no more, such bytes are damage: the scan steps to the next
+//!   record that reads back whole (its length fits, its kind is known, its id is plausible,
+//!   its checksum matches and it decodes) and reports the bytes skipped; so it does after a record that does not
+//!   decode and is not followed by a whole record where its length says it ends (its length
+//!   was damaged). Only when no whole record follows is the rest cut off.
 //! - Zeros from a record boundary to the end of the last segment, when its length is a
 //!   multiple of `PREALLOCATE` (or the segment size), are what the writer writes ahead of its
 //!   records, left by a crash: they are cut off quietly, and not counted as truncated. (Records
@@ -31,9 +36,10 @@
 use crate::record::{self, Record, Scanned, HEADER_LEN};
 use crate::{segment_path, Location, Moved, Seg};
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::fs::OpenOptions;
+use std::fs::{File, OpenOptions};
 use std::hash::{BuildHasherDefault, Hasher};
-use std::io::{BufReader, Read};
+use std::io::{BufReader, Read, Seek, SeekFrom};
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
@@ -118,6 +124,59 @@ struct Live {
 
 /// Marks [`Live::queues`] as the index of a list of queues.
 const MANY: u32 = 1 << 31;
+
+/// True when a record that reads back whole starts at `at` of `rest` (a segment's bytes from
+/// some offset on): its length fits, its kind is known, its id is one the store could have
+/// given (below 2^48: ids count from 1), its checksum matches and it decodes. The cheap tests
+/// come first, so that a search through damaged bytes seldom computes a checksum.
+fn reads_whole(rest: &[u8], at: usize) -> bool {
+    let Some(header) = rest.get(at..at + HEADER_LEN + 9) else {
+        return false;
+    };
+    let len = u32::from_be_bytes([header[0], header[1], header[2], header[3]]);
+    let crc = u32::from_be_bytes([header[4], header[5], header[6], header[7]]);
+    let id = u64::from_be_bytes(header[HEADER_LEN + 1..].try_into().unwrap_or([0xff; 8]));
+    let body = at + HEADER_LEN;
+    len > 8
+        && len <= MAX_RECORD
+        && body + len as usize <= rest.len()
+        && record::is_kind(header[HEADER_LEN])
+        && id < 1 << 48
+        && record::scan(&rest[body..body + len as usize], crc).is_ok()
+}
+
+/// Whether a record that reads back whole starts at `at` of `file` (`file_len` bytes long).
+fn whole_record_at(file: &File, at: u64, file_len: u64) -> std::io::Result<bool> {
+    let mut header = [0u8; HEADER_LEN];
+    if at + HEADER_LEN as u64 > file_len {
+        return Ok(false);
+    }
+    file.read_exact_at(&mut header, at)?;
+    let len = u64::from(u32::from_be_bytes([
+        header[0], header[1], header[2], header[3],
+    ]));
+    if len == 0 || len > u64::from(MAX_RECORD) || at + HEADER_LEN as u64 + len > file_len {
+        return Ok(false);
+    }
+    let mut record = vec![0u8; HEADER_LEN + len as usize];
+    file.read_exact_at(&mut record, at)?;
+    Ok(reads_whole(&record, 0))
+}
+
+/// Where the first record that reads back whole starts in `file` (`file_len` bytes long) at
+/// or after `from`, if one does: how recovery steps over damaged bytes in a segment written
+/// no more. Reads the rest of the segment into memory (at most a segment's size), only when
+/// a segment is damaged.
+fn next_whole_record(file: &File, from: u64, file_len: u64) -> std::io::Result<Option<u64>> {
+    if from >= file_len {
+        return Ok(None);
+    }
+    let mut rest = vec![0u8; (file_len - from) as usize];
+    file.read_exact_at(&mut rest, from)?;
+    Ok((0..rest.len())
+        .find(|&at| reads_whole(&rest, at))
+        .map(|at| from + at as u64))
+}
 
 /// Reads the next `n` bytes of `rd`: true when all are zero.
 fn rest_is_zero(rd: &mut impl Read, n: u64) -> std::io::Result<bool> {
@@ -271,6 +330,20 @@ fn scan_segment(
         let crc = u32::from_be_bytes([header[4], header[5], header[6], header[7]]);
         let end = offset + HEADER_LEN as u64 + u64::from(len);
         if len == 0 || len > MAX_RECORD || end > file_len {
+            // In a segment written no more, bytes that do not read as a record are damage,
+            // not a torn write: the records after them are stepped to, not cut off.
+            if !last {
+                if let Some(next) = next_whole_record(&file, offset + 1, file_len)? {
+                    if let Some((at, e)) = corrupt.take() {
+                        report_corrupt(&mut found, at, &e);
+                    }
+                    let skipped = format!("unreadable header, {} bytes skipped", next - offset);
+                    report_corrupt(&mut found, offset, &skipped);
+                    rd.seek(SeekFrom::Start(next))?;
+                    offset = next;
+                    continue;
+                }
+            }
             cut_at = Some(offset);
             zeros = header == [0; HEADER_LEN]
                 && rest_is_zero(&mut rd, file_len - offset - HEADER_LEN as u64)?;
@@ -290,6 +363,17 @@ fn scan_segment(
         let rec = match record::scan(&body, crc) {
             Ok(r) => r,
             Err(e) => {
+                // A damaged length (in a segment written no more) leaves the next record
+                // elsewhere than where this one says it ends: step to where one starts.
+                if !last && end < file_len && !whole_record_at(&file, end, file_len)? {
+                    if let Some(next) = next_whole_record(&file, location.offset + 1, file_len)? {
+                        let skipped = format!("{e}, {} bytes skipped", next - location.offset);
+                        report_corrupt(&mut found, location.offset, &skipped);
+                        rd.seek(SeekFrom::Start(next))?;
+                        offset = next;
+                        continue;
+                    }
+                }
                 // Reported once the next record is read: one that only zeros follow is a
                 // record torn by a crash over the zeros ahead of it.
                 corrupt = Some((location.offset, e.to_string()));

@@ -460,6 +460,49 @@ fn flipped_byte_loses_one_record() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// A damaged length field in a segment written no more costs only its record: recovery
+/// steps to the next record that reads back whole instead of cutting the rest of the segment.
+#[test]
+fn a_damaged_length_in_an_older_segment_loses_only_its_record() {
+    // The high byte (a length past the end of the file) and the low byte (a length inside
+    // it, the checksum failing and the next record elsewhere).
+    for (byte, mask) in [(0usize, 0x01u8), (3, 0x10)] {
+        let dir = tempdir(&format!("length-{byte}"));
+        let sent = fill(&dir, 60);
+        let files = segments(&dir);
+        assert!(files.len() >= 4, "{} segments", files.len());
+        let older = &files[1];
+        let mut data = std::fs::read(older).unwrap();
+        let len = |at: usize| u32::from_be_bytes(data[at..at + 4].try_into().unwrap()) as usize;
+        let second = 8 + len(0);
+        let third = second + 8 + len(second);
+        assert!(third + 8 < data.len());
+        let bytes = data.len() as u64;
+        data[second + byte] ^= mask;
+        std::fs::write(older, &data).unwrap();
+        let (store, rec) = Store::open(cfg(&dir)).unwrap();
+        assert_eq!(rec.report.corrupt_records, 1, "{:?}", rec.report);
+        assert_eq!(rec.report.truncated_bytes, 0, "{:?}", rec.report);
+        assert_eq!(
+            std::fs::metadata(older).unwrap().len(),
+            bytes,
+            "the file was cut"
+        );
+        let got = ids(&rec, "q");
+        assert_eq!(
+            got.len(),
+            sent.len() - 1,
+            "byte {byte}: one record lost, no more"
+        );
+        assert!(got.iter().all(|id| sent.contains(id)));
+        for e in &rec.queues["q"] {
+            store.read(e.location).unwrap();
+        }
+        store.close();
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}
+
 #[test]
 fn missing_segment_is_reported() {
     let dir = tempdir("missing");
