@@ -202,8 +202,7 @@ fn scan(
     let mut body = Vec::new();
     while offset + HEADER_LEN as u64 <= end {
         rd.read_exact(&mut header)?;
-        let len = u32::from_be_bytes([header[0], header[1], header[2], header[3]]);
-        let crc = u32::from_be_bytes([header[4], header[5], header[6], header[7]]);
+        let (len, crc) = record::header_fields(&header);
         let next = offset + HEADER_LEN as u64 + u64::from(len);
         if len == 0 || next > end {
             break;

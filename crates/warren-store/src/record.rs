@@ -58,6 +58,15 @@ fn read_name_ref<'a>(d: &mut Decoder<'a>) -> Result<&'a str, RecordError> {
 /// Bytes of framing before the type byte.
 pub const HEADER_LEN: usize = 8;
 
+/// The length (bytes after the header) and the CRC-32C of a record, from its header.
+pub(crate) fn header_fields(header: &[u8; HEADER_LEN]) -> (u32, u32) {
+    let [l0, l1, l2, l3, c0, c1, c2, c3] = *header;
+    (
+        u32::from_be_bytes([l0, l1, l2, l3]),
+        u32::from_be_bytes([c0, c1, c2, c3]),
+    )
+}
+
 /// Record types.
 pub mod kind {
     /// A persistent message and the durable queues it was routed to.

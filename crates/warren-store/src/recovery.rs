@@ -130,17 +130,17 @@ const MANY: u32 = 1 << 31;
 /// given (below 2^48: ids count from 1), its checksum matches and it decodes. The cheap tests
 /// come first, so that a search through damaged bytes seldom computes a checksum.
 fn reads_whole(rest: &[u8], at: usize) -> bool {
-    let Some(header) = rest.get(at..at + HEADER_LEN + 9) else {
+    let Some(start) = rest.get(at..at + HEADER_LEN + 9) else {
         return false;
     };
-    let len = u32::from_be_bytes([header[0], header[1], header[2], header[3]]);
-    let crc = u32::from_be_bytes([header[4], header[5], header[6], header[7]]);
-    let id = u64::from_be_bytes(header[HEADER_LEN + 1..].try_into().unwrap_or([0xff; 8]));
+    let (header, kind_and_id) = start.split_at(HEADER_LEN);
+    let (len, crc) = record::header_fields(header.try_into().unwrap_or(&[0; HEADER_LEN]));
+    let id = u64::from_be_bytes(kind_and_id[1..].try_into().unwrap_or([0xff; 8]));
     let body = at + HEADER_LEN;
     len > 8
         && len <= MAX_RECORD
         && body + len as usize <= rest.len()
-        && record::is_kind(header[HEADER_LEN])
+        && record::is_kind(kind_and_id[0])
         && id < 1 << 48
         && record::scan(&rest[body..body + len as usize], crc).is_ok()
 }
@@ -152,15 +152,13 @@ fn whole_record_at(file: &File, at: u64, file_len: u64) -> std::io::Result<bool>
         return Ok(false);
     }
     file.read_exact_at(&mut header, at)?;
-    let len = u64::from(u32::from_be_bytes([
-        header[0], header[1], header[2], header[3],
-    ]));
-    if len == 0 || len > u64::from(MAX_RECORD) || at + HEADER_LEN as u64 + len > file_len {
-        return Ok(false);
-    }
-    let mut record = vec![0u8; HEADER_LEN + len as usize];
-    file.read_exact_at(&mut record, at)?;
-    Ok(reads_whole(&record, 0))
+    // What the header says, as far as the file and `MAX_RECORD` go: `reads_whole` judges it.
+    let len = u64::from(record::header_fields(&header).0)
+        .min(u64::from(MAX_RECORD))
+        .min(file_len - at - HEADER_LEN as u64);
+    let mut bytes = vec![0u8; HEADER_LEN + len as usize];
+    file.read_exact_at(&mut bytes, at)?;
+    Ok(reads_whole(&bytes, 0))
 }
 
 /// Where the first record that reads back whole starts in `file` (`file_len` bytes long) at
@@ -326,8 +324,7 @@ fn scan_segment(
             break;
         }
         rd.read_exact(&mut header)?;
-        let len = u32::from_be_bytes([header[0], header[1], header[2], header[3]]);
-        let crc = u32::from_be_bytes([header[4], header[5], header[6], header[7]]);
+        let (len, crc) = record::header_fields(&header);
         let end = offset + HEADER_LEN as u64 + u64::from(len);
         if len == 0 || len > MAX_RECORD || end > file_len {
             // In a segment written no more, bytes that do not read as a record are damage,
