@@ -39,7 +39,7 @@ pub struct PublishGrant {
 
 impl PublishGrant {
     fn covers(&self, generation: u64, exchange: &str) -> bool {
-        matches!(&self.granted, Some((g, x)) if *g == generation && x == exchange)
+        matches!(&self.granted, Some((g, x)) if *g == generation && crate::names::same(x, exchange))
     }
 
     fn grant(&mut self, generation: u64, exchange: &str) {
