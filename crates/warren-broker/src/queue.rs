@@ -248,6 +248,8 @@ pub struct ClassicQueue {
     backing: Option<Backing>,
     deliveries: std::sync::atomic::AtomicU64,
     stalled_at: std::sync::atomic::AtomicU64,
+    /// Publishers wait for the queue to drain ([`ClassicQueue::wake_when_drained`]).
+    drain_waiting: std::sync::atomic::AtomicBool,
     /// Message counts for operators (see [`crate::registry`]); deliveries to consumers are
     /// [`Queue::deliveries`].
     stats: crate::registry::QueueStats,
@@ -420,6 +422,7 @@ impl ClassicQueue {
             backing: None,
             deliveries: std::sync::atomic::AtomicU64::new(0),
             stalled_at: std::sync::atomic::AtomicU64::new(u64::MAX),
+            drain_waiting: std::sync::atomic::AtomicBool::new(false),
             enqueue_order: Mutex::new(()),
             stats: crate::registry::QueueStats::default(),
             state: Mutex::new(State {
@@ -690,8 +693,8 @@ impl ClassicQueue {
         }
         self.enforce_max_length(&mut st);
         let spilled = st.spilled() > 0;
-        let pressured =
-            !st.consumers.is_empty() && (spilled || st.ready.len() >= self.pressure_limit());
+        let pressured = !st.consumers.is_empty()
+            && (spilled || st.ready.len() >= self.pressure_limit() / 4 * 3);
         let sweep = expires_at.is_some() || (spilled && Self::paging_stalled(&st));
         let dead = self.flush_dead(&mut st);
         drop(st);

@@ -193,6 +193,21 @@ pub trait QueueBackend: Send + Sync + std::fmt::Debug {
     /// Publisher flow control: true while the queue's consumers fall behind its publishers.
     fn is_pressured(&self) -> bool;
 
+    /// A paused publisher's wait: registers `waker` to be woken once the queue is no longer
+    /// pressured, and returns true; returns false, registering nothing, when it is not
+    /// pressured now. The waiter removes the waker with
+    /// [`QueueBackend::forget_drain_waker`] when it stops waiting. This default registers nothing and answers
+    /// [`QueueBackend::is_pressured`]: its waiters poll.
+    fn wake_when_drained(&self, waker: &std::task::Waker) -> bool {
+        let _ = waker;
+        self.is_pressured()
+    }
+
+    /// Removes a waker registered by [`QueueBackend::wake_when_drained`], if it still is.
+    fn forget_drain_waker(&self, waker: &std::task::Waker) {
+        let _ = waker;
+    }
+
     /// The delivery count at which publishers found the consumers stalled, if nothing was
     /// delivered since.
     fn stalled_at(&self) -> Option<u64>;

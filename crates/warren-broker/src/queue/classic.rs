@@ -69,6 +69,12 @@ impl QueueBackend for ClassicQueue {
     fn is_pressured(&self) -> bool {
         ClassicQueue::is_pressured(self)
     }
+    fn wake_when_drained(&self, waker: &std::task::Waker) -> bool {
+        ClassicQueue::wake_when_drained(self, waker)
+    }
+    fn forget_drain_waker(&self, waker: &std::task::Waker) {
+        ClassicQueue::forget_drain_waker(self, waker)
+    }
     fn stalled_at(&self) -> Option<u64> {
         ClassicQueue::stalled_at(self)
     }

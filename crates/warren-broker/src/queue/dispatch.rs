@@ -120,6 +120,11 @@ impl ClassicQueue {
     /// Delivers what consumers can take; `spare` as in [`Queue::expire_head`]. With
     /// `x-single-active-consumer`, only the first registered consumer receives messages.
     pub(super) fn dispatch_from(&self, this: &Arc<Queue>, st: &mut State, spare: Option<u64>) {
+        self.deliver_ready(this, st, spare);
+        self.wake_drained(st);
+    }
+
+    fn deliver_ready(&self, this: &Arc<Queue>, st: &mut State, spare: Option<u64>) {
         while !st.consumers.is_empty() {
             self.refill(st);
             self.expire_head(st, spare);

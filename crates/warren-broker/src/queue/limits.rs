@@ -2,6 +2,13 @@
 //! control (a queue over its in-memory window with consumers asks publishers to pause).
 
 use super::*;
+use std::sync::atomic::Ordering;
+use std::task::Waker;
+
+/// Publishers paused by pressured queues (see [`ClassicQueue::wake_when_drained`]), each with
+/// the address of the queue it waits for. Kept outside the queues, which carry only a flag:
+/// few publishers wait at any time, while every idle queue's size counts.
+static DRAIN_WAITERS: Mutex<Vec<(usize, Waker)>> = parking_lot::const_mutex(Vec::new());
 
 impl ClassicQueue {
     /// Ready messages and their body bytes, in memory and spilled.
@@ -65,13 +72,69 @@ impl ClassicQueue {
 
     /// Publisher flow control. A queue whose consumers fall behind its publishers would
     /// otherwise build a backlog that only adds latency (and, beyond the window, disk
-    /// traffic); publishers of a pressured queue pause until it drains below half its window,
-    /// so the broker's CPU goes to delivering instead. A queue without consumers is never
-    /// pressured: it simply grows on disk.
+    /// traffic); a publish that leaves three quarters of the window ready asks its
+    /// publisher to pause (so that what the publisher has already read still fits in
+    /// memory), and publishers of a pressured queue pause until it drains below half its
+    /// window, so the broker's CPU goes to delivering instead. A queue without consumers is
+    /// never pressured: it simply grows on disk.
     pub fn is_pressured(&self) -> bool {
         let st = self.state.lock();
+        self.pressured(&st)
+    }
+
+    fn pressured(&self, st: &State) -> bool {
         !st.consumers.is_empty()
             && (st.spilled() > 0 || st.ready.len() >= self.pressure_limit() / 2)
+    }
+
+    /// A paused publisher's wait: registers `waker` to be woken as soon as the queue is no
+    /// longer pressured ([`ClassicQueue::is_pressured`]), so that the publisher resumes
+    /// while the consumers still have half a window to take. Returns false, registering
+    /// nothing, when the queue is not pressured now. A waker waits for one queue at a time:
+    /// registering it again moves it. The waiter removes it with
+    /// [`ClassicQueue::forget_drain_waker`] when it stops waiting.
+    pub fn wake_when_drained(&self, waker: &Waker) -> bool {
+        let st = self.state.lock();
+        if !self.pressured(&st) {
+            return false;
+        }
+        let key = self.drain_key();
+        let mut waiters = DRAIN_WAITERS.lock();
+        match waiters.iter_mut().find(|(_, w)| w.will_wake(waker)) {
+            Some(entry) => entry.0 = key,
+            None => waiters.push((key, waker.clone())),
+        }
+        self.drain_waiting.store(true, Ordering::Relaxed);
+        true
+    }
+
+    /// Removes `waker` registered by [`ClassicQueue::wake_when_drained`], if it still is.
+    pub fn forget_drain_waker(&self, waker: &Waker) {
+        DRAIN_WAITERS.lock().retain(|(_, w)| !w.will_wake(waker));
+    }
+
+    fn drain_key(&self) -> usize {
+        self as *const Self as usize
+    }
+
+    /// Wakes the publishers waiting in [`ClassicQueue::wake_when_drained`] once the queue is
+    /// no longer pressured. Called with the state locked where deliveries take messages;
+    /// the waiters also poll, which covers the rarer ways out (purge, a cancelled consumer).
+    pub(super) fn wake_drained(&self, st: &State) {
+        if self.drain_waiting.load(Ordering::Relaxed) && !self.pressured(st) {
+            self.drain_waiting.store(false, Ordering::Relaxed);
+            let key = self.drain_key();
+            let mut woken = Vec::new();
+            DRAIN_WAITERS.lock().retain(|(q, w)| {
+                if *q == key {
+                    woken.push(w.clone());
+                }
+                *q != key
+            });
+            for w in woken {
+                w.wake();
+            }
+        }
     }
 
     /// The delivery count at which publishers found this queue's consumers stalled, if they

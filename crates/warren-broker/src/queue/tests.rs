@@ -339,3 +339,67 @@ fn a_queue_fits_a_448_byte_block() {
         std::mem::size_of::<ClassicQueue>()
     );
 }
+
+/// Counts its wake-ups.
+struct WakeCount(AtomicU64);
+
+impl std::task::Wake for WakeCount {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// A paused publisher's waker is woken when deliveries take the queue below half its
+/// window (4096 without a store), not before, and is not kept once woken.
+#[test]
+fn a_drained_queue_wakes_its_waiting_publisher() {
+    let q = queue();
+    let s = sink(usize::MAX);
+    q.add_consumer(Consumer::new(
+        "c".into(),
+        s.clone(),
+        false,
+        false,
+        1,
+        FieldTable::new(),
+    ))
+    .unwrap();
+    for i in 0..2100 {
+        q.publish(msg("m"), i, None);
+    }
+    assert!(q.is_pressured());
+    let count = Arc::new(WakeCount(AtomicU64::new(0)));
+    let waker = std::task::Waker::from(count.clone());
+    assert!(q.wake_when_drained(&waker));
+    let settle_next = |q: &Arc<Queue>| {
+        let seq = s.got.lock().last().unwrap().1;
+        q.settle(
+            s.key,
+            vec![Settlement {
+                consumer_tag: Some("c".into()),
+                message: QueuedMessage {
+                    seq,
+                    message: msg("m"),
+                    redelivered: false,
+                    stored: None,
+                    expires_at: None,
+                },
+                requeue: false,
+                rejected: false,
+            }],
+        );
+    };
+    // 2099 ready: each ack lets one more be delivered.
+    while q.counts().ready > 2048 {
+        settle_next(&q);
+    }
+    assert_eq!(count.0.load(Ordering::Relaxed), 0, "woken while pressured");
+    settle_next(&q);
+    assert_eq!(q.counts().ready, 2047);
+    assert!(!q.is_pressured());
+    assert_eq!(count.0.load(Ordering::Relaxed), 1);
+    // Woken once; registering is refused while the queue is not pressured.
+    settle_next(&q);
+    assert_eq!(count.0.load(Ordering::Relaxed), 1);
+    assert!(!q.wake_when_drained(&waker));
+}

@@ -92,7 +92,13 @@ pub(super) async fn wait_for_drain(q: &warren_broker::Queue, io: &ConnectionIo) 
     let _released = scopeguard(|| io.set_flow_held(false));
     let mut since = tokio::time::Instant::now();
     while q.is_pressured() {
-        tokio::time::sleep(Duration::from_millis(1)).await;
+        // Woken as soon as the queue drains below half its window; the 1 ms poll watches for
+        // stalled consumers and the ways out that do not wake (purge, cancelled consumers).
+        let drained = Drained { q, waker: None };
+        tokio::select! {
+            () = drained => {}
+            () = tokio::time::sleep(Duration::from_millis(1)) => {}
+        }
         let now = q.deliveries();
         if now != last {
             last = now;
@@ -101,6 +107,39 @@ pub(super) async fn wait_for_drain(q: &warren_broker::Queue, io: &ConnectionIo) 
             debug!(queue = %q.name(), "consumers stalled; publisher resumes");
             q.mark_stalled(now);
             return;
+        }
+    }
+}
+
+/// Ready once `q` is no longer pressured ([`warren_broker::Queue::wake_when_drained`]); its
+/// waker is unregistered when it is dropped.
+struct Drained<'a> {
+    q: &'a warren_broker::Queue,
+    waker: Option<std::task::Waker>,
+}
+
+impl std::future::Future for Drained<'_> {
+    type Output = ();
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        if self.q.wake_when_drained(cx.waker()) {
+            if !self.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                self.waker = Some(cx.waker().clone());
+            }
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    }
+}
+
+impl Drop for Drained<'_> {
+    fn drop(&mut self) {
+        if let Some(w) = &self.waker {
+            self.q.forget_drain_waker(w);
         }
     }
 }
