@@ -44,7 +44,7 @@ mod handshake;
 use close::{
     close_linger, drain_until_eof, wait_close_ok, ForcedClose, CLOSE_DRAIN, SHUTDOWN_CLOSE_TIMEOUT,
 };
-use flow::{paused, wait_for_drain};
+use flow::{paused, wait_for_drain, Wake};
 use frames::Conn;
 use handshake::handshake_steps;
 
@@ -496,7 +496,7 @@ async fn run<R, W>(
                 &outbox,
                 &mut shutdown,
                 &forced,
-                true,
+                Wake::OutboxDrained,
                 || outbox.is_backlogged(),
                 &mut conn,
             ))
@@ -523,7 +523,7 @@ async fn run<R, W>(
                 &outbox,
                 &mut shutdown,
                 &forced,
-                false,
+                Wake::Poll,
                 || state.publishers_paused(),
                 &mut conn,
             ))
@@ -536,10 +536,29 @@ async fn run<R, W>(
             // Input read during the pause is waiting in the buffer.
             continue;
         }
+        let mut held_by_queue = false;
         for q in conn.take_pressure() {
             let t = std::time::Instant::now();
-            wait_for_drain(&*q, &io).await;
+            let end = Box::pin(wait_for_drain(
+                &*q,
+                &io,
+                &mut rd,
+                &mut rbuf,
+                &outbox,
+                &mut shutdown,
+                &forced,
+                &mut conn,
+            ))
+            .await;
+            if let Some(end) = end {
+                break 'outer end;
+            }
+            held_by_queue = true;
             tracing::trace!(queue = %q.name(), waited_us = t.elapsed().as_micros() as u64, "publisher paused");
+        }
+        if held_by_queue {
+            // Input read during the pause is waiting in the buffer.
+            continue;
         }
         let read = async {
             match idle_limit {

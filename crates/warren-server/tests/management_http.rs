@@ -4460,3 +4460,202 @@ async fn queue_names_longer_than_255_bytes_are_refused_over_http() {
     drop(conn);
     h.stop().await;
 }
+
+/// A consumer on `queue` (prefetch 1) that acks one message every `every`, for as long as
+/// the broker delivers: slow, yet never stalled in the sense of publisher flow control.
+async fn slow_consumer(conn: &Connection, queue: &str, every: std::time::Duration) {
+    use futures_util::StreamExt;
+    use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
+    let ch = within("channel", conn.create_channel()).await.unwrap();
+    within("qos", ch.basic_qos(1, BasicQosOptions::default()))
+        .await
+        .unwrap();
+    let mut consumer = within(
+        "consume",
+        ch.basic_consume(
+            queue.into(),
+            "slow".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(async move {
+        while let Some(Ok(d)) = consumer.next().await {
+            tokio::time::sleep(every).await;
+            if d.ack(BasicAckOptions::default()).await.is_err() {
+                break;
+            }
+        }
+    });
+}
+
+/// A publisher that publisher flow control holds (its queue's only consumer is slow but
+/// keeps taking messages) is closed through the management API at once, not once the queue
+/// next drains (about 3 s here: 32 messages at 10 a second).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publisher_held_by_flow_control_is_closed_at_once() {
+    let dir = std::env::temp_dir().join(format!("warren-mgmt-flow-close-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let h = Http::start_with(|c| {
+        c.storage.data_dir = Some(dir.clone());
+        c.storage.queue_window = 128;
+    })
+    .await;
+    let consumer_conn = h.amqp().await;
+    let setup = within("channel", consumer_conn.create_channel())
+        .await
+        .unwrap();
+    within(
+        "declare",
+        setup.queue_declare(
+            "held".into(),
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .unwrap();
+    slow_consumer(
+        &consumer_conn,
+        "held",
+        std::time::Duration::from_millis(100),
+    )
+    .await;
+    let publisher = h.amqp().await;
+    let mut events = publisher.events_listener();
+    let pch = within("channel", publisher.create_channel()).await.unwrap();
+    tokio::spawn(async move {
+        loop {
+            let sent = pch
+                .basic_publish(
+                    "".into(),
+                    "held".into(),
+                    BasicPublishOptions::default(),
+                    b"m",
+                    BasicProperties::default(),
+                )
+                .await;
+            if sent.is_err() {
+                break;
+            }
+        }
+    });
+    let conns = h
+        .wait_for("/api/connections", |v| {
+            v.as_array()
+                .is_some_and(|a| a.iter().any(|c| c["state"] == "flow"))
+        })
+        .await;
+    let name = conns
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["state"] == "flow")
+        .unwrap()["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // Held with the queue at three quarters of its window.
+    let q = h.get("/api/queues/%2F/held").await;
+    assert!(q["messages_ready"].as_u64().unwrap() >= 64, "{q}");
+    let t = std::time::Instant::now();
+    let (status, _, _) = h
+        .call(
+            Method::DELETE,
+            &format!("/api/connections/{}", seg(&name)),
+            Some("admin"),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (code, _) = forced_close(&mut events).await;
+    assert_eq!(code, 320);
+    h.wait_for("/api/connections", |v| {
+        v.as_array()
+            .is_some_and(|a| a.iter().all(|c| c["name"] != name.as_str()))
+    })
+    .await;
+    assert!(
+        t.elapsed() < std::time::Duration::from_millis(1500),
+        "closed after {:?}",
+        t.elapsed()
+    );
+    h.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A queue with a backlog on disk does not hold its publishers while its consumers work
+/// through it (RabbitMQ's queues take the publishes on): 300 messages, a window of 8, a
+/// consumer taking 10 a second; 20 more confirmed publishes are confirmed at once, not after
+/// the 30 s the backlog takes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_on_disk_does_not_hold_its_publishers() {
+    use lapin::options::ConfirmSelectOptions;
+    let dir = std::env::temp_dir().join(format!("warren-mgmt-flow-backlog-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let h = Http::start_with(|c| {
+        c.storage.data_dir = Some(dir.clone());
+        c.storage.queue_window = 8;
+    })
+    .await;
+    let conn = h.amqp().await;
+    let ch = within("channel", conn.create_channel()).await.unwrap();
+    within(
+        "confirm",
+        ch.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await
+    .unwrap();
+    within(
+        "declare",
+        ch.queue_declare(
+            "backlog".into(),
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .unwrap();
+    let publish = |n: usize| {
+        let ch = ch.clone();
+        async move {
+            for _ in 0..n {
+                within("publish", async {
+                    ch.basic_publish(
+                        "".into(),
+                        "backlog".into(),
+                        BasicPublishOptions::default(),
+                        &[b'b'; 100],
+                        BasicProperties::default(),
+                    )
+                    .await
+                })
+                .await
+                .unwrap();
+            }
+            within("confirms", ch.wait_for_confirms()).await.unwrap();
+        }
+    };
+    publish(300).await;
+    h.wait_ready("backlog", 300).await;
+    let consumer_conn = h.amqp().await;
+    slow_consumer(
+        &consumer_conn,
+        "backlog",
+        std::time::Duration::from_millis(100),
+    )
+    .await;
+    h.wait_for("/api/queues/%2F/backlog", |v| v["consumers"] == 1)
+        .await;
+    let t = std::time::Instant::now();
+    publish(20).await;
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(3),
+        "20 publishes confirmed after {:?}",
+        t.elapsed()
+    );
+    h.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -73,10 +73,13 @@ impl ClassicQueue {
     /// Publisher flow control. A queue whose consumers fall behind its publishers would
     /// otherwise build a backlog that only adds latency (and, beyond the window, disk
     /// traffic); a publish that leaves three quarters of the window ready asks its
-    /// publisher to pause (so that what the publisher has already read still fits in
-    /// memory), and publishers of a pressured queue pause until it drains below half its
-    /// window, so the broker's CPU goes to delivering instead. A queue without consumers is
-    /// never pressured: it simply grows on disk.
+    /// publisher to pause ([`ClassicQueue::pause_publishers_at`]; so that what the publisher
+    /// has already read still fits in memory), and publishers of a pressured queue pause
+    /// until fewer than half a window are ready, so the broker's CPU goes to delivering
+    /// instead. A queue without consumers is never pressured: it simply grows on disk. Nor is
+    /// a queue with messages on disk (a backlog from before its consumers came, or from
+    /// consumers that stalled): its publishers add to the backlog, as RabbitMQ's do, rather
+    /// than wait until the whole backlog has been consumed.
     pub fn is_pressured(&self) -> bool {
         let st = self.state.lock();
         self.pressured(&st)
@@ -84,7 +87,14 @@ impl ClassicQueue {
 
     fn pressured(&self, st: &State) -> bool {
         !st.consumers.is_empty()
-            && (st.spilled() > 0 || st.ready.len() >= self.pressure_limit() / 2)
+            && st.spilled() == 0
+            && st.ready.len() >= (self.pressure_limit() / 2).max(1)
+    }
+
+    /// The ready messages at which a publish asks its publisher to pause: three quarters of
+    /// the window (at least 1).
+    pub(super) fn pause_publishers_at(&self) -> usize {
+        (self.pressure_limit() / 4 * 3).max(1)
     }
 
     /// A paused publisher's wait: registers `waker` to be woken as soon as the queue is no
