@@ -79,6 +79,20 @@ impl Http {
         }
     }
 
+    /// A broker with its data in a fresh temporary directory named after `name`, and queues
+    /// that keep `window` ready messages in memory; also returns the directory, to delete
+    /// after [`Http::stop`].
+    async fn start_with_window(name: &str, window: usize) -> (Http, std::path::PathBuf) {
+        let dir = std::env::temp_dir().join(format!("warren-mgmt-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let h = Self::start_with(|c| {
+            c.storage.data_dir = Some(dir.clone());
+            c.storage.queue_window = window;
+        })
+        .await;
+        (h, dir)
+    }
+
     async fn amqp(&self) -> Connection {
         self.amqp_as("admin", "%2f").await
     }
@@ -1085,6 +1099,18 @@ fn seg(s: &str) -> String {
     out
 }
 
+/// A channel of `conn` in confirm mode.
+async fn confirm_channel(conn: &Connection) -> lapin::Channel {
+    let ch = within("channel", conn.create_channel()).await.unwrap();
+    within(
+        "confirm",
+        ch.confirm_select(lapin::options::ConfirmSelectOptions::default()),
+    )
+    .await
+    .unwrap();
+    ch
+}
+
 /// Waits for the server's connection.close on `events` and returns (reply code, reply text).
 async fn forced_close(
     events: &mut (impl futures_util::Stream<Item = lapin::Event> + Unpin),
@@ -1632,7 +1658,7 @@ async fn vhosts_users_and_permissions_change_at_run_time() {
 /// users are still applied on top.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runtime_users_and_vhosts_survive_a_restart() {
-    use lapin::options::{ConfirmSelectOptions, QueueDeclareOptions as QOpts};
+    use lapin::options::QueueDeclareOptions as QOpts;
     let dir = std::env::temp_dir().join(format!("warren-mgmt-restart-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let h = Http::start_in(Some(dir.clone())).await;
@@ -1657,13 +1683,7 @@ async fn runtime_users_and_vhosts_survive_a_restart() {
     }
     // A durable queue with a persistent message in the vhost about to go.
     let conn = h.amqp_as("ops", "gone").await;
-    let ch = within("channel", conn.create_channel()).await.unwrap();
-    within(
-        "confirm",
-        ch.confirm_select(ConfirmSelectOptions::default()),
-    )
-    .await
-    .unwrap();
+    let ch = confirm_channel(&conn).await;
     within(
         "declare",
         ch.queue_declare(
@@ -2883,15 +2903,9 @@ async fn runtime_parameters_as_rabbitmq() {
 /// text parser.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_and_paging_metrics() {
-    use lapin::options::{ConfirmSelectOptions, QueueDeclareOptions as QOpts};
+    use lapin::options::QueueDeclareOptions as QOpts;
     use prometheus_parse::{Scrape, Value as PValue};
-    let dir = std::env::temp_dir().join(format!("warren-mgmt-metrics-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let h = Http::start_with(|c| {
-        c.storage.data_dir = Some(dir.clone());
-        c.storage.queue_window = 8;
-    })
-    .await;
+    let (h, dir) = Http::start_with_window("metrics", 8).await;
     let scrape = |path: &'static str| {
         let h = &h;
         async move {
@@ -2930,13 +2944,7 @@ async fn store_and_paging_metrics() {
     }
 
     let conn = h.amqp().await;
-    let ch = within("channel", conn.create_channel()).await.unwrap();
-    within(
-        "confirm",
-        ch.confirm_select(ConfirmSelectOptions::default()),
-    )
-    .await
-    .unwrap();
+    let ch = confirm_channel(&conn).await;
     within(
         "declare",
         ch.queue_declare(
@@ -3748,7 +3756,7 @@ async fn permissions_limits_and_other_admin_paths() {
 /// missing key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rabbitmq_4_fields_and_errors() {
-    use lapin::options::{ConfirmSelectOptions, QueueDeleteOptions};
+    use lapin::options::QueueDeleteOptions;
     let h = Http::start().await;
     let v = get_as(&h, "admin", "/api/vhosts/%2F").await;
     assert_eq!(v["default_queue_type"], "classic");
@@ -3766,13 +3774,7 @@ async fn rabbitmq_4_fields_and_errors() {
     assert_eq!(v["protected_from_deletion"], false);
 
     let conn = h.amqp().await;
-    let ch = within("channel", conn.create_channel()).await.unwrap();
-    within(
-        "confirm",
-        ch.confirm_select(ConfirmSelectOptions::default()),
-    )
-    .await
-    .unwrap();
+    let ch = confirm_channel(&conn).await;
     for q in ["c1", "c2"] {
         within(
             "declare",
@@ -4496,13 +4498,7 @@ async fn slow_consumer(conn: &Connection, queue: &str, every: std::time::Duratio
 /// next drains (about 3 s here: 32 messages at 10 a second).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_publisher_held_by_flow_control_is_closed_at_once() {
-    let dir = std::env::temp_dir().join(format!("warren-mgmt-flow-close-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let h = Http::start_with(|c| {
-        c.storage.data_dir = Some(dir.clone());
-        c.storage.queue_window = 128;
-    })
-    .await;
+    let (h, dir) = Http::start_with_window("flow-close", 128).await;
     let consumer_conn = h.amqp().await;
     let setup = within("channel", consumer_conn.create_channel())
         .await
@@ -4592,22 +4588,9 @@ async fn a_publisher_held_by_flow_control_is_closed_at_once() {
 /// the 30 s the backlog takes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backlog_on_disk_does_not_hold_its_publishers() {
-    use lapin::options::ConfirmSelectOptions;
-    let dir = std::env::temp_dir().join(format!("warren-mgmt-flow-backlog-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let h = Http::start_with(|c| {
-        c.storage.data_dir = Some(dir.clone());
-        c.storage.queue_window = 8;
-    })
-    .await;
+    let (h, dir) = Http::start_with_window("flow-backlog", 8).await;
     let conn = h.amqp().await;
-    let ch = within("channel", conn.create_channel()).await.unwrap();
-    within(
-        "confirm",
-        ch.confirm_select(ConfirmSelectOptions::default()),
-    )
-    .await
-    .unwrap();
+    let ch = confirm_channel(&conn).await;
     within(
         "declare",
         ch.queue_declare(
