@@ -693,8 +693,7 @@ impl ClassicQueue {
         }
         self.enforce_max_length(&mut st);
         let spilled = st.spilled() > 0;
-        let pressured =
-            !st.consumers.is_empty() && !spilled && st.ready.len() >= self.pause_publishers_at();
+        let pressured = Self::pressured_at(&st, self.pause_publishers_at());
         let sweep = expires_at.is_some() || (spilled && Self::paging_stalled(&st));
         let dead = self.flush_dead(&mut st);
         drop(st);

@@ -196,8 +196,8 @@ pub trait QueueBackend: Send + Sync + std::fmt::Debug {
     /// A paused publisher's wait: registers `waker` to be woken once the queue is no longer
     /// pressured, and returns true; returns false, registering nothing, when it is not
     /// pressured now. The waiter removes the waker with
-    /// [`QueueBackend::forget_drain_waker`] when it stops waiting. This default registers nothing and answers
-    /// [`QueueBackend::is_pressured`]: its waiters poll.
+    /// [`QueueBackend::forget_drain_waker`] when it stops waiting. This default registers
+    /// nothing and answers [`QueueBackend::is_pressured`]: its waiters poll.
     fn wake_when_drained(&self, waker: &std::task::Waker) -> bool {
         let _ = waker;
         self.is_pressured()

@@ -86,9 +86,12 @@ impl ClassicQueue {
     }
 
     fn pressured(&self, st: &State) -> bool {
-        !st.consumers.is_empty()
-            && st.spilled() == 0
-            && st.ready.len() >= (self.pressure_limit() / 2).max(1)
+        Self::pressured_at(st, (self.pressure_limit() / 2).max(1))
+    }
+
+    /// A queue with consumers and nothing on disk holds `at` or more ready messages.
+    pub(super) fn pressured_at(st: &State, at: usize) -> bool {
+        !st.consumers.is_empty() && st.spilled() == 0 && st.ready.len() >= at
     }
 
     /// The ready messages at which a publish asks its publisher to pause: three quarters of

@@ -38,6 +38,12 @@ pub(super) async fn paused<R: AsyncRead + Unpin>(
     mut blocked: impl FnMut() -> bool,
     conn: &mut Conn,
 ) -> Option<End> {
+    let drain = matches!(wake, Wake::OutboxDrained);
+    let (queue, tick) = match wake {
+        Wake::OutboxDrained => (None, Duration::ZERO),
+        Wake::Poll => (None, Duration::from_millis(100)),
+        Wake::QueueDrained(q) => (Some(q), Duration::from_millis(1)),
+    };
     let mut probe = tokio::time::Instant::now() + PAUSED_PROBE;
     loop {
         if outbox.is_closing() {
@@ -57,12 +63,6 @@ pub(super) async fn paused<R: AsyncRead + Unpin>(
             probe = tokio::time::Instant::now() + PAUSED_PROBE;
         }
         let can_read = rbuf.len() < PAUSED_READ_MAX;
-        let drain = matches!(wake, Wake::OutboxDrained);
-        let (queue, tick) = match wake {
-            Wake::OutboxDrained => (None, Duration::ZERO),
-            Wake::Poll => (None, Duration::from_millis(100)),
-            Wake::QueueDrained(q) => (Some(q), Duration::from_millis(1)),
-        };
         let drained = Drained {
             q: queue,
             waker: None,
