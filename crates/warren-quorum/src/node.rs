@@ -450,17 +450,22 @@ impl QuorumNode {
         tx
     }
 
-    /// Waits until a drop of group `key` in progress is done.
-    pub(crate) async fn wait_dropped(&self, key: &str) {
-        let rx = self.dropping.lock().get(key).cloned();
-        if let Some(mut rx) = rx {
-            let _ = rx.wait_for(|done| *done).await;
-        }
+    /// The drop of group `key` in progress, if any: true is sent on it once it is done.
+    pub(crate) fn drop_in_progress(&self, key: &str) -> Option<watch::Receiver<bool>> {
+        self.dropping.lock().get(key).cloned()
     }
 
-    /// A drop of group `key` finished.
+    /// A drop of group `key` finished (a later drop of the same key stays registered).
     pub(crate) fn end_drop(&self, key: &str, tx: watch::Sender<bool>) {
-        self.dropping.lock().remove(key);
+        {
+            let mut dropping = self.dropping.lock();
+            if dropping
+                .get(key)
+                .is_some_and(|rx| rx.same_channel(&tx.subscribe()))
+            {
+                dropping.remove(key);
+            }
+        }
         let _ = tx.send(true);
     }
 

@@ -202,6 +202,12 @@ pub struct QuorumQueue {
     /// Signalled when the queue is deleted: its proposer stops (and with it the last
     /// reference its tasks hold, so that the queue, its Raft instance and log are freed).
     stop: tokio::sync::Notify,
+    /// The group's Raft instance from the moment it exists (`raft` is set only once the
+    /// group is initialized): a deletion shuts down whatever was started.
+    started: Mutex<Option<Raft<TypeConfig>>>,
+    /// Becomes true once the group's task has returned: a deletion forgets the group's log
+    /// only after that, so that no record of the deleted group follows its `DROP` record.
+    ended: tokio::sync::watch::Sender<bool>,
 }
 
 impl std::fmt::Debug for QuorumQueue {
@@ -292,6 +298,8 @@ impl QuorumQueue {
         let q = Arc::new_cyclic(|myself| QuorumQueue {
             myself: myself.clone(),
             stop: tokio::sync::Notify::new(),
+            started: Mutex::new(None),
+            ended: tokio::sync::watch::Sender::new(false),
             name: spec.name,
             vhost: spec.vhost,
             key,
@@ -331,12 +339,16 @@ impl QuorumQueue {
         node.register_queue(&q.key, &q);
         // Claimed now, so that the node's end of recovery does not take it for an orphan.
         let recovered = node.take_recovered(&q.key);
+        // A queue of this name deleted just before: its group must be gone from the log
+        // before this one writes there (taken now, so that this queue's own deletion is
+        // never waited for here).
+        let previous = node.drop_in_progress(&q.key);
         let runner = q.clone();
         node.runtime.spawn(async move {
-            let (name, vhost) = (runner.name.clone(), runner.vhost.clone());
-            if let Err(e) = runner.run(rx, recovered, joining).await {
-                warn!(queue = %name, vhost = %vhost, error = %e, "quorum queue stopped");
+            if let Err(e) = runner.clone().run(rx, recovered, joining, previous).await {
+                warn!(queue = %runner.name, vhost = %runner.vhost, error = %e, "quorum queue stopped");
             }
+            runner.ended.send_replace(true);
         });
         q
     }
@@ -344,15 +356,23 @@ impl QuorumQueue {
     /// Opens the group's storage, starts Raft, then proposes what connections submit. A new
     /// group is initialized here unless this member was started at another node's request
     /// (`joining`); in a cluster its members are placed first (see
-    /// [`QuorumNode::place_members`]).
+    /// [`QuorumNode::place_members`]). Waits first for `previous`, the drop of a deleted
+    /// group of the same name; returns at once if this queue is deleted before its group
+    /// starts, and once its proposer stops after a deletion.
     async fn run(
         self: Arc<Self>,
         rx: mpsc::UnboundedReceiver<Submit>,
         recovered: GroupLog,
         joining: bool,
+        previous: Option<tokio::sync::watch::Receiver<bool>>,
     ) -> std::result::Result<(), String> {
         let node = self.node.clone();
-        node.wait_dropped(&self.key).await;
+        if let Some(mut done) = previous {
+            let _ = done.wait_for(|d| *d).await;
+        }
+        if self.is_deleted() {
+            return Ok(());
+        }
         let log = node.log()?;
         let fresh = recovered.entries.is_empty() && recovered.vote.is_none();
         let store = LogStore::new(&self.key, log, recovered)?;
@@ -383,6 +403,7 @@ impl QuorumQueue {
         )
         .await
         .map_err(|e| e.to_string())?;
+        *self.started.lock() = Some(raft.clone());
         if let Some(c) = node.cluster() {
             c.register_group(&self.key, raft.clone());
             let server: Arc<dyn crate::remote::GroupServer> = self.clone();
@@ -575,10 +596,12 @@ impl QuorumQueue {
             // A member that does not lead forwards to the leader's node what its clients
             // submitted (in order, over the one connection to that node).
             let cluster = self.node.cluster();
-            let mut leader = cluster.and_then(|_| raft.metrics().borrow().current_leader);
-            if cluster.is_some() && leader.is_none() {
-                // An election is under way: its outcome is waited for (publishers see their
-                // confirms delayed, as with RabbitMQ's quorum queues, rather than nacks).
+            let mut leader = raft.metrics().borrow().current_leader;
+            if leader.is_none() {
+                // An election is under way (on a single node too: the first one after the
+                // group is initialized or recovered, whose vote is not yet on disk): its
+                // outcome is waited for (publishers see their confirms delayed, as with
+                // RabbitMQ's quorum queues, rather than nacks).
                 leader = raft
                     .wait(Some(LEADER_WAIT))
                     .metrics(|m| m.current_leader.is_some(), "a leader")

@@ -345,8 +345,15 @@ impl QueueBackend for QuorumQueue {
         }
         let done = node.begin_drop(&key);
         let path = node.snapshot_path(&key);
+        let mut ended = self.ended.subscribe();
+        let this = self.myself.upgrade();
         node.runtime.clone().spawn(async move {
-            if let Some(r) = raft {
+            // The group may still be starting (a queue deleted right after its declare): its
+            // task stops at the deletion, and what it started is shut down before the drop,
+            // so that nothing it writes can follow the drop and reach a queue declared
+            // again under this name.
+            let _ = ended.wait_for(|e| *e).await;
+            if let Some(r) = this.and_then(|q| q.started.lock().take()) {
                 let _ = r.shutdown().await;
             }
             if let Ok(log) = node.log() {
