@@ -1410,20 +1410,23 @@ async fn metadata_is_replicated_to_every_node() {
         let x = format!("clash{i}");
         let a = c1.create_channel().await.unwrap();
         let b = c2.create_channel().await.unwrap();
-        let (ra, rb) = tokio::join!(
-            a.exchange_declare(
-                x.as_str().into(),
-                lapin::ExchangeKind::Direct,
-                opts,
-                FieldTable::default()
-            ),
-            b.exchange_declare(
-                x.as_str().into(),
-                lapin::ExchangeKind::Fanout,
-                opts,
-                FieldTable::default()
-            ),
-        );
+        let (ra, rb) = within("two exchange.declare of one name on two nodes", async {
+            tokio::join!(
+                a.exchange_declare(
+                    x.as_str().into(),
+                    lapin::ExchangeKind::Direct,
+                    opts,
+                    FieldTable::default()
+                ),
+                b.exchange_declare(
+                    x.as_str().into(),
+                    lapin::ExchangeKind::Fanout,
+                    opts,
+                    FieldTable::default()
+                ),
+            )
+        })
+        .await;
         assert!(ra.is_ok() || rb.is_ok(), "{ra:?} {rb:?}");
         let path = format!("/api/exchanges/%2F/{x}");
         eventually("every node has the same type", || async {
@@ -1435,8 +1438,8 @@ async fn metadata_is_replicated_to_every_node() {
         })
         .await;
     }
-    let _ = c2.close(200, "bye".into()).await;
-    let _ = c1.close(200, "bye".into()).await;
+    let _ = within("connection.close on node 2", c2.close(200, "bye".into())).await;
+    let _ = within("connection.close on node 1", c1.close(200, "bye".into())).await;
     drop((node1, node2, node3));
     let _ = std::fs::remove_dir_all(&root);
 }
