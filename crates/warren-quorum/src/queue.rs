@@ -345,8 +345,13 @@ impl QuorumQueue {
         let previous = node.drop_in_progress(&q.key);
         let runner = q.clone();
         node.runtime.spawn(async move {
-            if let Err(e) = runner.clone().run(rx, recovered, joining, previous).await {
-                warn!(queue = %runner.name, vhost = %runner.vhost, error = %e, "quorum queue stopped");
+            match runner.clone().run(rx, recovered, joining, previous).await {
+                // (A queue deleted while its group started may see its Raft instance shut
+                // down under it.)
+                Err(e) if !runner.is_deleted() => {
+                    warn!(queue = %runner.name, vhost = %runner.vhost, error = %e, "quorum queue stopped");
+                }
+                _ => {}
             }
             runner.ended.send_replace(true);
         });
@@ -555,18 +560,21 @@ impl QuorumQueue {
                     None => return,
                 },
                 _ = self.stop.notified() => {
-                    // Deleted: what is still waiting is refused.
-                    rx.close();
-                    while let Ok(s) = rx.try_recv() {
-                        if let Submit::Publish(_, _, Some(w)) = s {
-                            complete(vec![w], false);
-                        }
-                    }
+                    refuse_waiting(&mut rx, None);
                     return;
                 }
             };
-            let Ok(permit) = slots.clone().acquire_owned().await else {
-                return;
+            // (A group that cannot commit, without a quorum, holds every slot: a deletion
+            // still ends this task.)
+            let permit = tokio::select! {
+                p = slots.clone().acquire_owned() => match p {
+                    Ok(p) => p,
+                    Err(_) => return,
+                },
+                _ = self.stop.notified() => {
+                    refuse_waiting(&mut rx, Some(first));
+                    return;
+                }
             };
             let mut cmds: Vec<Command> = Vec::new();
             let mut waiters: Vec<Waiter> = Vec::new();
@@ -844,6 +852,20 @@ impl QuorumQueue {
 impl Drop for QuorumQueue {
     fn drop(&mut self) {
         debug!(queue = %self.name, vhost = %self.vhost, "quorum queue freed");
+    }
+}
+
+/// What a deleted queue's proposer still holds (`first`, taken already) or finds submitted is
+/// refused: its publishes are nacked.
+fn refuse_waiting(rx: &mut mpsc::UnboundedReceiver<Submit>, first: Option<Submit>) {
+    rx.close();
+    for s in first
+        .into_iter()
+        .chain(std::iter::from_fn(|| rx.try_recv().ok()))
+    {
+        if let Submit::Publish(_, _, Some(w)) = s {
+            complete(vec![w], false);
+        }
     }
 }
 

@@ -5,8 +5,8 @@
 //! back, a leader paused (SIGSTOP) past the election timeout rejoins as a follower with the
 //! new leader's state, a publish on a member that does not lead is forwarded to the leader,
 //! a queue deleted on one node is deleted on its other members, confirmed messages survive
-//! a kill -9 of every node, and clients of nodes that do not lead consume and get through the
-//! leader's node.
+//! a kill -9 of every node, clients of nodes that do not lead consume and get through the
+//! leader's node, and a queue whose group lost its quorum is deleted and declared again.
 
 mod binary_support;
 
@@ -2224,5 +2224,114 @@ async fn member_changes_lose_no_publish_and_strand_no_delivery() {
     assert_eq!(count_on(&node3, q).await, Some(3));
     let _ = c3.close(200, "bye".into()).await;
     let _ = c1.close(200, "bye".into()).await;
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// A queue whose group lost its quorum (one of its two members down) holds publishes it
+/// cannot commit; deleted (the cluster's metadata still has its majority), it is gone at
+/// once, and the same name declared again makes a queue that commits and delivers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_without_its_quorum_is_deleted_and_declared_again() {
+    let _slot = CLUSTERS.acquire().await.expect("cluster slot");
+    let (root, secret, ports) = cluster("quorum-cluster-stuck-delete");
+    let api = [free_port(), free_port(), free_port()];
+    let [node1, node2, node3] =
+        [1, 2, 3].map(|id| start_node_with_api(id, &ports, &secret, &root, api[id - 1]));
+    let conn = node1.connect().await;
+    let ch = conn.create_channel().await.expect("channel");
+    declare_with(
+        &ch,
+        "qs",
+        "x-quorum-initial-group-size",
+        AMQPValue::LongInt(2),
+    )
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let members = loop {
+        let m = members_on(api[0], "qs").await;
+        if m.len() == 2 {
+            break m;
+        }
+        assert!(Instant::now() < deadline, "members {m:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(members.contains(&"warren-1@127.0.0.1".to_string()));
+    let (down, up, up_id) = if members.contains(&"warren-2@127.0.0.1".to_string()) {
+        (node2, node3, 3)
+    } else {
+        (node3, node2, 2)
+    };
+    down.kill();
+
+    // One publish at a time, so that each is its own proposal: more than the group keeps
+    // in flight, none can be committed.
+    let pch = conn.create_channel().await.expect("channel");
+    pch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirm.select");
+    let mut pending = Vec::new();
+    for i in 0..16 {
+        pending.push(
+            pch.basic_publish(
+                "".into(),
+                "qs".into(),
+                BasicPublishOptions::default(),
+                format!("stuck-{i}").as_bytes(),
+                persistent(),
+            )
+            .await
+            .expect("publish"),
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    within(
+        "queue.delete",
+        ch.queue_delete("qs".into(), Default::default()),
+    )
+    .await
+    .expect("queue.delete");
+    // Declared again (with members on the two running nodes), it commits and delivers.
+    declare_with(
+        &ch,
+        "qs",
+        "x-quorum-initial-group-size",
+        AMQPValue::LongInt(2),
+    )
+    .await;
+    wait_members(
+        api[0],
+        "qs",
+        &[
+            "warren-1@127.0.0.1".into(),
+            format!("warren-{up_id}@127.0.0.1"),
+        ],
+    )
+    .await;
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirm.select");
+    let confirm = within(
+        "confirm of a publish to the queue declared again",
+        ch.basic_publish(
+            "".into(),
+            "qs".into(),
+            BasicPublishOptions::default(),
+            b"after",
+            persistent(),
+        )
+        .await
+        .expect("publish"),
+    )
+    .await
+    .expect("confirm");
+    assert!(confirm.is_ack());
+    let got = within("basic.get", ch.basic_get("qs".into(), Default::default()))
+        .await
+        .expect("basic.get")
+        .expect("the message published after the declare");
+    assert_eq!(got.delivery.data, b"after");
+    drop(pending);
+    drop((node1, up));
     let _ = std::fs::remove_dir_all(&root);
 }

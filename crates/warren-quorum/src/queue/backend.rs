@@ -348,12 +348,17 @@ impl QueueBackend for QuorumQueue {
         let mut ended = self.ended.subscribe();
         let this = self.myself.upgrade();
         node.runtime.clone().spawn(async move {
-            // The group may still be starting (a queue deleted right after its declare): its
-            // task stops at the deletion, and what it started is shut down before the drop,
-            // so that nothing it writes can follow the drop and reach a queue declared
-            // again under this name.
+            // The group's Raft instance is shut down (its proposals in flight fail), then its
+            // task is waited for: it may still have been starting (a queue deleted right
+            // after its declare), and what it started meanwhile is shut down too. Only then
+            // is the log dropped, so that nothing the group writes can follow the drop and
+            // reach a queue declared again under this name.
+            let started = || this.as_ref().and_then(|q| q.started.lock().take());
+            if let Some(r) = started() {
+                let _ = r.shutdown().await;
+            }
             let _ = ended.wait_for(|e| *e).await;
-            if let Some(r) = this.and_then(|q| q.started.lock().take()) {
+            if let Some(r) = started() {
                 let _ = r.shutdown().await;
             }
             if let Ok(log) = node.log() {
