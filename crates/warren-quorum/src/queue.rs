@@ -345,7 +345,8 @@ impl QuorumQueue {
         let previous = node.drop_in_progress(&q.key);
         let runner = q.clone();
         node.runtime.spawn(async move {
-            match runner.clone().run(rx, recovered, joining, previous).await {
+            let mut rx = rx;
+            match runner.clone().run(&mut rx, recovered, joining, previous).await {
                 // (A queue deleted while its group started may see its Raft instance shut
                 // down under it.)
                 Err(e) if !runner.is_deleted() => {
@@ -353,6 +354,9 @@ impl QuorumQueue {
                 }
                 _ => {}
             }
+            // However the group stopped (deleted, or its start failed), what is still
+            // submitted is refused rather than dropped unanswered.
+            refuse_waiting(&mut rx, None);
             runner.ended.send_replace(true);
         });
         q
@@ -366,7 +370,7 @@ impl QuorumQueue {
     /// starts, and once its proposer stops after a deletion.
     async fn run(
         self: Arc<Self>,
-        rx: mpsc::UnboundedReceiver<Submit>,
+        rx: &mut mpsc::UnboundedReceiver<Submit>,
         recovered: GroupLog,
         joining: bool,
         previous: Option<tokio::sync::watch::Receiver<bool>>,
@@ -551,7 +555,7 @@ impl QuorumQueue {
     }
 
     /// Takes what was submitted, a batch at a time, and proposes it.
-    async fn propose_loop(&self, raft: Raft<TypeConfig>, mut rx: mpsc::UnboundedReceiver<Submit>) {
+    async fn propose_loop(&self, raft: Raft<TypeConfig>, rx: &mut mpsc::UnboundedReceiver<Submit>) {
         let slots = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
         loop {
             let first = tokio::select! {
@@ -559,10 +563,8 @@ impl QuorumQueue {
                     Some(s) => s,
                     None => return,
                 },
-                _ = self.stop.notified() => {
-                    refuse_waiting(&mut rx, None);
-                    return;
-                }
+                // Deleted: the task's end refuses what is still submitted.
+                _ = self.stop.notified() => return,
             };
             // (A group that cannot commit, without a quorum, holds every slot: a deletion
             // still ends this task.)
@@ -572,7 +574,7 @@ impl QuorumQueue {
                     Err(_) => return,
                 },
                 _ = self.stop.notified() => {
-                    refuse_waiting(&mut rx, Some(first));
+                    refuse_waiting(rx, Some(first));
                     return;
                 }
             };
@@ -855,8 +857,9 @@ impl Drop for QuorumQueue {
     }
 }
 
-/// What a deleted queue's proposer still holds (`first`, taken already) or finds submitted is
-/// refused: its publishes are nacked.
+/// What a stopped queue's proposer still holds (`first`, taken already) or finds submitted
+/// is refused: its publishes are nacked, and later submissions fail (and are nacked by
+/// their sender).
 fn refuse_waiting(rx: &mut mpsc::UnboundedReceiver<Submit>, first: Option<Submit>) {
     rx.close();
     for s in first

@@ -1,7 +1,7 @@
 //! Quorum queues (`x-queue-type: quorum`) on one node through lapin: RabbitMQ 4.x's declare
 //! rules and refusal texts, publishing with confirms, consuming and getting, the delivery
 //! limit with dead-lettering and `x-delivery-count`, length limits, TTL and single active
-//! consumer.
+//! consumer, and publishes racing deletes and declares of their queue.
 
 mod lapin_support;
 
@@ -395,5 +395,55 @@ async fn single_active_consumer_gets_everything() {
         d.acker.ack(BasicAckOptions::default()).await.expect("ack");
     }
     assert_quiet(&mut second).await;
+    env.stop().await;
+}
+
+/// A queue deleted and declared again, over and over, while another connection publishes
+/// to it with confirms: every publish is answered (acked, or nacked when the queue went
+/// away under it); none waits forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publishes_racing_deletes_and_declares_are_all_answered() {
+    let env = Env::start().await;
+    let churn_ch = env.channel().await;
+    let pconn = env.connect().await;
+    let pch = within("channel.open", pconn.create_channel())
+        .await
+        .expect("channel.open");
+    confirm_select(&pch).await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let churn = tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            let mut rounds = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                quorum(&churn_ch, "churned", &[]).await;
+                within(
+                    "queue.delete",
+                    churn_ch.queue_delete("churned".into(), QueueDeleteOptions::default()),
+                )
+                .await
+                .expect("queue.delete");
+                rounds += 1;
+            }
+            rounds
+        }
+    });
+    let mut acked = 0;
+    for i in 0..1000 {
+        if publish_acked(
+            &pch,
+            "churned",
+            format!("m{i}").as_bytes(),
+            BasicProperties::default().with_delivery_mode(2),
+        )
+        .await
+        {
+            acked += 1;
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let rounds = within("the deletes and declares", churn).await.unwrap();
+    assert!(rounds > 0 && acked > 0, "{rounds} rounds, {acked} acked");
+    let _ = pconn.close(200, "bye".into()).await;
     env.stop().await;
 }
