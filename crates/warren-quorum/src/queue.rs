@@ -682,8 +682,15 @@ impl QuorumQueue {
             }
             match raft.client_write_ff(Batch(cmds)).await {
                 Ok(done) => {
+                    let queue = self.myself.clone();
                     tokio::spawn(async move {
                         let ok = matches!(done.await, Ok(Ok(_)));
+                        if ok && !waiters.is_empty() {
+                            until_ready_to_hand_out(|| {
+                                queue.upgrade().is_none_or(|q| q.ready_to_hand_out())
+                            })
+                            .await;
+                        }
                         complete(waiters, ok);
                         drop(permit);
                     });
@@ -694,6 +701,27 @@ impl QuorumQueue {
                 }
             }
         }
+    }
+
+    /// Whether this member, leading in Raft, can hand out the queue's head now (its
+    /// leadership's [`Command::Lead`] is applied, and the horizon is past the head), or this
+    /// node does not lead (any more). A new leadership proposes both entries as it begins,
+    /// often right behind the first publishes.
+    pub(crate) fn ready_to_hand_out(&self) -> bool {
+        let st = self.inner.lock();
+        let head_out = || {
+            Self::next_ready(&st, 0)
+                .and_then(|k| st.qs.get(k).map(|m| m.redelivered || k <= st.qs.horizon()))
+                .unwrap_or(true)
+        };
+        if st.deleted || (st.leading() && head_out()) {
+            return true;
+        }
+        drop(st);
+        let me = self.node.cfg.node_id;
+        self.raft
+            .get()
+            .is_none_or(|r| r.metrics().borrow().current_leader != Some(me))
     }
 
     fn send(&self, cmd: Command) {
@@ -869,6 +897,18 @@ fn refuse_waiting(rx: &mut mpsc::UnboundedReceiver<Submit>, first: Option<Submit
         if let Submit::Publish(_, _, Some(w)) = s {
             complete(vec![w], false);
         }
+    }
+}
+
+/// Waits, up to [`LEADER_WAIT`], until `applied()` (polled every millisecond): the
+/// confirms of messages committed by a member whose leadership has just begun are held
+/// until it can hand out the head (see [`QuorumQueue::ready_to_hand_out`]), so that a
+/// basic.get right after a confirm gets a message, as from RabbitMQ. On a leadership that
+/// began before, `applied()` holds at once.
+pub(crate) async fn until_ready_to_hand_out(applied: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + LEADER_WAIT;
+    while !applied() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
     }
 }
 

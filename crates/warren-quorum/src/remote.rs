@@ -132,6 +132,12 @@ pub trait GroupServer: Send + Sync + 'static {
     /// Adds (`add`) or removes the member on node `node`, this node leading (see
     /// `QuorumQueue::change_member`). Errors: why not, as text.
     fn change_member(&self, node: NodeId, add: bool) -> MemberChange;
+    /// Whether proposals this node committed as leader may be answered now: a quorum queue
+    /// whose leadership has just begun holds them until it can hand out its head (see
+    /// `QuorumQueue::ready_to_hand_out`).
+    fn ready_to_hand_out(&self) -> bool {
+        true
+    }
 }
 
 /// A message on the wire, in the log's encoding (see [`crate::command`]).

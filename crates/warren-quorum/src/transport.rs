@@ -1152,10 +1152,20 @@ impl Cluster {
                             .map_err(|e| Response::Proposed(Err(e.to_string()))),
                     };
                     let conn = conn.clone();
+                    let server = self.servers.lock().get(&group).cloned();
                     tokio::spawn(async move {
                         let body = match proposed {
                             Ok(rx) => match rx.await {
-                                Ok(Ok(_)) => Response::Proposed(Ok(())),
+                                Ok(Ok(_)) => {
+                                    crate::queue::until_ready_to_hand_out(|| {
+                                        server
+                                            .as_ref()
+                                            .and_then(Weak::upgrade)
+                                            .is_none_or(|s| s.ready_to_hand_out())
+                                    })
+                                    .await;
+                                    Response::Proposed(Ok(()))
+                                }
                                 Ok(Err(e)) => Response::Proposed(Err(e.to_string())),
                                 Err(e) => Response::Proposed(Err(e.to_string())),
                             },

@@ -1,7 +1,8 @@
 //! Quorum queues (`x-queue-type: quorum`) on one node through lapin: RabbitMQ 4.x's declare
 //! rules and refusal texts, publishing with confirms, consuming and getting, the delivery
 //! limit with dead-lettering and `x-delivery-count`, length limits, TTL and single active
-//! consumer, and publishes racing deletes and declares of their queue.
+//! consumer, publishes racing deletes and declares of their queue, and a basic.get right
+//! after the first confirm of a new queue.
 
 mod lapin_support;
 
@@ -446,4 +447,48 @@ async fn publishes_racing_deletes_and_declares_are_all_answered() {
     assert!(rounds > 0 && acked > 0, "{rounds} rounds, {acked} acked");
     let _ = pconn.close(200, "bye".into()).await;
     env.stop().await;
+}
+
+/// A message confirmed on a queue just declared is there for the next basic.get, as on a
+/// queue that has been leading for long (a new leadership holds its first confirms until it
+/// can hand out the head).
+#[tokio::test]
+async fn a_confirmed_message_is_got_at_once_from_a_new_queue() {
+    // With a data directory, as a real broker: the log's writes are synced.
+    let dir = std::env::temp_dir().join(format!("warren-quorum-get-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let broker = within(
+        "broker start",
+        warren_server::Broker::builder()
+            .data_dir(&dir)
+            .bind("127.0.0.1:0")
+            .start(),
+    )
+    .await
+    .expect("broker starts");
+    let conn = connect(&broker).await;
+    let env = Env {
+        broker: Some(broker),
+        conn,
+    };
+    let ch = env.channel().await;
+    confirm_select(&ch).await;
+    for i in 0..50 {
+        let q = format!("fresh-{i}");
+        quorum(&ch, &q, &[]).await;
+        assert!(publish_acked(&ch, &q, b"first", BasicProperties::default()).await);
+        let got = within(
+            "basic.get",
+            ch.basic_get(q.as_str().into(), BasicGetOptions { no_ack: true }),
+        )
+        .await
+        .expect("basic.get");
+        assert_eq!(
+            got.map(|m| m.delivery.data),
+            Some(b"first".to_vec()),
+            "queue {q}"
+        );
+    }
+    env.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
 }

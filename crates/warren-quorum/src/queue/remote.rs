@@ -335,6 +335,10 @@ impl QuorumQueue {
 const EXCLUSIVE_USE: &str = "in exclusive use";
 
 impl GroupServer for QuorumQueue {
+    fn ready_to_hand_out(&self) -> bool {
+        QuorumQueue::ready_to_hand_out(self)
+    }
+
     fn subscribe(
         &self,
         peer: NodeId,
