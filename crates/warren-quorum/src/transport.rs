@@ -1284,7 +1284,7 @@ impl Cluster {
                     let me = self.clone();
                     let conn = conn.clone();
                     tokio::spawn(async move {
-                        let body = me.serve(body).await;
+                        let body = me.serve(conn.peer, body).await;
                         conn.answer(id, body);
                     });
                 }
@@ -1297,14 +1297,34 @@ impl Cluster {
         self.groups.lock().get(key).cloned()
     }
 
-    /// Answers a request from another node.
-    async fn serve(self: Arc<Self>, req: Request) -> Response {
+    /// This node's member of group `key`, if node `candidate` may ask it for its vote: a
+    /// node of the group's membership as the member knows it (voters and learners), or any
+    /// node while it knows none (a member just started, whose group is not initialized).
+    /// A member of an older group of the same name, left on a node that was down (or cut
+    /// off) when its queue was deleted, is refused: it can never be elected in the group of
+    /// a queue declared again since, whose log it would replace with its own.
+    fn group_voting_for(&self, key: &str, candidate: NodeId) -> Option<Raft<TypeConfig>> {
+        let r = self.group(key)?;
+        let admitted = {
+            let metrics = r.metrics();
+            let m = metrics.borrow();
+            let mut nodes = m.membership_config.membership().nodes().peekable();
+            nodes.peek().is_none() || nodes.any(|(id, _)| *id == candidate)
+        };
+        if !admitted {
+            debug!(group = %key, candidate, "vote request from a node outside the group refused");
+        }
+        admitted.then_some(r)
+    }
+
+    /// Answers a request from node `peer`.
+    async fn serve(self: Arc<Self>, peer: NodeId, req: Request) -> Response {
         match req {
             Request::AppendEntries { group, rpc } => match self.group(&group) {
                 Some(r) => Response::AppendEntries(r.append_entries(rpc).await),
                 None => Response::NoGroup,
             },
-            Request::Vote { group, rpc } => match self.group(&group) {
+            Request::Vote { group, rpc } => match self.group_voting_for(&group, peer) {
                 Some(r) => Response::Vote(r.vote(rpc).await),
                 None => Response::NoGroup,
             },

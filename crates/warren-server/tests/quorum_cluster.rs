@@ -6,7 +6,9 @@
 //! new leader's state, a publish on a member that does not lead is forwarded to the leader,
 //! a queue deleted on one node is deleted on its other members, confirmed messages survive
 //! a kill -9 of every node, clients of nodes that do not lead consume and get through the
-//! leader's node, and a queue whose group lost its quorum is deleted and declared again.
+//! leader's node, a queue whose group lost its quorum is deleted and declared again, and a
+//! member left behind by a delete (its node was down) does not take over the queue declared
+//! again since.
 
 mod binary_support;
 
@@ -2333,5 +2335,76 @@ async fn a_queue_without_its_quorum_is_deleted_and_declared_again() {
     assert_eq!(got.delivery.data, b"after");
     drop(pending);
     drop((node1, up));
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// A member left on a node that was down while its queue was deleted comes back with the
+/// old group's log and membership, and asks the other old member for its vote: the queue
+/// declared again since under the name keeps its leader and its messages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_left_by_a_delete_does_not_take_over_the_queue_declared_again() {
+    let _slot = CLUSTERS.acquire().await.expect("cluster slot");
+    let (root, secret, ports) = cluster("quorum-cluster-left-behind");
+    let api = [free_port(), free_port(), free_port()];
+    let [node1, node2, node3] =
+        [1, 2, 3].map(|id| start_node_with_api(id, &ports, &secret, &root, api[id - 1]));
+    let name = |id: usize| format!("warren-{id}@127.0.0.1");
+    let conn = node1.connect().await;
+    let ch = conn.create_channel().await.expect("channel");
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirm.select");
+
+    // Members on nodes 1 and 2, with a long log.
+    declare_with(
+        &ch,
+        "ql",
+        "x-quorum-initial-group-size",
+        AMQPValue::LongInt(2),
+    )
+    .await;
+    wait_members(api[0], "ql", &[name(1), name(2)]).await;
+    publish_confirmed(&ch, "ql", (0..200).map(|i| format!("old-{i}"))).await;
+
+    // Node 2 down; the queue deleted (node 2's member stays on its disk) and declared again,
+    // with members on nodes 1 and 3.
+    node2.kill();
+    within(
+        "queue.delete",
+        ch.queue_delete("ql".into(), Default::default()),
+    )
+    .await
+    .expect("queue.delete");
+    declare_with(
+        &ch,
+        "ql",
+        "x-quorum-initial-group-size",
+        AMQPValue::LongInt(2),
+    )
+    .await;
+    wait_members(api[0], "ql", &[name(1), name(3)]).await;
+    publish_confirmed(&ch, "ql", (0..3).map(|i| format!("new-{i}"))).await;
+
+    // Node 2 back, for several election timeouts: the queue holds what was confirmed since
+    // its declare, and nothing else.
+    let node2 = start_node_with_api(2, &ports, &secret, &root, api[1]);
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let mut got = Vec::new();
+    while let Some(m) = within(
+        "basic.get",
+        ch.basic_get(
+            "ql".into(),
+            lapin::options::BasicGetOptions { no_ack: true },
+        ),
+    )
+    .await
+    .expect("basic.get")
+    {
+        got.push(String::from_utf8(m.delivery.data.clone()).unwrap());
+        assert!(got.len() <= 3, "got {got:?}");
+    }
+    assert_eq!(got, ["new-0", "new-1", "new-2"]);
+    let _ = conn.close(200, "bye".into()).await;
+    drop((node1, node2, node3));
     let _ = std::fs::remove_dir_all(&root);
 }
