@@ -208,6 +208,10 @@ pub struct QuorumQueue {
     /// Becomes true once the group's task has returned: a deletion forgets the group's log
     /// only after that, so that no record of the deleted group follows its `DROP` record.
     ended: tokio::sync::watch::Sender<bool>,
+    /// The drop of a deleted queue of the same name that was under way at this queue's
+    /// declare: the group waits for it before it writes to the log, and so does this
+    /// queue's own drop (so that drops of one name reach the log in order).
+    previous_drop: Mutex<Option<tokio::sync::watch::Receiver<bool>>>,
 }
 
 impl std::fmt::Debug for QuorumQueue {
@@ -300,6 +304,7 @@ impl QuorumQueue {
             stop: tokio::sync::Notify::new(),
             started: Mutex::new(None),
             ended: tokio::sync::watch::Sender::new(false),
+            previous_drop: Mutex::new(None),
             name: spec.name,
             vhost: spec.vhost,
             key,
@@ -343,6 +348,7 @@ impl QuorumQueue {
         // before this one writes there (taken now, so that this queue's own deletion is
         // never waited for here).
         let previous = node.drop_in_progress(&q.key);
+        q.previous_drop.lock().clone_from(&previous);
         let runner = q.clone();
         node.runtime.spawn(async move {
             let mut rx = rx;
@@ -377,7 +383,12 @@ impl QuorumQueue {
     ) -> std::result::Result<(), String> {
         let node = self.node.clone();
         if let Some(mut done) = previous {
-            let _ = done.wait_for(|d| *d).await;
+            tokio::select! {
+                _ = done.wait_for(|d| *d) => {}
+                // Deleted meanwhile: what was submitted is refused at once (its own drop
+                // waits for the previous one).
+                _ = self.stop.notified() => return Ok(()),
+            }
         }
         if self.is_deleted() {
             return Ok(());
@@ -909,6 +920,23 @@ pub(crate) async fn until_ready_to_hand_out(applied: impl Fn() -> bool) {
     let deadline = tokio::time::Instant::now() + LEADER_WAIT;
     while !applied() && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+}
+
+/// Awaits `fut` (its output is dropped), the step `what` of queue `queue`'s drop, with a
+/// warning when it has taken more than 10 s (the group's task or Raft instance does not
+/// stop).
+pub(crate) async fn drop_step<F: std::future::Future>(queue: &str, what: &str, fut: F) {
+    tokio::pin!(fut);
+    let done = tokio::time::timeout(std::time::Duration::from_secs(10), &mut fut)
+        .await
+        .is_ok();
+    if !done {
+        warn!(
+            queue,
+            "a deleted quorum queue's drop still waits after 10 s for {what}"
+        );
+        let _ = fut.await;
     }
 }
 

@@ -346,20 +346,27 @@ impl QueueBackend for QuorumQueue {
         let done = node.begin_drop(&key);
         let path = node.snapshot_path(&key);
         let mut ended = self.ended.subscribe();
+        let previous = self.previous_drop.lock().take();
         let this = self.myself.upgrade();
+        let name = self.name.clone();
         node.runtime.clone().spawn(async move {
             // The group's Raft instance is shut down (its proposals in flight fail), then its
             // task is waited for: it may still have been starting (a queue deleted right
             // after its declare), and what it started meanwhile is shut down too. Only then
-            // is the log dropped, so that nothing the group writes can follow the drop and
-            // reach a queue declared again under this name.
+            // (and after the drop of the queue of this name deleted before, which a group
+            // deleted while it waited for it did not wait out) is the log dropped, so that
+            // nothing the group writes can follow the drop and reach a queue declared again
+            // under this name.
             let started = || this.as_ref().and_then(|q| q.started.lock().take());
             if let Some(r) = started() {
-                let _ = r.shutdown().await;
+                drop_step(&name, "its Raft instance to stop", r.shutdown()).await;
             }
-            let _ = ended.wait_for(|e| *e).await;
+            if let Some(mut done) = previous {
+                drop_step(&name, "the drop before it", done.wait_for(|d| *d)).await;
+            }
+            drop_step(&name, "its group's task to end", ended.wait_for(|e| *e)).await;
             if let Some(r) = started() {
-                let _ = r.shutdown().await;
+                drop_step(&name, "its Raft instance to stop", r.shutdown()).await;
             }
             if let Ok(log) = node.log() {
                 log.drop_group(&key, None);
